@@ -1,0 +1,439 @@
+//! [`KvCacheLayout`]: a validated, immutable layout and its checked address function.
+
+use serde::{Deserialize, Serialize};
+
+use crate::alias;
+use crate::dtype::{DType, TensorScales};
+use crate::error::{add, mul, LayoutError, Result, MAX_OFFSET};
+use crate::field_map::FieldMap;
+use crate::lower::{lower, row_fields, Extents};
+use crate::spec::{BufferExtent, Content, Field, Geometry, LayoutSpec, Placement};
+
+/// A validated KV cache layout: the one source of truth for every address.
+///
+/// Construction checks everything once (sizes, overflow, alignment, aliasing); afterwards
+/// every coordinate in the domain has exactly one byte offset, and nothing outside the domain
+/// has one.
+///
+/// ```
+/// use kvlayout::{KvCacheLayout, Coord, Field};
+/// let layout: KvCacheLayout = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD".parse()?;
+/// // token-major page: row = [K 8][V 8] f16 = 32 B, token stride = 4 heads * 32 B
+/// let at = layout.offset(&Coord { layer: 0, block: 1, head: 2, slot: 3, field: Field::V, dim: 5 })?;
+/// assert_eq!(at.offset, 1 * (16 * 4 * 32) + 3 * (4 * 32) + 2 * 32 + 16 + 5 * 2);
+/// # Ok::<(), kvlayout::LayoutError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(
+    try_from = "crate::serde_doc::LayoutDocument",
+    into = "crate::serde_doc::LayoutDocument"
+)]
+pub struct KvCacheLayout {
+    spec: LayoutSpec,
+    fields: Vec<FieldMap>,
+    extents: Vec<BufferExtent>,
+}
+
+/// A coordinate in the layout's domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Coord {
+    /// Layer slot, `< num_layers`.
+    pub layer: u64,
+    /// Block, `< num_blocks`.
+    pub block: u64,
+    /// Head slot, `< num_kv_heads`.
+    pub head: u64,
+    /// Token (state) slot in the block, `< num_slots()`.
+    pub slot: u64,
+    /// Which field.
+    pub field: Field,
+    /// Element index in the field's row, `< width`.
+    pub dim: u64,
+}
+
+/// Where an element lives: a buffer (allocation) and a byte offset from its start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Location {
+    /// Buffer index (0 unless K and V are separate allocations).
+    pub buffer: u32,
+    /// Byte offset from the buffer's start.
+    pub offset: u64,
+}
+
+fn positive(what: &'static str, v: u64) -> Result<u64> {
+    if v == 0 {
+        Err(LayoutError::ZeroSize { what })
+    } else {
+        Ok(v)
+    }
+}
+
+fn check_content(content: &Content, dtype: DType, heads: u64) -> Result<()> {
+    let one_head = |kind: &str| {
+        if heads != 1 {
+            Err(LayoutError::Invalid(format!(
+                "{kind} content has one head slot; num_kv_heads is {heads}"
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    let mul_ok = |a, b, what: &'static str| mul(a, b, || what.to_string()).map(|_| ());
+    match *content {
+        Content::Kv {
+            head_size,
+            head_size_v,
+        }
+        | Content::KvScaled {
+            head_size,
+            head_size_v,
+        } => {
+            positive("head_size", head_size)?;
+            positive("head_size_v", head_size_v)?;
+            let both = add(head_size, head_size_v, || "head_size + head_size_v".into())?;
+            mul_ok(both, 8, "head sizes")?;
+            if matches!(content, Content::KvScaled { .. }) && !dtype.is_quantized() {
+                return Err(LayoutError::Invalid(format!(
+                    "inline scales are for int8/fp8 rows; dtype is {dtype}"
+                )));
+            }
+        }
+        Content::Mla {
+            kv_lora_rank,
+            rope_dim,
+        } => {
+            positive("kv_lora_rank", kv_lora_rank)?;
+            add(kv_lora_rank, rope_dim, || "kv_lora_rank + rope_dim".into())?;
+            one_head("MLA")?;
+        }
+        Content::Opaque { row_bytes } => {
+            positive("row_bytes", row_bytes)?;
+            one_head("opaque-row")?;
+        }
+        Content::MambaConv {
+            conv_dim,
+            conv_width,
+        } => {
+            positive("conv_dim", conv_dim)?;
+            positive("conv_width", conv_width)?;
+            mul_ok(conv_dim, conv_width, "conv state size")?;
+            one_head("Mamba conv")?;
+        }
+        Content::MambaSsm {
+            head_dim,
+            state_size,
+        } => {
+            positive("head_dim", head_dim)?;
+            positive("state_size", state_size)?;
+            mul_ok(head_dim, state_size, "SSM state size")?;
+        }
+    }
+    if dtype == DType::U8 && !matches!(content, Content::Opaque { .. }) {
+        return Err(LayoutError::Invalid(
+            "dtype u8 is only for opaque byte rows".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn check_alignment(map: &FieldMap) -> Result<()> {
+    let align = map.elem_bytes();
+    let names = [
+        "layer stride",
+        "block stride",
+        "head stride",
+        "token stride",
+        "dim chunk stride",
+        "dim stride",
+    ];
+    let mut checks = vec![("base offset", map.strides.base_offset)];
+    for (name, (ext, stride)) in names.iter().zip(map.axes()) {
+        if ext > 1 {
+            checks.push((name, stride));
+        }
+    }
+    for (what, value) in checks {
+        if value % align != 0 {
+            return Err(if matches!(map.field, Field::KScale | Field::VScale) {
+                LayoutError::MisalignedScale {
+                    field: format!("{} ({what})", map.field),
+                    offset: value,
+                    align,
+                }
+            } else {
+                LayoutError::Misaligned {
+                    what: format!("{} {what}", map.field),
+                    value,
+                    align,
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checked `data_end` of a field: the largest offset plus one element, within 63 bits.
+fn checked_end(map: &FieldMap) -> Result<u64> {
+    let ctx = || format!("largest offset of field {}", map.field);
+    let mut end = map.strides.base_offset;
+    for (ext, stride) in map.axes() {
+        end = add(end, mul(ext - 1, stride, ctx)?, ctx)?;
+    }
+    add(end, map.elem_bytes(), ctx)
+}
+
+impl KvCacheLayout {
+    /// Validates a spec and derives every field's address map.
+    pub fn new(mut spec: LayoutSpec) -> Result<Self> {
+        if let Placement::Strided { fields, .. } = &mut spec.placement {
+            fields.sort_by_key(|f| f.field);
+        }
+        for (what, v) in [
+            ("k_scale", spec.scales.k_scale),
+            ("v_scale", spec.scales.v_scale),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(LayoutError::Invalid(format!(
+                    "per-tensor {what} must be finite and positive, got {v}"
+                )));
+            }
+        }
+        let g = spec.geometry;
+        positive("num_layers", g.num_layers)?;
+        positive("num_blocks", g.num_blocks)?;
+        positive("block_size", g.block_size)?;
+        positive("num_kv_heads", g.num_kv_heads)?;
+        positive("tokens_per_state", g.tokens_per_state)?;
+        check_content(&spec.content, spec.dtype, g.num_kv_heads)?;
+        let slots = if spec.content.is_per_block_state() {
+            1
+        } else {
+            if g.block_size % g.tokens_per_state != 0 {
+                return Err(LayoutError::Invalid(format!(
+                    "block_size {} is not a multiple of tokens_per_state {}",
+                    g.block_size, g.tokens_per_state
+                )));
+            }
+            g.block_size / g.tokens_per_state
+        };
+        for (what, v) in [
+            ("num_layers", g.num_layers),
+            ("num_blocks", g.num_blocks),
+            ("block_size", g.block_size),
+            ("num_kv_heads", g.num_kv_heads),
+        ] {
+            if v > MAX_OFFSET {
+                return Err(LayoutError::Overflow {
+                    what: what.into(),
+                    limit: MAX_OFFSET,
+                });
+            }
+        }
+        let rows = row_fields(&spec.content, spec.dtype);
+        let ext = Extents {
+            layers: g.num_layers,
+            blocks: g.num_blocks,
+            heads: g.num_kv_heads,
+            slots,
+        };
+        let (lowered, extents) = lower(&spec.placement, &rows, ext)?;
+        let fields: Vec<FieldMap> = lowered
+            .into_iter()
+            .map(|(r, strides)| FieldMap {
+                field: r.field,
+                dtype: r.dtype,
+                num_layers: g.num_layers,
+                num_blocks: g.num_blocks,
+                num_heads: g.num_kv_heads,
+                num_slots: slots,
+                width: r.width,
+                strides,
+            })
+            .collect();
+        for map in &fields {
+            let end = checked_end(map)?;
+            check_alignment(map)?;
+            let x = extents[map.strides.buffer as usize];
+            if x.end > MAX_OFFSET {
+                return Err(LayoutError::Overflow {
+                    what: format!("buffer {} extent", map.strides.buffer),
+                    limit: MAX_OFFSET,
+                });
+            }
+            if map.strides.base_offset < x.start || end > x.end {
+                return Err(LayoutError::Invalid(format!(
+                    "field {} spans bytes [{}, {}) outside buffer {} extent [{}, {})",
+                    map.field, map.strides.base_offset, end, map.strides.buffer, x.start, x.end
+                )));
+            }
+        }
+        let undecided = |what: String| LayoutError::Aliasing {
+            detail: format!("{what}: strides too irregular to prove disjoint"),
+        };
+        for map in &fields {
+            if alias::self_overlaps(map).map_err(|_| undecided(map.field.to_string()))? {
+                return Err(LayoutError::Aliasing {
+                    detail: format!(
+                        "two elements of field {} share bytes (strides {:?})",
+                        map.field, map.strides
+                    ),
+                });
+            }
+        }
+        for (i, a) in fields.iter().enumerate() {
+            for b in &fields[i + 1..] {
+                if a.strides.buffer == b.strides.buffer
+                    && alias::cross_overlaps(a, b)
+                        .map_err(|_| undecided(format!("{} and {}", a.field, b.field)))?
+                {
+                    return Err(LayoutError::Aliasing {
+                        detail: format!("fields {} and {} share bytes", a.field, b.field),
+                    });
+                }
+            }
+        }
+        Ok(KvCacheLayout {
+            spec,
+            fields,
+            extents,
+        })
+    }
+
+    /// The spec this layout was built from.
+    pub fn spec(&self) -> &LayoutSpec {
+        &self.spec
+    }
+
+    /// Axis extents.
+    pub fn geometry(&self) -> &Geometry {
+        &self.spec.geometry
+    }
+
+    /// Content kind.
+    pub fn content(&self) -> &Content {
+        &self.spec.content
+    }
+
+    /// Cache element type.
+    pub fn dtype(&self) -> DType {
+        self.spec.dtype
+    }
+
+    /// Per-tensor scales.
+    pub fn scales(&self) -> TensorScales {
+        self.spec.scales
+    }
+
+    /// Placement as stated.
+    pub fn placement(&self) -> &Placement {
+        &self.spec.placement
+    }
+
+    /// Token (state) slots per block: `block_size / tokens_per_state`, or 1 for Mamba states.
+    pub fn num_slots(&self) -> u64 {
+        self.fields[0].num_slots
+    }
+
+    /// The slot that holds a token position of a block.
+    pub fn slot_of_token(&self, token_in_block: u64) -> Result<u64> {
+        let g = self.geometry();
+        if token_in_block >= g.block_size {
+            return Err(LayoutError::OutOfRange {
+                axis: "token",
+                value: token_in_block,
+                limit: g.block_size,
+            });
+        }
+        Ok(if self.spec.content.is_per_block_state() {
+            0
+        } else {
+            token_in_block / g.tokens_per_state
+        })
+    }
+
+    /// Address maps of the stored fields, in row order. Stored fields never overlap.
+    pub fn stored_fields(&self) -> &[FieldMap] {
+        &self.fields
+    }
+
+    /// Every field that can be addressed: the stored ones, plus K and V of MLA (aliases of the
+    /// latent: K is all of it, V its first `kv_lora_rank` elements).
+    pub fn readable_fields(&self) -> Vec<Field> {
+        let mut out: Vec<Field> = self.fields.iter().map(|f| f.field).collect();
+        if matches!(self.spec.content, Content::Mla { .. }) {
+            out.extend([Field::K, Field::V]);
+        }
+        out
+    }
+
+    /// The address map of a readable field.
+    pub fn field_map(&self, field: Field) -> Result<FieldMap> {
+        if let Some(m) = self.fields.iter().find(|m| m.field == field) {
+            return Ok(*m);
+        }
+        if let Content::Mla { kv_lora_rank, .. } = self.spec.content {
+            let latent = self.fields[0];
+            match field {
+                Field::K => return Ok(FieldMap { field, ..latent }),
+                Field::V => {
+                    return Ok(FieldMap {
+                        field,
+                        width: kv_lora_rank,
+                        strides: crate::spec::FieldStrides {
+                            dim_split: kv_lora_rank,
+                            ..latent.strides
+                        },
+                        ..latent
+                    })
+                }
+                _ => {}
+            }
+        }
+        Err(LayoutError::NoSuchField {
+            field: field.to_string(),
+            available: self
+                .readable_fields()
+                .iter()
+                .map(|f| f.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+
+    /// The checked address function: `(layer, block, head, slot, field, dim)` to a byte offset.
+    pub fn offset(&self, c: &Coord) -> Result<Location> {
+        let m = self.field_map(c.field)?;
+        for (axis, value, limit) in [
+            ("layer", c.layer, m.num_layers),
+            ("block", c.block, m.num_blocks),
+            ("head", c.head, m.num_heads),
+            ("token", c.slot, m.num_slots),
+            ("dim", c.dim, m.width),
+        ] {
+            if value >= limit {
+                return Err(LayoutError::OutOfRange { axis, value, limit });
+            }
+        }
+        Ok(Location {
+            buffer: m.strides.buffer,
+            offset: m.offset_unchecked(c.layer, c.block, c.head, c.slot, c.dim),
+        })
+    }
+
+    /// Owned byte range of each buffer: the span to register for transfers (padding included).
+    pub fn extents(&self) -> &[BufferExtent] {
+        &self.extents
+    }
+
+    /// Number of buffers (allocations): 2 when K and V are allocated separately.
+    pub fn num_buffers(&self) -> usize {
+        self.extents.len()
+    }
+
+    /// Bytes of data (no padding) of one (layer, block) across all stored fields.
+    pub fn dense_page_bytes(&self) -> u64 {
+        self.fields.iter().fold(0u64, |acc, m| {
+            acc.saturating_add(m.num_heads * m.num_slots * m.width * m.elem_bytes())
+        })
+    }
+}

@@ -1,0 +1,242 @@
+//! Byte regions: what a transfer must move for a block, a head range, or a layer range,
+//! merged where contiguous, and the registered span of each buffer.
+
+use std::ops::Range;
+
+use serde::Serialize;
+
+use crate::error::{LayoutError, Result};
+use crate::field_map::FieldMap;
+use crate::layout::KvCacheLayout;
+
+/// A byte range `[offset, offset + len)` of one buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ByteRange {
+    /// Buffer index.
+    pub buffer: u32,
+    /// First byte.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// Selected sub-ranges of the four outer axes.
+#[derive(Debug, Clone)]
+struct Selection {
+    layers: Range<u64>,
+    blocks: Range<u64>,
+    heads: Range<u64>,
+}
+
+/// Row-level pieces to enumerate: a base, a contiguous run length, and outer axes
+/// `(start, count, stride)`.
+struct Piece {
+    buffer: u32,
+    base: u64,
+    run: u64,
+    axes: Vec<(u64, u64, u64)>,
+}
+
+/// A field's contiguous run inside one row, if the row is one run.
+fn row_run(m: &FieldMap) -> Option<u64> {
+    let e = m.elem_bytes();
+    let s = m.strides;
+    let chunks = m.width / s.dim_split;
+    (s.dim == e && (chunks == 1 || s.dim_chunk == s.dim_split * e)).then_some(m.width * e)
+}
+
+/// Splits fields into pieces; fields of one buffer that share outer strides and whose rows
+/// abut are fused into one piece per row.
+fn pieces(fields: &[FieldMap], sel: &Selection, slots: u64) -> Vec<Piece> {
+    let outer = |m: &FieldMap| {
+        let s = m.strides;
+        vec![
+            (sel.layers.start, sel.layers.end - sel.layers.start, s.layer),
+            (sel.blocks.start, sel.blocks.end - sel.blocks.start, s.block),
+            (sel.heads.start, sel.heads.end - sel.heads.start, s.head),
+            (0, slots, s.slot),
+        ]
+    };
+    let same_outer = fields.windows(2).all(|w| {
+        let (a, b) = (w[0].strides, w[1].strides);
+        (a.buffer, a.layer, a.block, a.head, a.slot) == (b.buffer, b.layer, b.block, b.head, b.slot)
+    });
+    if same_outer {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for m in fields {
+            match row_run(m) {
+                Some(r) => runs.push((m.strides.base_offset, r)),
+                None => {
+                    runs.clear();
+                    break;
+                }
+            }
+        }
+        runs.sort_unstable();
+        let abut = !runs.is_empty() && runs.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0);
+        if abut {
+            let total = runs.iter().map(|r| r.1).sum();
+            return vec![Piece {
+                buffer: fields[0].strides.buffer,
+                base: runs[0].0,
+                run: total,
+                axes: outer(&fields[0]),
+            }];
+        }
+    }
+    fields
+        .iter()
+        .map(|m| {
+            let s = m.strides;
+            let mut axes = outer(m);
+            let run = match row_run(m) {
+                Some(r) => r,
+                None => {
+                    axes.push((0, m.width / s.dim_split, s.dim_chunk));
+                    axes.push((0, s.dim_split, s.dim));
+                    m.elem_bytes()
+                }
+            };
+            Piece {
+                buffer: s.buffer,
+                base: s.base_offset,
+                run,
+                axes,
+            }
+        })
+        .collect()
+}
+
+/// Enumerates the runs of a piece after folding contiguous axes into the run.
+fn runs_of(p: &Piece, out: &mut Vec<ByteRange>) {
+    let mut base = p.base;
+    let mut run = p.run;
+    let mut axes: Vec<(u64, u64)> = Vec::new(); // (count, stride)
+    for &(start, count, stride) in &p.axes {
+        base += start * stride;
+        if count > 1 {
+            axes.push((count, stride));
+        } else if count == 0 {
+            return;
+        }
+    }
+    axes.sort_by_key(|a| a.1);
+    while let Some(&(count, stride)) = axes.first() {
+        if stride == run {
+            run *= count;
+            axes.remove(0);
+        } else {
+            break;
+        }
+    }
+    let total: u64 = axes.iter().map(|a| a.0).product();
+    out.reserve(total as usize);
+    let mut idx = vec![0u64; axes.len()];
+    for _ in 0..total {
+        let off = base + idx.iter().zip(&axes).map(|(i, a)| i * a.1).sum::<u64>();
+        out.push(ByteRange {
+            buffer: p.buffer,
+            offset: off,
+            len: run,
+        });
+        for (i, a) in idx.iter_mut().zip(&axes) {
+            *i += 1;
+            if *i < a.0 {
+                break;
+            }
+            *i = 0;
+        }
+    }
+}
+
+/// Sorts and merges touching ranges of the same buffer.
+pub fn merge_ranges(mut ranges: Vec<ByteRange>) -> Vec<ByteRange> {
+    ranges.sort_unstable();
+    let mut out: Vec<ByteRange> = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        match out.last_mut() {
+            Some(last) if last.buffer == r.buffer && last.offset + last.len >= r.offset => {
+                last.len = last.len.max(r.offset + r.len - last.offset);
+            }
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
+fn check_range(axis: &'static str, r: &Range<u64>, limit: u64) -> Result<()> {
+    if r.start >= r.end {
+        return Err(LayoutError::Invalid(format!(
+            "empty {axis} range {}..{}",
+            r.start, r.end
+        )));
+    }
+    if r.end > limit {
+        return Err(LayoutError::OutOfRange {
+            axis,
+            value: r.end - 1,
+            limit,
+        });
+    }
+    Ok(())
+}
+
+impl KvCacheLayout {
+    fn regions(&self, sel: Selection) -> Result<Vec<ByteRange>> {
+        let g = self.geometry();
+        check_range("layer", &sel.layers, g.num_layers)?;
+        check_range("block", &sel.blocks, g.num_blocks)?;
+        check_range("head", &sel.heads, g.num_kv_heads)?;
+        let mut out = Vec::new();
+        for p in pieces(self.stored_fields(), &sel, self.num_slots()) {
+            runs_of(&p, &mut out);
+        }
+        Ok(merge_ranges(out))
+    }
+
+    /// The bytes of one block over a range of layers and heads (a TP head slice when `heads`
+    /// is a rank's range), merged where contiguous.
+    ///
+    /// ```
+    /// let l: kvlayout::KvCacheLayout = "kv B=3 N=16 H=4 D=8 dtype=f16 order=HND".parse()?;
+    /// // head-major page: heads 0..2 of block 1 are one contiguous range
+    /// let r = l.block_regions(1, 0..1, 0..2)?;
+    /// assert_eq!(r.len(), 1);
+    /// assert_eq!((r[0].offset, r[0].len), (4 * 16 * 32, 2 * 16 * 32));
+    /// # Ok::<(), kvlayout::LayoutError>(())
+    /// ```
+    pub fn block_regions(
+        &self,
+        block: u64,
+        layers: Range<u64>,
+        heads: Range<u64>,
+    ) -> Result<Vec<ByteRange>> {
+        self.regions(Selection {
+            layers,
+            blocks: block..block.saturating_add(1),
+            heads,
+        })
+    }
+
+    /// The bytes of a range of layers, all blocks and heads, merged where contiguous.
+    pub fn layer_regions(&self, layers: Range<u64>) -> Result<Vec<ByteRange>> {
+        self.regions(Selection {
+            layers,
+            blocks: 0..self.geometry().num_blocks,
+            heads: 0..self.geometry().num_kv_heads,
+        })
+    }
+
+    /// What to register for transfers: each buffer's whole owned extent, padding included.
+    pub fn registered_spans(&self) -> Vec<ByteRange> {
+        self.extents()
+            .iter()
+            .enumerate()
+            .map(|(i, x)| ByteRange {
+                buffer: i as u32,
+                offset: x.start,
+                len: x.end - x.start,
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,365 @@
+//! The plain-data description a user writes: geometry, content, dtype, placement.
+//!
+//! A [`LayoutSpec`] is not yet trusted; [`crate::KvCacheLayout::new`] validates it once and
+//! derives everything else from it.
+
+use serde::{Deserialize, Serialize};
+use strum::{Display, EnumIter, EnumString, IntoStaticStr};
+
+use crate::dtype::{DType, TensorScales};
+
+/// Extents of the logical axes `[L, B, H, N]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Geometry {
+    /// Layer slots sharing the allocation (1 for a per-layer tensor).
+    pub num_layers: u64,
+    /// Blocks (pages) per layer.
+    pub num_blocks: u64,
+    /// Tokens per block, as the scheduler counts them.
+    pub block_size: u64,
+    /// Head slots: KV heads for attention, SSM heads for Mamba SSM state, 1 for MLA.
+    pub num_kv_heads: u64,
+    /// Tokens folded into one state slot (compressed token axis, e.g. 4); 1 normally.
+    #[serde(default = "one")]
+    pub tokens_per_state: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// What one row of content (the innermost axis C) holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Content {
+    /// `[K: head_size][V: head_size_v]` packed in one row.
+    Kv {
+        /// K width in elements.
+        head_size: u64,
+        /// V width in elements (may differ, e.g. 192 / 128).
+        head_size_v: u64,
+    },
+    /// `[K][k_scale: f32][V][v_scale: f32]`: int8/fp8 rows with per-token-head scales.
+    KvScaled {
+        /// K width in elements.
+        head_size: u64,
+        /// V width in elements.
+        head_size_v: u64,
+    },
+    /// MLA latent `kv_lora_rank + rope_dim` with one head; K reads all of it, V its first
+    /// `kv_lora_rank` elements.
+    Mla {
+        /// Compressed KV rank (512 in DeepSeek-V3).
+        kv_lora_rank: u64,
+        /// Rotary part (64 in DeepSeek-V3).
+        rope_dim: u64,
+    },
+    /// A fixed-size byte row the descriptor does not interpret (e.g. 656 B `fp8_ds_mla`).
+    Opaque {
+        /// Row size in bytes.
+        row_bytes: u64,
+    },
+    /// Mamba convolution state `[conv_dim, conv_width]`, one per block, one head slot.
+    MambaConv {
+        /// Channels (conv_dim / tp).
+        conv_dim: u64,
+        /// Kept history, `d_conv - 1`.
+        conv_width: u64,
+    },
+    /// Mamba SSM state `[head_dim, state_size]` per head, one per block.
+    MambaSsm {
+        /// Head dimension.
+        head_dim: u64,
+        /// SSM state size.
+        state_size: u64,
+    },
+}
+
+impl Content {
+    /// Short name used in spec strings.
+    pub fn spec_name(&self) -> &'static str {
+        match self {
+            Content::Kv { .. } => "kv",
+            Content::KvScaled { .. } => "kv-scaled",
+            Content::Mla { .. } => "mla",
+            Content::Opaque { .. } => "bytes",
+            Content::MambaConv { .. } => "mamba-conv",
+            Content::MambaSsm { .. } => "mamba-ssm",
+        }
+    }
+
+    /// Whether this content keeps one state per block regardless of block size.
+    pub fn is_per_block_state(&self) -> bool {
+        matches!(self, Content::MambaConv { .. } | Content::MambaSsm { .. })
+    }
+}
+
+/// A named part of the content row. K and V of MLA are readable aliases of `Latent`.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Display,
+    EnumString,
+    EnumIter,
+    IntoStaticStr,
+    Serialize,
+    Deserialize,
+)]
+#[strum(serialize_all = "snake_case", ascii_case_insensitive)]
+#[serde(rename_all = "snake_case")]
+pub enum Field {
+    /// Keys.
+    K,
+    /// Values.
+    V,
+    /// Inline per-token-head key scale (f32).
+    KScale,
+    /// Inline per-token-head value scale (f32).
+    VScale,
+    /// MLA latent.
+    Latent,
+    /// Opaque bytes.
+    Bytes,
+    /// Mamba conv state.
+    Conv,
+    /// Mamba SSM state.
+    Ssm,
+}
+
+/// A logical axis outside the content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Display, EnumString, IntoStaticStr)]
+pub enum Axis {
+    /// Layer slot.
+    L,
+    /// Block.
+    B,
+    /// Head slot.
+    H,
+    /// Token / state slot within a block.
+    N,
+}
+
+macro_rules! orders {
+    ($($name:ident = [$a:ident, $b:ident, $c:ident, $d:ident] $(alias $disp:literal $alias:literal)?;)*) => {
+        /// Physical order of `[L, B, H, N]`, outermost first; content C is always innermost.
+        ///
+        /// `NHD` parses as `LBNHC` (token-major page) and `HND` as `LBHNC` (head-major page).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Display, EnumString, EnumIter,
+                 IntoStaticStr, Serialize, Deserialize)]
+        #[strum(ascii_case_insensitive)]
+        pub enum AxisOrder {
+            $(
+                #[allow(missing_docs)]
+                $(#[strum(to_string = $disp, serialize = $alias)])?
+                $name,
+            )*
+        }
+
+        impl AxisOrder {
+            /// The four axes, outermost first.
+            pub const fn axes(self) -> [Axis; 4] {
+                match self {
+                    $(AxisOrder::$name => [Axis::$a, Axis::$b, Axis::$c, Axis::$d],)*
+                }
+            }
+        }
+    };
+}
+
+orders! {
+    LBHNC = [L, B, H, N] alias "LBHNC" "HND";
+    LBNHC = [L, B, N, H] alias "LBNHC" "NHD";
+    BLHNC = [B, L, H, N];
+    BLNHC = [B, L, N, H];
+    BHLNC = [B, H, L, N];
+    BHNLC = [B, H, N, L];
+    BNLHC = [B, N, L, H];
+    BNHLC = [B, N, H, L];
+    LHBNC = [L, H, B, N];
+    LHNBC = [L, H, N, B];
+    LNBHC = [L, N, B, H];
+    LNHBC = [L, N, H, B];
+    HLBNC = [H, L, B, N];
+    HLNBC = [H, L, N, B];
+    HBLNC = [H, B, L, N];
+    HBNLC = [H, B, N, L];
+    HNLBC = [H, N, L, B];
+    HNBLC = [H, N, B, L];
+    NLBHC = [N, L, B, H];
+    NLHBC = [N, L, H, B];
+    NBLHC = [N, B, L, H];
+    NBHLC = [N, B, H, L];
+    NHLBC = [N, H, L, B];
+    NHBLC = [N, H, B, L];
+}
+
+/// Order of heads and tokens inside a page: token-major (NHD) or head-major (HND).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Display, EnumString, EnumIter, Serialize, Deserialize,
+)]
+#[strum(ascii_case_insensitive)]
+pub enum InPageOrder {
+    /// `[N, H, D]`: tokens outer, heads inner.
+    NHD,
+    /// `[H, N, D]`: heads outer, tokens inner.
+    HND,
+}
+
+/// Layouts of other engines, described as values of the same type.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Display,
+    EnumString,
+    EnumIter,
+    IntoStaticStr,
+    Serialize,
+    Deserialize,
+)]
+#[strum(serialize_all = "kebab-case", ascii_case_insensitive)]
+#[serde(rename_all = "kebab-case")]
+pub enum LegacyKind {
+    /// vLLM paged attention v1: key `[B, H, D/x, N, x]`, value `[B, H, D, N]`, both from one
+    /// `(2, B, N*H*D)` allocation per layer; `x = 16 / element_size`.
+    VllmPagedV1,
+    /// FlashAttention `(2, B, N, H, D)`, identity stride order.
+    FlashAttnNhd,
+    /// FlashAttention `(2, B, N, H, D)` with stride order `(0, 1, 3, 2, 4)`.
+    FlashAttnHnd,
+    /// FlashInfer `(B, 2, N, H, D)`.
+    FlashinferNhd,
+    /// FlashInfer `(B, 2, H, N, D)`.
+    FlashinferHnd,
+    /// Separate K and V allocations `[B, N, H, D]` (buffer 0 and 1), as SGLang's k/v buffers.
+    SeparateNhd,
+    /// Separate K and V allocations `[B, H, N, D]`.
+    SeparateHnd,
+}
+
+/// The standardized paged placement: a permutation of `[L, B, H, N]`, content innermost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Paged {
+    /// Physical order.
+    pub order: AxisOrder,
+    /// Byte offset of the first page inside the buffer.
+    #[serde(default)]
+    pub base_offset: u64,
+    /// Every page start is a multiple of this; the page is padded up to it. 1 = none.
+    #[serde(default = "one")]
+    pub alignment: u64,
+    /// Padded page size in bytes (>= the dense page). Needs H and N inside both L and B.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_size_padded: Option<u64>,
+    /// Explicit layer stride in bytes (shared allocations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_stride_bytes: Option<u64>,
+    /// Explicit block stride in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_stride_bytes: Option<u64>,
+}
+
+impl Paged {
+    /// A dense placement in `order` at offset 0.
+    pub fn new(order: AxisOrder) -> Self {
+        Paged {
+            order,
+            base_offset: 0,
+            alignment: 1,
+            page_size_padded: None,
+            layer_stride_bytes: None,
+            block_stride_bytes: None,
+        }
+    }
+}
+
+/// Fully explicit strides of one stored field; what transformations produce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FieldStrides {
+    /// Which buffer (allocation) the field lives in.
+    pub buffer: u32,
+    /// Byte offset of element (0, 0, 0, 0, 0).
+    pub base_offset: u64,
+    /// Bytes between layer slots.
+    pub layer: u64,
+    /// Bytes between blocks.
+    pub block: u64,
+    /// Bytes between head slots.
+    pub head: u64,
+    /// Bytes between token/state slots.
+    pub slot: u64,
+    /// The content index d is split as `(d / dim_split, d % dim_split)`; equal to the width
+    /// when it is not split.
+    pub dim_split: u64,
+    /// Bytes between chunks `d / dim_split`.
+    pub dim_chunk: u64,
+    /// Bytes between elements `d % dim_split`.
+    pub dim: u64,
+}
+
+/// Byte range `[start, end)` of one buffer that the layout owns (its registered span).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BufferExtent {
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte.
+    pub end: u64,
+}
+
+/// One explicitly placed field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct StridedField {
+    /// The field.
+    pub field: Field,
+    /// Its strides.
+    #[serde(flatten)]
+    pub strides: FieldStrides,
+}
+
+/// Where the fields live.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Placement {
+    /// Standardized pages.
+    Paged(Paged),
+    /// Another engine's layout.
+    Legacy {
+        /// Which one.
+        layout: LegacyKind,
+        /// Byte offset inside the buffer(s).
+        #[serde(default)]
+        base_offset: u64,
+    },
+    /// Every field's strides stated, with the owned extent of each buffer.
+    Strided {
+        /// One entry per stored field.
+        fields: Vec<StridedField>,
+        /// One entry per buffer, indexed by `FieldStrides::buffer`.
+        extents: Vec<BufferExtent>,
+    },
+}
+
+/// The complete, unvalidated description of a KV cache layout.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LayoutSpec {
+    /// Axis extents.
+    pub geometry: Geometry,
+    /// Content row.
+    pub content: Content,
+    /// Element type of the cache (K/V/latent/state values).
+    pub dtype: DType,
+    /// Per-tensor scales.
+    #[serde(default)]
+    pub scales: TensorScales,
+    /// Placement in memory.
+    pub placement: Placement,
+}

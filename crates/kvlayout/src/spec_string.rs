@@ -1,0 +1,423 @@
+//! The compact one-line spec: `kv L=32 B=1024 N=16 H=8 D=128 dtype=bf16 order=NHD`.
+//!
+//! Grammar: whitespace-separated tokens. The first names a content kind (`kv`, `kv-scaled`,
+//! `mla`, `bytes`, `mamba-conv`, `mamba-ssm`) or a preset (whose keys the rest may override).
+//! Then `key=value` pairs:
+//!
+//! | keys | meaning |
+//! |---|---|
+//! | `L B N H tps` | layer slots, blocks, block size, head slots, tokens per state |
+//! | `D Dv` / `rank rope` / `row` / `conv_dim conv_width` / `head_dim state` | content sizes |
+//! | `dtype k_scale v_scale` | element type, per-tensor scales |
+//! | `order base align page layer_stride block_stride` | paged placement (bytes) |
+//! | `legacy base` | another engine's layout (`vllm-paged-v1`, `flash-attn-nhd`, ...) |
+//! | `@FIELD=buf:base:layer:block:head:slot:split:chunk:dim` and `@bufI=start..end` | explicit strides |
+//!
+//! Formatting a layout gives the canonical string, which parses back to an equal layout.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use crate::dtype::{DType, TensorScales};
+use crate::error::{LayoutError, Result};
+use crate::layout::KvCacheLayout;
+use crate::presets::preset_spec_string;
+use crate::spec::{
+    AxisOrder, BufferExtent, Content, Field, FieldStrides, Geometry, LayoutSpec, LegacyKind, Paged,
+    Placement, StridedField,
+};
+
+#[derive(Debug, Clone)]
+struct Token {
+    column: usize,
+    text: String,
+    from_user: bool,
+}
+
+fn bad(t: &Token, reason: impl Into<String>) -> LayoutError {
+    LayoutError::Spec {
+        column: t.column,
+        token: t.text.clone(),
+        reason: reason.into(),
+    }
+}
+
+fn tokens(s: &str, from_user: bool) -> Vec<Token> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (i, ch) in s.char_indices().chain(std::iter::once((s.len(), ' '))) {
+        match (ch.is_whitespace(), start) {
+            (false, None) => start = Some(i),
+            (true, Some(st)) => {
+                out.push(Token {
+                    column: s[..st].chars().count() + 1,
+                    text: s[st..i].to_string(),
+                    from_user,
+                });
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+struct Keys {
+    map: BTreeMap<String, (Token, String)>,
+    head: Token,
+}
+
+impl Keys {
+    fn take<T: FromStr>(&mut self, key: &str) -> Result<Option<T>> {
+        match self.map.remove(key) {
+            None => Ok(None),
+            Some((tok, value)) => value.parse::<T>().map(Some).map_err(|_| {
+                bad(
+                    &tok,
+                    format!("cannot parse '{value}' as the value of {key}"),
+                )
+            }),
+        }
+    }
+
+    fn need<T: FromStr>(&mut self, key: &str) -> Result<T> {
+        self.take(key)?
+            .ok_or_else(|| bad(&self.head, format!("missing {key}=")))
+    }
+}
+
+fn parse_strides(tok: &Token, value: &str) -> Result<FieldStrides> {
+    let parts: Vec<&str> = value.split(':').collect();
+    let nums: Vec<u64> = parts
+        .iter()
+        .map(|p| p.parse::<u64>())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| {
+            bad(
+                tok,
+                "field strides are buf:base:layer:block:head:slot:split:chunk:dim (integers)",
+            )
+        })?;
+    let [buf, base, layer, block, head, slot, split, chunk, dim] = nums[..] else {
+        return Err(bad(
+            tok,
+            format!("field strides need 9 numbers, got {}", nums.len()),
+        ));
+    };
+    Ok(FieldStrides {
+        buffer: u32::try_from(buf).map_err(|_| bad(tok, "buffer index too large"))?,
+        base_offset: base,
+        layer,
+        block,
+        head,
+        slot,
+        dim_split: split,
+        dim_chunk: chunk,
+        dim,
+    })
+}
+
+/// Parses a compact spec (or a preset name with overrides) into an unvalidated spec.
+pub fn parse_spec(s: &str) -> Result<LayoutSpec> {
+    let user = tokens(s, true);
+    let Some(first) = user.first().cloned() else {
+        return Err(LayoutError::Spec {
+            column: 1,
+            token: String::new(),
+            reason: "empty spec".into(),
+        });
+    };
+    let (kind_token, mut rest) = match preset_spec_string(&first.text) {
+        Some(preset) => {
+            let mut pt = tokens(preset, false);
+            let kind = pt.remove(0);
+            (
+                Token {
+                    column: first.column,
+                    ..kind
+                },
+                pt,
+            )
+        }
+        None => (first.clone(), Vec::new()),
+    };
+    rest.extend(user.into_iter().skip(1));
+    let mut map: BTreeMap<String, (Token, String)> = BTreeMap::new();
+    for t in rest {
+        let Some((k, v)) = t.text.split_once('=') else {
+            return Err(bad(&t, "expected key=value"));
+        };
+        if let Some((prev, _)) = map.get(k) {
+            if prev.from_user {
+                return Err(bad(
+                    &t,
+                    format!("{k} given twice (first at column {})", prev.column),
+                ));
+            }
+        }
+        map.insert(k.to_string(), (t.clone(), v.to_string()));
+    }
+    let mut keys = Keys {
+        map,
+        head: kind_token.clone(),
+    };
+    let dtype: DType = match kind_token.text.as_str() {
+        "bytes" => keys.take("dtype")?.unwrap_or(DType::U8),
+        _ => keys.need("dtype")?,
+    };
+    let one_head = matches!(kind_token.text.as_str(), "mla" | "bytes" | "mamba-conv");
+    let geometry = Geometry {
+        num_layers: keys.take("L")?.unwrap_or(1),
+        num_blocks: keys.need("B")?,
+        block_size: keys.need("N")?,
+        num_kv_heads: if one_head {
+            keys.take("H")?.unwrap_or(1)
+        } else {
+            keys.need("H")?
+        },
+        tokens_per_state: keys.take("tps")?.unwrap_or(1),
+    };
+    let content = match kind_token.text.as_str() {
+        "kv" | "kv-scaled" => {
+            let head_size: u64 = keys.need("D")?;
+            let head_size_v = keys.take("Dv")?.unwrap_or(head_size);
+            if kind_token.text == "kv" {
+                Content::Kv {
+                    head_size,
+                    head_size_v,
+                }
+            } else {
+                Content::KvScaled {
+                    head_size,
+                    head_size_v,
+                }
+            }
+        }
+        "mla" => Content::Mla {
+            kv_lora_rank: keys.need("rank")?,
+            rope_dim: keys.need("rope")?,
+        },
+        "bytes" => Content::Opaque {
+            row_bytes: keys.need("row")?,
+        },
+        "mamba-conv" => Content::MambaConv {
+            conv_dim: keys.need("conv_dim")?,
+            conv_width: keys.need("conv_width")?,
+        },
+        "mamba-ssm" => Content::MambaSsm {
+            head_dim: keys.need("head_dim")?,
+            state_size: keys.need("state")?,
+        },
+        other => {
+            return Err(bad(
+                &kind_token,
+                format!(
+                    "'{other}' is neither a content kind (kv, kv-scaled, mla, bytes, mamba-conv, \
+                     mamba-ssm) nor a preset ({})",
+                    crate::presets::PRESET_NAMES.join(", ")
+                ),
+            ))
+        }
+    };
+    let scales = TensorScales {
+        k_scale: keys.take("k_scale")?.unwrap_or(1.0),
+        v_scale: keys.take("v_scale")?.unwrap_or(1.0),
+    };
+    let placement = parse_placement(&mut keys)?;
+    if let Some((tok, _)) = keys.map.values().next() {
+        return Err(bad(tok, "unknown key for this kind and placement"));
+    }
+    Ok(LayoutSpec {
+        geometry,
+        content,
+        dtype,
+        scales,
+        placement,
+    })
+}
+
+fn parse_placement(keys: &mut Keys) -> Result<Placement> {
+    let explicit: Vec<String> = keys
+        .map
+        .keys()
+        .filter(|k| k.starts_with('@'))
+        .cloned()
+        .collect();
+    if let Some(legacy) = keys.take::<LegacyKind>("legacy")? {
+        return Ok(Placement::Legacy {
+            layout: legacy,
+            base_offset: keys.take("base")?.unwrap_or(0),
+        });
+    }
+    if let Some(order) = keys.take::<AxisOrder>("order")? {
+        return Ok(Placement::Paged(Paged {
+            order,
+            base_offset: keys.take("base")?.unwrap_or(0),
+            alignment: keys.take("align")?.unwrap_or(1),
+            page_size_padded: keys.take("page")?,
+            layer_stride_bytes: keys.take("layer_stride")?,
+            block_stride_bytes: keys.take("block_stride")?,
+        }));
+    }
+    if explicit.is_empty() {
+        return Err(bad(
+            &keys.head,
+            "no placement: give order=.. (e.g. NHD, HND, LBHNC), legacy=.. or @field=.. strides",
+        ));
+    }
+    let mut fields = Vec::new();
+    let mut extents: BTreeMap<usize, BufferExtent> = BTreeMap::new();
+    for key in explicit {
+        let (tok, value) = keys.map.remove(&key).expect("key listed above");
+        let name = &key[1..];
+        if let Some(idx) = name.strip_prefix("buf") {
+            let idx: usize = idx.parse().map_err(|_| bad(&tok, "buffer key is @bufN"))?;
+            let (a, b) = value
+                .split_once("..")
+                .ok_or_else(|| bad(&tok, "buffer extent is start..end"))?;
+            let (start, end) = (a.parse(), b.parse());
+            let (Ok(start), Ok(end)) = (start, end) else {
+                return Err(bad(&tok, "buffer extent is start..end (integers)"));
+            };
+            extents.insert(idx, BufferExtent { start, end });
+        } else {
+            let field: Field = name
+                .parse()
+                .map_err(|_| bad(&tok, format!("unknown field '{name}'")))?;
+            fields.push(StridedField {
+                field,
+                strides: parse_strides(&tok, &value)?,
+            });
+        }
+    }
+    let n = extents.len();
+    if extents.keys().copied().ne(0..n) {
+        return Err(bad(
+            &keys.head,
+            "buffer extents must be @buf0, @buf1, .. without gaps",
+        ));
+    }
+    fields.sort_by_key(|f| f.field);
+    Ok(Placement::Strided {
+        fields,
+        extents: extents.into_values().collect(),
+    })
+}
+
+impl FromStr for KvCacheLayout {
+    type Err = LayoutError;
+    /// Parses a preset name, a compact spec string, or a preset followed by overrides.
+    fn from_str(s: &str) -> Result<Self> {
+        KvCacheLayout::new(parse_spec(s)?)
+    }
+}
+
+impl fmt::Display for LayoutSpec {
+    /// The canonical compact spec string.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let g = &self.geometry;
+        write!(
+            f,
+            "{} L={} B={} N={} H={}",
+            self.content.spec_name(),
+            g.num_layers,
+            g.num_blocks,
+            g.block_size,
+            g.num_kv_heads
+        )?;
+        if g.tokens_per_state != 1 {
+            write!(f, " tps={}", g.tokens_per_state)?;
+        }
+        match self.content {
+            Content::Kv {
+                head_size,
+                head_size_v,
+            }
+            | Content::KvScaled {
+                head_size,
+                head_size_v,
+            } => write!(f, " D={head_size} Dv={head_size_v}")?,
+            Content::Mla {
+                kv_lora_rank,
+                rope_dim,
+            } => write!(f, " rank={kv_lora_rank} rope={rope_dim}")?,
+            Content::Opaque { row_bytes } => write!(f, " row={row_bytes}")?,
+            Content::MambaConv {
+                conv_dim,
+                conv_width,
+            } => write!(f, " conv_dim={conv_dim} conv_width={conv_width}")?,
+            Content::MambaSsm {
+                head_dim,
+                state_size,
+            } => write!(f, " head_dim={head_dim} state={state_size}")?,
+        }
+        write!(f, " dtype={}", self.dtype)?;
+        if self.scales != TensorScales::default() {
+            write!(
+                f,
+                " k_scale={:?} v_scale={:?}",
+                self.scales.k_scale, self.scales.v_scale
+            )?;
+        }
+        match &self.placement {
+            Placement::Paged(p) => {
+                write!(f, " order={}", p.order)?;
+                if p.base_offset != 0 {
+                    write!(f, " base={}", p.base_offset)?;
+                }
+                if p.alignment != 1 {
+                    write!(f, " align={}", p.alignment)?;
+                }
+                for (key, v) in [
+                    ("page", p.page_size_padded),
+                    ("layer_stride", p.layer_stride_bytes),
+                    ("block_stride", p.block_stride_bytes),
+                ] {
+                    if let Some(v) = v {
+                        write!(f, " {key}={v}")?;
+                    }
+                }
+            }
+            Placement::Legacy {
+                layout,
+                base_offset,
+            } => {
+                write!(f, " legacy={layout}")?;
+                if *base_offset != 0 {
+                    write!(f, " base={base_offset}")?;
+                }
+            }
+            Placement::Strided { fields, extents } => {
+                for sf in fields {
+                    let s = sf.strides;
+                    write!(
+                        f,
+                        " @{}={}:{}:{}:{}:{}:{}:{}:{}:{}",
+                        sf.field,
+                        s.buffer,
+                        s.base_offset,
+                        s.layer,
+                        s.block,
+                        s.head,
+                        s.slot,
+                        s.dim_split,
+                        s.dim_chunk,
+                        s.dim
+                    )?;
+                }
+                for (i, x) in extents.iter().enumerate() {
+                    write!(f, " @buf{i}={}..{}", x.start, x.end)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for KvCacheLayout {
+    /// The canonical compact spec string; it parses back to an equal layout.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.spec().fmt(f)
+    }
+}

@@ -1,0 +1,291 @@
+//! Transformations of a layout, each a view of the same memory with stated post-conditions
+//! (checked as properties in the tests):
+//!
+//! * [`KvCacheLayout::tp_slice`]: `s.offset(l,b,h,n,f,d) == a.offset(l,b,heads.start+h,n,f,d)`,
+//!   `s.num_kv_heads == heads.len()`, same extents (registered span) as the parent.
+//! * [`KvCacheLayout::split_blocks`]: `s.offset(l, b*r+j, h, n, f, d) ==
+//!   a.offset(l, b, h, j*N/r + n, f, d)`, `s.num_blocks == r * a.num_blocks`.
+//! * [`KvCacheLayout::layer_range`]: `s.offset(l, ..) == a.offset(start + l, ..)`.
+//! * [`KvCacheLayout::check_tensor`] and [`KvCacheLayout::same_addressing`] change nothing and
+//!   either agree or name the first difference.
+
+use std::ops::Range;
+
+use crate::error::{LayoutError, Result};
+use crate::layout::KvCacheLayout;
+use crate::spec::{Content, FieldStrides, LayoutSpec, Placement, StridedField};
+use crate::view::{Convention, ViewTarget};
+use crate::DType;
+
+impl KvCacheLayout {
+    /// Rebuilds this layout as explicit strides with a new geometry and per-field strides.
+    fn restride(
+        &self,
+        geometry: crate::Geometry,
+        f: impl Fn(FieldStrides) -> FieldStrides,
+    ) -> Result<KvCacheLayout> {
+        let fields = self
+            .stored_fields()
+            .iter()
+            .map(|m| StridedField {
+                field: m.field,
+                strides: f(m.strides),
+            })
+            .collect();
+        KvCacheLayout::new(LayoutSpec {
+            geometry,
+            placement: Placement::Strided {
+                fields,
+                extents: self.extents().to_vec(),
+            },
+            ..self.spec().clone()
+        })
+    }
+
+    /// Head slots held by `tp_rank` of `tp_size`: a contiguous range of `H / tp_size` heads,
+    /// or, when `tp_size > H`, the one replicated head `tp_rank / (tp_size / H)`.
+    pub fn tp_heads(&self, tp_size: u64, tp_rank: u64) -> Result<Range<u64>> {
+        let refuse = |reason: String| LayoutError::TransformRefused {
+            transform: "tp_slice",
+            reason,
+        };
+        if tp_size == 0 {
+            return Err(LayoutError::ZeroSize { what: "tp_size" });
+        }
+        if tp_rank >= tp_size {
+            return Err(LayoutError::OutOfRange {
+                axis: "tp_rank",
+                value: tp_rank,
+                limit: tp_size,
+            });
+        }
+        if let Content::MambaConv { .. } = self.content() {
+            return Err(refuse(
+                "Mamba conv state is sharded along its channels, not head slots".into(),
+            ));
+        }
+        let h = self.geometry().num_kv_heads;
+        if tp_size <= h {
+            if h % tp_size != 0 {
+                return Err(refuse(format!(
+                    "{h} head slots do not split over tp_size {tp_size}"
+                )));
+            }
+            let per = h / tp_size;
+            Ok(tp_rank * per..(tp_rank + 1) * per)
+        } else {
+            if tp_size % h != 0 {
+                return Err(refuse(format!(
+                    "tp_size {tp_size} exceeds {h} head slots and is not a multiple of it"
+                )));
+            }
+            let head = tp_rank / (tp_size / h);
+            Ok(head..head + 1)
+        }
+    }
+
+    /// The part of this layout that TP rank `tp_rank` of `tp_size` holds, as a view of the
+    /// same memory (heads replicated when `tp_size > num_kv_heads`).
+    ///
+    /// ```
+    /// let l: kvlayout::KvCacheLayout = "kv B=3 N=16 H=4 D=8 dtype=f16 order=NHD".parse()?;
+    /// let r1 = l.tp_slice(2, 1)?;
+    /// assert_eq!(r1.geometry().num_kv_heads, 2);
+    /// // rank 1's head 0 is the parent's head 2
+    /// let k = kvlayout::Field::K;
+    /// let c = |h| kvlayout::Coord { layer: 0, block: 1, head: h, slot: 3, field: k, dim: 4 };
+    /// assert_eq!(r1.offset(&c(0))?, l.offset(&c(2))?);
+    /// # Ok::<(), kvlayout::LayoutError>(())
+    /// ```
+    pub fn tp_slice(&self, tp_size: u64, tp_rank: u64) -> Result<KvCacheLayout> {
+        let heads = self.tp_heads(tp_size, tp_rank)?;
+        let geometry = crate::Geometry {
+            num_kv_heads: heads.end - heads.start,
+            ..*self.geometry()
+        };
+        self.restride(geometry, |s| FieldStrides {
+            base_offset: s.base_offset + heads.start * s.head,
+            ..s
+        })
+    }
+
+    /// Views each allocator block as `ratio` kernel blocks of `block_size / ratio` tokens.
+    /// Refused unless every field's block stride equals `slots * token stride` (the dense,
+    /// token-outermost page): otherwise kernel blocks would not be evenly strided.
+    pub fn split_blocks(&self, ratio: u64) -> Result<KvCacheLayout> {
+        let refuse = |reason: String| LayoutError::TransformRefused {
+            transform: "split_blocks",
+            reason,
+        };
+        if ratio == 0 {
+            return Err(LayoutError::ZeroSize { what: "ratio" });
+        }
+        let g = *self.geometry();
+        let slots = self.num_slots();
+        if self.content().is_per_block_state() && ratio != 1 {
+            return Err(refuse("a per-block state cannot be split".into()));
+        }
+        if slots % ratio != 0 {
+            return Err(refuse(format!(
+                "{slots} token slots per block do not split by {ratio}"
+            )));
+        }
+        for m in self.stored_fields() {
+            let s = m.strides;
+            if s.block != slots * s.slot {
+                return Err(refuse(format!(
+                    "field {}: block stride {} B is not the dense page {} x {} B \
+                     (padding, head-major page, or blocks outside layers)",
+                    m.field, s.block, slots, s.slot
+                )));
+            }
+        }
+        let num_blocks = g
+            .num_blocks
+            .checked_mul(ratio)
+            .ok_or_else(|| LayoutError::Overflow {
+                what: "num_blocks * ratio".into(),
+                limit: crate::MAX_OFFSET,
+            })?;
+        let geometry = crate::Geometry {
+            num_blocks,
+            block_size: g.block_size / ratio,
+            ..g
+        };
+        self.restride(geometry, |s| FieldStrides {
+            block: s.block / ratio,
+            ..s
+        })
+    }
+
+    /// Layer slots `layers` of this layout, as a view of the same memory.
+    pub fn layer_range(&self, layers: Range<u64>) -> Result<KvCacheLayout> {
+        let n = self.geometry().num_layers;
+        if layers.start >= layers.end || layers.end > n {
+            return Err(LayoutError::TransformRefused {
+                transform: "layer_range",
+                reason: format!(
+                    "{}..{} is not a non-empty range within 0..{n}",
+                    layers.start, layers.end
+                ),
+            });
+        }
+        let geometry = crate::Geometry {
+            num_layers: layers.end - layers.start,
+            ..*self.geometry()
+        };
+        self.restride(geometry, |s| FieldStrides {
+            base_offset: s.base_offset + layers.start * s.layer,
+            ..s
+        })
+    }
+
+    /// Verifies what a framework hands over (a tensor's shape, strides in elements, dtype,
+    /// and optionally its storage offset in elements) against this layout's view. It never
+    /// infers anything from the tensor: it only says yes, or names the first difference.
+    /// Strides of size-1 axes are not compared (they carry no information).
+    pub fn check_tensor(
+        &self,
+        convention: Convention,
+        target: ViewTarget,
+        layer: u64,
+        shape: &[u64],
+        strides: &[u64],
+        dtype: DType,
+        storage_offset: Option<u64>,
+    ) -> Result<()> {
+        let v = self.view(convention, target, layer)?;
+        let mismatch = |s: String| {
+            Err(LayoutError::TensorMismatch(format!(
+                "{convention} {target}: {s}"
+            )))
+        };
+        if dtype != v.dtype {
+            return mismatch(format!("dtype {dtype}, layout stores {}", v.dtype));
+        }
+        if shape.len() != v.shape.len() || strides.len() != v.shape.len() {
+            return mismatch(format!(
+                "{} dims with {} strides, expected {} dims {:?}",
+                shape.len(),
+                strides.len(),
+                v.shape.len(),
+                v.shape
+            ));
+        }
+        for (i, (&got, &want)) in shape.iter().zip(&v.shape).enumerate() {
+            if got != want {
+                return mismatch(format!(
+                    "shape[{i}] = {got}, expected {want} (shape {:?})",
+                    v.shape
+                ));
+            }
+        }
+        for (i, ((&got, &want), &ext)) in strides.iter().zip(&v.strides).zip(&v.shape).enumerate() {
+            if ext > 1 && got != want {
+                return mismatch(format!(
+                    "stride[{i}] = {got}, expected {want} (strides {:?})",
+                    v.strides
+                ));
+            }
+        }
+        if let Some(off) = storage_offset {
+            if off != v.offset {
+                return mismatch(format!("storage offset {off}, expected {}", v.offset));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether two layouts put every element at the same place (and store the same values:
+    /// same dtypes and per-tensor scales). Strides of size-1 axes are ignored.
+    pub fn same_addressing(&self, other: &KvCacheLayout) -> Result<()> {
+        let differ = |s: String| Err(LayoutError::Mismatch(s));
+        if self.geometry() != other.geometry() {
+            return differ(format!(
+                "geometry {:?} vs {:?}",
+                self.geometry(),
+                other.geometry()
+            ));
+        }
+        if self.content() != other.content() || self.dtype() != other.dtype() {
+            return differ(format!(
+                "content {:?} {} vs {:?} {}",
+                self.content(),
+                self.dtype(),
+                other.content(),
+                other.dtype()
+            ));
+        }
+        if self.scales() != other.scales() {
+            return differ(format!(
+                "scales {:?} vs {:?}",
+                self.scales(),
+                other.scales()
+            ));
+        }
+        for (a, b) in self.stored_fields().iter().zip(other.stored_fields()) {
+            let (sa, sb) = (a.strides, b.strides);
+            if (sa.buffer, sa.base_offset) != (sb.buffer, sb.base_offset) {
+                return differ(format!(
+                    "field {}: starts at buffer {} byte {} vs buffer {} byte {}",
+                    a.field, sa.buffer, sa.base_offset, sb.buffer, sb.base_offset
+                ));
+            }
+            let names = ["layer", "block", "head", "token", "dim chunk", "dim"];
+            for ((name, (ext, x)), (_, y)) in names.iter().zip(a.axes()).zip(b.axes()) {
+                if ext > 1 && x != y {
+                    return differ(format!("field {}: {name} stride {x} vs {y}", a.field));
+                }
+            }
+            if a.is_dim_split() != b.is_dim_split()
+                || (a.is_dim_split() && sa.dim_split != sb.dim_split)
+            {
+                return differ(format!(
+                    "field {}: content split x = {} vs {}",
+                    a.field, sa.dim_split, sb.dim_split
+                ));
+            }
+        }
+        Ok(())
+    }
+}
