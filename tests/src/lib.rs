@@ -1,1 +1,11 @@
-//! placeholder
+//! The cross-backend conformance suite of kvlayout.
+//!
+//! This crate owns the tests that every part of the workspace must pass: property tests of
+//! the descriptor over random layouts of every kind, the regression cases of
+//! `shared/anchors.md` section 5, and the check that the C header of the kernel ABI agrees
+//! with the Rust side. Its library holds what the tests share: a generator of random valid
+//! layouts ([`gen`]) and an independent enumeration of a layout's domain ([`domain`]). It
+//! does not implement any layout logic of its own beyond what a reference needs.
+
+pub mod domain;
+pub mod gen;

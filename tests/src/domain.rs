@@ -1,0 +1,50 @@
+//! Independent enumeration of a layout's domain, for reference checks.
+
+use kvlayout::{Coord, KvCacheLayout};
+
+/// Every coordinate of every readable field (stored fields first), in row-major order.
+pub fn coords(l: &KvCacheLayout, stored_only: bool) -> Vec<Coord> {
+    let fields = if stored_only {
+        l.stored_fields().iter().map(|m| m.field).collect()
+    } else {
+        l.readable_fields()
+    };
+    let mut out = Vec::new();
+    for field in fields {
+        let m = l.field_map(field).expect("readable field");
+        for layer in 0..m.num_layers {
+            for block in 0..m.num_blocks {
+                for head in 0..m.num_heads {
+                    for slot in 0..m.num_slots {
+                        for dim in 0..m.width {
+                            out.push(Coord {
+                                layer,
+                                block,
+                                head,
+                                slot,
+                                field,
+                                dim,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The reference address: `base + l*Ls + b*Bs + h*Hs + n*Ns + (d / x)*Xs + (d % x)*Ds`,
+/// written out from the field's strides without calling the layout's offset function.
+pub fn reference_offset(l: &KvCacheLayout, c: &Coord) -> (u32, u64) {
+    let m = l.field_map(c.field).expect("readable field");
+    let s = m.strides;
+    let off = u128::from(s.base_offset)
+        + u128::from(c.layer) * u128::from(s.layer)
+        + u128::from(c.block) * u128::from(s.block)
+        + u128::from(c.head) * u128::from(s.head)
+        + u128::from(c.slot) * u128::from(s.slot)
+        + u128::from(c.dim / s.dim_split) * u128::from(s.dim_chunk)
+        + u128::from(c.dim % s.dim_split) * u128::from(s.dim);
+    (s.buffer, u64::try_from(off).expect("validated layouts fit in 64 bits"))
+}

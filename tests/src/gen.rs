@@ -1,0 +1,304 @@
+//! Random valid layouts of every kind, small enough to enumerate element by element.
+//!
+//! Sizes are drawn so that swaps show (B=3, H=4, N=16, D=8) and so that the ambiguous cases
+//! (two blocks, H=1, H=N) come up often. Transformed layouts (TP slice, layer range,
+//! kernel-block split) are included, so explicit-strided placements are covered too.
+
+use kvlayout::{
+    AxisOrder, Content, DType, Geometry, KvCacheLayout, LayoutSpec, LegacyKind, Paged, Placement,
+    TensorScales,
+};
+use proptest::prelude::*;
+use proptest::sample::select;
+use strum_free::all_orders;
+
+mod strum_free {
+    use kvlayout::AxisOrder;
+    /// All 24 physical orders (parsed from their names, so no strum dependency here).
+    pub fn all_orders() -> Vec<AxisOrder> {
+        let mut out = Vec::new();
+        let axes = ['L', 'B', 'H', 'N'];
+        for a in axes {
+            for b in axes {
+                for c in axes {
+                    for d in axes {
+                        let s: String = [a, b, c, d, 'C'].iter().collect();
+                        let mut seen = [a, b, c, d];
+                        seen.sort_unstable();
+                        if seen == ['B', 'H', 'L', 'N'] {
+                            out.push(s.parse().expect("permutation names an order"));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Content kinds the generator draws from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Packed K|V.
+    Kv,
+    /// K|k_scale|V|v_scale.
+    KvScaled,
+    /// MLA latent.
+    Mla,
+    /// Opaque bytes.
+    Opaque,
+    /// Mamba conv state.
+    MambaConv,
+    /// Mamba SSM state.
+    MambaSsm,
+}
+
+/// The raw draws a layout is built from.
+#[derive(Debug, Clone)]
+pub struct Seed {
+    /// Content kind.
+    pub kind: Kind,
+    /// L, B, N, H.
+    pub dims: (u64, u64, u64, u64),
+    /// Tokens per state choice.
+    pub tps: u64,
+    /// Head sizes (K, V) or kind-specific sizes.
+    pub sizes: (u64, u64),
+    /// Element type.
+    pub dtype: DType,
+    /// 0..=4: paged, paged with explicit strides, paged padded, legacy, paged with base.
+    pub placement: u8,
+    /// Physical order.
+    pub order: AxisOrder,
+    /// Legacy kind.
+    pub legacy: LegacyKind,
+    /// Padding / alignment / offset units.
+    pub extra: (u64, u64, u64),
+}
+
+fn seed() -> impl Strategy<Value = Seed> {
+    let kinds = select(vec![
+        Kind::Kv,
+        Kind::Kv,
+        Kind::KvScaled,
+        Kind::Mla,
+        Kind::Opaque,
+        Kind::MambaConv,
+        Kind::MambaSsm,
+    ]);
+    let dims = (
+        1u64..=3,
+        select(vec![1u64, 2, 2, 3, 4]),
+        select(vec![1u64, 2, 4, 4, 8, 16]),
+        select(vec![1u64, 1, 2, 3, 4, 4]),
+    );
+    let sizes = (select(vec![4u64, 8, 8, 16, 32]), select(vec![4u64, 8, 12, 16]));
+    let dtypes = select(vec![
+        DType::F32,
+        DType::F16,
+        DType::Bf16,
+        DType::Fp8E4m3,
+        DType::Fp8E5m2,
+        DType::Int8,
+    ]);
+    let legacy = select(vec![
+        LegacyKind::VllmPagedV1,
+        LegacyKind::FlashAttnNhd,
+        LegacyKind::FlashAttnHnd,
+        LegacyKind::FlashinferNhd,
+        LegacyKind::FlashinferHnd,
+        LegacyKind::SeparateNhd,
+        LegacyKind::SeparateHnd,
+    ]);
+    (
+        kinds,
+        dims,
+        select(vec![1u64, 1, 2, 4]),
+        sizes,
+        dtypes,
+        0u8..=4,
+        select(all_orders()),
+        legacy,
+        (0u64..4, 0u64..4, 0u64..4),
+    )
+        .prop_map(
+            |(kind, dims, tps, sizes, dtype, placement, order, legacy, extra)| Seed {
+                kind,
+                dims,
+                tps,
+                sizes,
+                dtype,
+                placement,
+                order,
+                legacy,
+                extra,
+            },
+        )
+}
+
+/// Builds the spec of a seed; `None` when the draw cannot make a valid layout.
+pub fn build(s: &Seed) -> Option<KvCacheLayout> {
+    let (layers, blocks, block_size, mut heads) = s.dims;
+    let (a, b) = s.sizes;
+    let mut dtype = s.dtype;
+    let content = match s.kind {
+        Kind::Kv => Content::Kv {
+            head_size: a,
+            head_size_v: if s.extra.2 % 2 == 0 { a } else { b },
+        },
+        Kind::KvScaled => {
+            if !dtype.is_quantized() {
+                dtype = DType::Int8;
+            }
+            Content::KvScaled {
+                head_size: a,
+                head_size_v: b,
+            }
+        }
+        Kind::Mla => {
+            heads = 1;
+            Content::Mla {
+                kv_lora_rank: a,
+                rope_dim: b / 2,
+            }
+        }
+        Kind::Opaque => {
+            heads = 1;
+            dtype = DType::U8;
+            Content::Opaque { row_bytes: a + b + 1 }
+        }
+        Kind::MambaConv => {
+            heads = 1;
+            Content::MambaConv {
+                conv_dim: a,
+                conv_width: 3,
+            }
+        }
+        Kind::MambaSsm => Content::MambaSsm {
+            head_dim: a / 2,
+            state_size: b,
+        },
+    };
+    let tokens_per_state = if block_size % s.tps == 0 && !content.is_per_block_state() {
+        s.tps
+    } else {
+        1
+    };
+    let geometry = Geometry {
+        num_layers: layers,
+        num_blocks: blocks,
+        block_size,
+        num_kv_heads: heads,
+        tokens_per_state,
+    };
+    let (e0, e1, e2) = s.extra;
+    let align_unit = 16u64;
+    let page_orders = matches!(&s.order.to_string()[..2], "LB" | "BL");
+    let placement = match s.placement {
+        3 if matches!(s.kind, Kind::Kv) => Placement::Legacy {
+            layout: s.legacy,
+            base_offset: e0 * align_unit,
+        },
+        2 if page_orders => Placement::Paged(Paged {
+            alignment: [1, 16, 64, 256][e0 as usize],
+            ..Paged::new(s.order)
+        }),
+        4 => Placement::Paged(Paged {
+            base_offset: (e0 + 1) * align_unit,
+            ..Paged::new(s.order)
+        }),
+        _ => Placement::Paged(Paged::new(s.order)),
+    };
+    let spec = LayoutSpec {
+        geometry,
+        content,
+        dtype,
+        scales: if e2 == 3 {
+            TensorScales {
+                k_scale: 0.5,
+                v_scale: 2.0,
+            }
+        } else {
+            TensorScales::default()
+        },
+        placement,
+    };
+    let mut layout = KvCacheLayout::new(spec.clone()).ok()?;
+    // Padded pages and explicit strides: grow strides of the first stored field and rebuild.
+    if let Placement::Paged(p) = spec.placement {
+        let m = layout.stored_fields()[0].strides;
+        let mut q = p;
+        match s.placement {
+            2 if page_orders && e1 > 0 => {
+                let page = if p.order.to_string().starts_with("LB") {
+                    m.block
+                } else {
+                    m.layer
+                };
+                q.page_size_padded = Some(page + e1 * align_unit);
+            }
+            1 => {
+                q.block_stride_bytes = Some(m.block + e1 * align_unit);
+                if e0 % 2 == 1 {
+                    q.layer_stride_bytes = Some(m.layer * 2 + e1 * 64 * align_unit);
+                }
+            }
+            _ => {}
+        }
+        if q != p {
+            if let Ok(l) = KvCacheLayout::new(LayoutSpec {
+                placement: Placement::Paged(q),
+                ..spec
+            }) {
+                layout = l;
+            }
+        }
+    }
+    Some(layout)
+}
+
+/// A transformation applied after building.
+#[derive(Debug, Clone, Copy)]
+pub enum Transform {
+    /// None.
+    Identity,
+    /// `tp_slice(size, rank % size)`.
+    Tp(u64, u64),
+    /// `layer_range(start % L .. L)`.
+    Layers(u64),
+    /// `split_blocks(ratio)`.
+    Split(u64),
+}
+
+fn transform() -> impl Strategy<Value = Transform> {
+    prop_oneof![
+        3 => Just(Transform::Identity),
+        1 => (select(vec![1u64, 2, 4, 8]), 0u64..8).prop_map(|(s, r)| Transform::Tp(s, r % s)),
+        1 => (0u64..3).prop_map(Transform::Layers),
+        1 => select(vec![2u64, 4]).prop_map(Transform::Split),
+    ]
+}
+
+/// Applies a transform, keeping the original when it is refused.
+pub fn apply(l: KvCacheLayout, t: Transform) -> KvCacheLayout {
+    let r = match t {
+        Transform::Identity => return l,
+        Transform::Tp(s, r) => l.tp_slice(s, r),
+        Transform::Layers(a) => {
+            let n = l.geometry().num_layers;
+            l.layer_range(a % n..n)
+        }
+        Transform::Split(r) => l.split_blocks(r),
+    };
+    r.unwrap_or(l)
+}
+
+/// A random valid untransformed layout of any kind.
+pub fn base_layout() -> impl Strategy<Value = KvCacheLayout> {
+    seed().prop_filter_map("seed does not make a valid layout", |s| build(&s))
+}
+
+/// A random valid layout of any kind, sometimes transformed (explicit strides).
+pub fn any_layout() -> impl Strategy<Value = KvCacheLayout> {
+    (base_layout(), transform()).prop_map(|(l, t)| apply(l, t))
+}
