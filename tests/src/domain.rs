@@ -46,5 +46,8 @@ pub fn reference_offset(l: &KvCacheLayout, c: &Coord) -> (u32, u64) {
         + u128::from(c.slot) * u128::from(s.slot)
         + u128::from(c.dim / s.dim_split) * u128::from(s.dim_chunk)
         + u128::from(c.dim % s.dim_split) * u128::from(s.dim);
-    (s.buffer, u64::try_from(off).expect("validated layouts fit in 64 bits"))
+    (
+        s.buffer,
+        u64::try_from(off).expect("validated layouts fit in 64 bits"),
+    )
 }

@@ -92,7 +92,10 @@ fn seed() -> impl Strategy<Value = Seed> {
         select(vec![1u64, 2, 4, 4, 8, 16]),
         select(vec![1u64, 1, 2, 3, 4, 4]),
     );
-    let sizes = (select(vec![4u64, 8, 8, 16, 32]), select(vec![4u64, 8, 12, 16]));
+    let sizes = (
+        select(vec![4u64, 8, 8, 16, 32]),
+        select(vec![4u64, 8, 12, 16]),
+    );
     let dtypes = select(vec![
         DType::F32,
         DType::F16,
@@ -116,8 +119,12 @@ fn seed() -> impl Strategy<Value = Seed> {
         select(vec![1u64, 1, 2, 4]),
         sizes,
         dtypes,
-        0u8..=4,
-        select(all_orders()),
+        select(vec![0u8, 0, 1, 2, 2, 3, 3, 3, 4]),
+        prop_oneof![
+            select(all_orders()),
+            select(vec!["LBHNC", "LBNHC", "BLHNC", "BLNHC", "BHLNC"])
+                .prop_map(|s| s.parse::<AxisOrder>().expect("named order")),
+        ],
         legacy,
         (0u64..4, 0u64..4, 0u64..4),
     )
@@ -142,6 +149,11 @@ pub fn build(s: &Seed) -> Option<KvCacheLayout> {
     let (a, b) = s.sizes;
     let mut dtype = s.dtype;
     let content = match s.kind {
+        // Legacy layouts keep one head size (but separate K/V allocations may differ).
+        Kind::Kv | Kind::KvScaled if s.placement == 3 => Content::Kv {
+            head_size: a,
+            head_size_v: if s.extra.2 == 1 { b } else { a },
+        },
         Kind::Kv => Content::Kv {
             head_size: a,
             head_size_v: if s.extra.2 % 2 == 0 { a } else { b },
@@ -165,7 +177,9 @@ pub fn build(s: &Seed) -> Option<KvCacheLayout> {
         Kind::Opaque => {
             heads = 1;
             dtype = DType::U8;
-            Content::Opaque { row_bytes: a + b + 1 }
+            Content::Opaque {
+                row_bytes: a + b + 1,
+            }
         }
         Kind::MambaConv => {
             heads = 1;
@@ -195,7 +209,7 @@ pub fn build(s: &Seed) -> Option<KvCacheLayout> {
     let align_unit = 16u64;
     let page_orders = matches!(&s.order.to_string()[..2], "LB" | "BL");
     let placement = match s.placement {
-        3 if matches!(s.kind, Kind::Kv) => Placement::Legacy {
+        3 if matches!(s.kind, Kind::Kv | Kind::KvScaled) => Placement::Legacy {
             layout: s.legacy,
             base_offset: e0 * align_unit,
         },

@@ -59,7 +59,7 @@ impl KvCacheLayout {
                 limit: tp_size,
             });
         }
-        if let Content::MambaConv { .. } = self.content() {
+        if matches!(self.content(), Content::MambaConv { .. }) && tp_size > 1 {
             return Err(refuse(
                 "Mamba conv state is sharded along its channels, not head slots".into(),
             ));

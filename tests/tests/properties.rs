@@ -1,0 +1,492 @@
+//! Properties of the descriptor over random valid layouts of every kind (see
+//! `kvlayout_conformance::gen`), each checked against an independent enumeration.
+
+use std::collections::{BTreeSet, HashMap};
+
+use kvlayout::{
+    merge_ranges, ByteRange, Convention, Coord, Field, KvCacheLayout, LayoutError, ViewTarget,
+};
+use kvlayout_conformance::domain::{coords, reference_offset};
+use kvlayout_conformance::gen::{any_layout, base_layout};
+use proptest::prelude::*;
+
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        max_global_rejects: 100_000,
+        ..ProptestConfig::default()
+    }
+}
+
+/// Byte ranges `[start, end)` of every stored element, per buffer.
+fn element_ranges(l: &KvCacheLayout) -> Vec<ByteRange> {
+    coords(l, true)
+        .iter()
+        .map(|c| {
+            let (buffer, offset) = reference_offset(l, c);
+            let len = l.field_map(c.field).unwrap().elem_bytes();
+            ByteRange {
+                buffer,
+                offset,
+                len,
+            }
+        })
+        .collect()
+}
+
+/// Maps a view multi-index back to the coordinate it must address.
+fn coord_of(c: Convention, t: ViewTarget, layer: u64, x: u64, idx: &[u64]) -> Coord {
+    let at = |field, b, h, n, d| Coord {
+        layer,
+        block: b,
+        head: h,
+        slot: n,
+        field,
+        dim: d,
+    };
+    let kv = |i: u64| if i == 0 { Field::K } else { Field::V };
+    match (c, t) {
+        (Convention::Standard, ViewTarget::Field(f))
+        | (Convention::FlashinferHnd, ViewTarget::Field(f)) => {
+            at(f, idx[0], idx[1], idx[2], idx[3])
+        }
+        (Convention::VllmPagedV1, ViewTarget::Field(Field::K)) => {
+            at(Field::K, idx[0], idx[1], idx[3], idx[2] * x + idx[4])
+        }
+        (Convention::VllmPagedV1, ViewTarget::Field(f)) => at(f, idx[0], idx[1], idx[3], idx[2]),
+        (Convention::FlashAttn | Convention::Flashinfer, ViewTarget::Field(f)) => {
+            at(f, idx[0], idx[2], idx[1], idx[3])
+        }
+        (Convention::FlashAttn, ViewTarget::Kv) => at(kv(idx[0]), idx[1], idx[3], idx[2], idx[4]),
+        (Convention::Flashinfer, ViewTarget::Kv) => at(kv(idx[1]), idx[0], idx[3], idx[2], idx[4]),
+        (Convention::FlashinferHnd, ViewTarget::Kv) => {
+            at(kv(idx[1]), idx[0], idx[2], idx[3], idx[4])
+        }
+        other => panic!("no view expected for {other:?}"),
+    }
+}
+
+fn for_each_index(shape: &[u64], mut f: impl FnMut(&[u64])) {
+    let total: u64 = shape.iter().product();
+    let mut idx = vec![0u64; shape.len()];
+    for _ in 0..total {
+        f(&idx);
+        for d in (0..shape.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+const CONVENTIONS: [Convention; 5] = [
+    Convention::Standard,
+    Convention::VllmPagedV1,
+    Convention::FlashAttn,
+    Convention::Flashinfer,
+    Convention::FlashinferHnd,
+];
+
+proptest! {
+    #![proptest_config(config(512))]
+
+    /// Post-condition of construction: the address map is injective over its domain (no two
+    /// elements of any two stored fields share a byte) and stays inside the registered span.
+    #[test]
+    fn address_map_injective_and_inside_span(l in any_layout()) {
+        let mut ranges = element_ranges(&l);
+        let spans = l.registered_spans();
+        for r in &ranges {
+            let span = spans[r.buffer as usize];
+            prop_assert!(r.offset >= span.offset && r.offset + r.len <= span.offset + span.len,
+                "{r:?} outside {span:?} in {l}");
+        }
+        ranges.sort_unstable();
+        for w in ranges.windows(2) {
+            prop_assert!(w[0].buffer != w[1].buffer || w[0].offset + w[0].len <= w[1].offset,
+                "{:?} overlaps {:?} in {l}", w[0], w[1]);
+        }
+    }
+
+    /// The checked address function equals the reference formula, and refuses one past the end
+    /// of every axis.
+    #[test]
+    fn offset_matches_reference_and_bounds(l in any_layout()) {
+        for c in coords(&l, false) {
+            let at = l.offset(&c).unwrap();
+            prop_assert_eq!((at.buffer, at.offset), reference_offset(&l, &c));
+        }
+        for field in l.readable_fields() {
+            let m = l.field_map(field).unwrap();
+            let zero = Coord { layer: 0, block: 0, head: 0, slot: 0, field, dim: 0 };
+            let past = [
+                Coord { layer: m.num_layers, ..zero },
+                Coord { block: m.num_blocks, ..zero },
+                Coord { head: m.num_heads, ..zero },
+                Coord { slot: m.num_slots, ..zero },
+                Coord { dim: m.width, ..zero },
+            ];
+            for c in past {
+                let refused = matches!(l.offset(&c), Err(LayoutError::OutOfRange { .. }));
+                prop_assert!(refused);
+            }
+        }
+    }
+
+    /// Every view that exists reproduces the address map element by element; its element and
+    /// byte strides agree; and `check_tensor` accepts exactly it.
+    #[test]
+    fn views_reproduce_address_map(l in any_layout()) {
+        let mut targets: Vec<ViewTarget> = l.readable_fields().into_iter().map(ViewTarget::Field).collect();
+        targets.push(ViewTarget::Kv);
+        let layer = l.geometry().num_layers - 1;
+        for c in CONVENTIONS {
+            for &t in &targets {
+                let Ok(v) = l.view(c, t, layer) else { continue };
+                let e = v.dtype.size_bytes();
+                prop_assert_eq!(v.offset * e, v.offset_bytes);
+                for ((s, sb), ext) in v.strides.iter().zip(&v.strides_bytes).zip(&v.shape) {
+                    prop_assert!(s * e == *sb || *ext == 1);
+                }
+                let x = v.dtype.vllm_x();
+                let mut bad = None;
+                for_each_index(&v.shape, |idx| {
+                    let want = l.offset(&coord_of(c, t, layer, x, idx)).unwrap();
+                    let got = v.byte_offset(idx);
+                    if (want.buffer, want.offset) != (v.buffer, got) && bad.is_none() {
+                        bad = Some((idx.to_vec(), want, got));
+                    }
+                });
+                prop_assert!(bad.is_none(), "{c} {t} of {l}: {bad:?}");
+                l.check_tensor(c, t, layer, &v.shape, &v.strides, v.dtype, Some(v.offset)).unwrap();
+                // Swapping the strides of two size>1 axes with distinct strides is caught.
+                let big: Vec<usize> = (0..v.shape.len()).filter(|&i| v.shape[i] > 1).collect();
+                if let [i, j, ..] = big[..] {
+                    if v.strides[i] != v.strides[j] {
+                        let mut s = v.strides.clone();
+                        s.swap(i, j);
+                        let caught = matches!(l.check_tensor(c, t, layer, &v.shape, &s, v.dtype, None), Err(LayoutError::TensorMismatch(_)));
+                        prop_assert!(caught);
+                    }
+                }
+            }
+        }
+    }
+
+    /// JSON and the compact spec string both round-trip to an equal layout.
+    #[test]
+    fn serde_and_spec_string_round_trip(l in any_layout()) {
+        let json = l.to_json();
+        prop_assert_eq!(&KvCacheLayout::from_json(&json).unwrap(), &l);
+        let via_serde: KvCacheLayout = serde_json::from_str(&json).unwrap();
+        prop_assert_eq!(&via_serde, &l);
+        let s = l.to_string();
+        let back: KvCacheLayout = s.parse().unwrap();
+        prop_assert_eq!(&back, &l, "spec {}", s);
+        prop_assert_eq!(back.to_string(), s);
+    }
+
+    /// The kernel arguments' offset function equals the address map.
+    #[test]
+    fn kernel_args_match_address_map(l in any_layout()) {
+        for c in coords(&l, false) {
+            let a = l.kernel_args(c.field).unwrap();
+            let at = l.offset(&c).unwrap();
+            prop_assert_eq!(a.buffer as u32, at.buffer);
+            let off = a.offset(c.layer as i64, c.block as i64, c.head as i64, c.slot as i64, c.dim as i64);
+            prop_assert_eq!(off as u64, at.offset);
+        }
+    }
+
+    /// Regions: a block's head range and a layer range cover exactly the bytes of their
+    /// elements, merged (no two returned ranges touch).
+    #[test]
+    fn regions_cover_exactly_their_elements(l in any_layout(), pick in 0u64..64) {
+        let g = *l.geometry();
+        let block = pick % g.num_blocks;
+        let h0 = pick % g.num_kv_heads;
+        let h1 = h0 + 1 + (pick / 7) % (g.num_kv_heads - h0);
+        let l0 = pick % g.num_layers;
+        let check = |got: Vec<ByteRange>, sel: &dyn Fn(&Coord) -> bool| -> Result<(), TestCaseError> {
+            let want: Vec<ByteRange> = merge_ranges(
+                coords(&l, true).iter().filter(|c| sel(c)).map(|c| {
+                    let (buffer, offset) = reference_offset(&l, c);
+                    ByteRange { buffer, offset, len: l.field_map(c.field).unwrap().elem_bytes() }
+                }).collect());
+            prop_assert_eq!(&got, &want);
+            for w in got.windows(2) {
+                prop_assert!(w[0].buffer != w[1].buffer || w[0].offset + w[0].len < w[1].offset);
+            }
+            Ok(())
+        };
+        check(l.block_regions(block, l0..g.num_layers, h0..h1).unwrap(),
+              &|c| c.block == block && c.layer >= l0 && c.head >= h0 && c.head < h1)?;
+        check(l.layer_regions(l0..l0 + 1).unwrap(), &|c| c.layer == l0)?;
+    }
+
+    /// TP slice: `s.offset(.., h, ..) == a.offset(.., heads.start + h, ..)` on the sliced
+    /// domain, heads as documented (replicated when tp > H), same registered span.
+    #[test]
+    fn tp_slice_post_conditions(l in base_layout(), tp in prop::sample::select(vec![1u64, 2, 3, 4, 8])) {
+        let h = l.geometry().num_kv_heads;
+        for rank in 0..tp {
+            match l.tp_slice(tp, rank) {
+                Ok(s) => {
+                    let heads = l.tp_heads(tp, rank).unwrap();
+                    if tp <= h {
+                        prop_assert_eq!(heads.clone(), rank * h / tp..(rank + 1) * h / tp);
+                    } else {
+                        prop_assert_eq!(heads.clone(), rank * h / tp..rank * h / tp + 1);
+                    }
+                    prop_assert_eq!(s.geometry().num_kv_heads, heads.end - heads.start);
+                    prop_assert_eq!(s.extents(), l.extents());
+                    for c in coords(&s, false) {
+                        let parent = Coord { head: c.head + heads.start, ..c };
+                        prop_assert_eq!(s.offset(&c).unwrap(), l.offset(&parent).unwrap());
+                    }
+                }
+                Err(_) => {
+                    let divisible = if tp <= h { h % tp == 0 } else { tp % h == 0 };
+                    let conv = matches!(l.content(), kvlayout::Content::MambaConv { .. }) && tp > 1;
+                    prop_assert!(!divisible || conv, "tp {tp} refused on {l}");
+                }
+            }
+        }
+    }
+
+    /// Kernel-block split: new block `b*r + j`, slot `n` is old block `b`, slot `j*S/r + n`;
+    /// refused exactly when some field's block stride is not `slots * slot stride`.
+    #[test]
+    fn split_blocks_post_conditions(l in base_layout(), r in prop::sample::select(vec![1u64, 2, 4])) {
+        let slots = l.num_slots();
+        let dense = l.stored_fields().iter().all(|m| m.strides.block == slots * m.strides.slot);
+        let allowed = dense && slots % r == 0 && (r == 1 || !l.content().is_per_block_state());
+        match l.split_blocks(r) {
+            Ok(s) => {
+                prop_assert!(allowed);
+                prop_assert_eq!(s.geometry().num_blocks, l.geometry().num_blocks * r);
+                prop_assert_eq!(s.num_slots(), slots / r);
+                for c in coords(&s, false) {
+                    let parent = Coord { block: c.block / r, slot: (c.block % r) * (slots / r) + c.slot, ..c };
+                    prop_assert_eq!(s.offset(&c).unwrap(), l.offset(&parent).unwrap());
+                }
+            }
+            Err(e) => {
+                prop_assert!(!allowed, "split {r} refused on {l}: {e}");
+                let typed = matches!(e, LayoutError::TransformRefused { .. });
+                prop_assert!(typed);
+            }
+        }
+    }
+
+    /// Layer range: `s.offset(l, ..) == a.offset(start + l, ..)`, same registered span.
+    #[test]
+    fn layer_range_post_conditions(l in any_layout(), a in 0u64..3, b in 1u64..4) {
+        let n = l.geometry().num_layers;
+        let (start, end) = (a % n, (a % n + b).min(n));
+        let s = l.layer_range(start..end).unwrap();
+        prop_assert_eq!(s.geometry().num_layers, end - start);
+        prop_assert_eq!(s.extents(), l.extents());
+        for c in coords(&s, false) {
+            prop_assert_eq!(s.offset(&c).unwrap(), l.offset(&Coord { layer: c.layer + start, ..c }).unwrap());
+        }
+        prop_assert!(l.layer_range(start..start).is_err());
+        prop_assert!(l.layer_range(0..n + 1).is_err());
+    }
+
+    /// A layout agrees with its identity transforms, and `same_addressing` agrees with
+    /// element-by-element comparison.
+    #[test]
+    fn same_addressing_is_elementwise_equality(a in any_layout(), b in any_layout()) {
+        prop_assert!(a.same_addressing(&a.tp_slice(1, 0).unwrap()).is_ok());
+        prop_assert!(a.same_addressing(&a.layer_range(0..a.geometry().num_layers).unwrap()).is_ok());
+        let comparable = a.geometry() == b.geometry() && a.content() == b.content()
+            && a.dtype() == b.dtype() && a.scales() == b.scales();
+        if comparable {
+            let elementwise = coords(&a, true).iter().all(|c| a.offset(c).unwrap() == b.offset(c).unwrap());
+            prop_assert_eq!(a.same_addressing(&b).is_ok(), elementwise);
+        } else {
+            prop_assert!(a.same_addressing(&b).is_err());
+        }
+    }
+}
+
+/// Every data byte of the pictured page belongs to exactly one run.
+#[test]
+fn explain_page_runs_partition_the_page() {
+    for name in [
+        "llama-3-8b B=4",
+        "deepseek-v3 B=2",
+        "kv B=3 N=16 H=4 D=8 dtype=f16 legacy=vllm-paged-v1",
+    ] {
+        let l: KvCacheLayout = name.parse().unwrap();
+        let ex = l.explain();
+        let bytes: u64 = ex.page_runs.iter().map(|r| r.len).sum();
+        assert_eq!(bytes, l.dense_page_bytes(), "{name}");
+        let starts: BTreeSet<u64> = ex.page_runs.iter().map(|r| r.offset).collect();
+        assert_eq!(starts.len(), ex.page_runs.len());
+        let text = ex.to_text();
+        assert!(text.contains("registered span"), "{text}");
+    }
+}
+
+/// The spec-string parser names the column of the bad token.
+#[test]
+fn spec_errors_name_the_column() {
+    let cases: HashMap<&str, usize> = [
+        ("kv L=1 B=3 N=16 H=4 D=8 dtype=f17 order=NHD", 25),
+        ("kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=XYZ", 35),
+        ("kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD bogus=1", 45),
+        ("kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD B=4", 45),
+        ("kvv L=1", 1),
+        ("llama-3-8b  B=x", 13),
+    ]
+    .into_iter()
+    .collect();
+    for (spec, column) in cases {
+        match spec.parse::<KvCacheLayout>() {
+            Err(LayoutError::Spec { column: c, .. }) => assert_eq!(c, column, "{spec}"),
+            other => panic!("{spec}: expected a spec error, got {other:?}"),
+        }
+    }
+}
+
+/// Arbitrary explicit strides (aliasing or not) for a small K|V layout.
+fn arbitrary_strided() -> impl Strategy<Value = kvlayout::LayoutSpec> {
+    use kvlayout::{
+        BufferExtent, Content, DType, FieldStrides, Geometry, LayoutSpec, Placement, StridedField,
+        TensorScales,
+    };
+    let strides = || {
+        (
+            0u64..24,
+            prop::collection::vec(
+                prop::sample::select(vec![0u64, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48]),
+                6,
+            ),
+            any::<bool>(),
+        )
+    };
+    (
+        (1u64..=2, 1u64..=3, 1u64..=3, 1u64..=3),
+        (1u64..=2, 1u64..=2),
+        strides(),
+        strides(),
+        any::<bool>(),
+    )
+        .prop_map(|((l, b, n, h), (dk, dv), ks, vs, separate)| {
+            let dtype = DType::F16;
+            let field =
+                |f, (base, s, split): (u64, Vec<u64>, bool), width: u64, buffer| StridedField {
+                    field: f,
+                    strides: FieldStrides {
+                        buffer,
+                        base_offset: base * 2,
+                        layer: s[0] * 2,
+                        block: s[1] * 2,
+                        head: s[2] * 2,
+                        slot: s[3] * 2,
+                        dim_split: if split && width % 2 == 0 { 2 } else { width },
+                        dim_chunk: s[4] * 2,
+                        dim: s[5] * 2,
+                    },
+                };
+            LayoutSpec {
+                geometry: Geometry {
+                    num_layers: l,
+                    num_blocks: b,
+                    block_size: n,
+                    num_kv_heads: h,
+                    tokens_per_state: 1,
+                },
+                content: Content::Kv {
+                    head_size: 2 * dk,
+                    head_size_v: 2 * dv,
+                },
+                dtype,
+                scales: TensorScales::default(),
+                placement: Placement::Strided {
+                    fields: vec![
+                        field(Field::K, ks, 2 * dk, 0),
+                        field(Field::V, vs, 2 * dv, u32::from(separate)),
+                    ],
+                    extents: vec![
+                        BufferExtent {
+                            start: 0,
+                            end: 1 << 20
+                        };
+                        2
+                    ],
+                },
+            }
+        })
+}
+
+proptest! {
+    #![proptest_config(config(4000))]
+
+    /// The aliasing test is exact: a strided spec is accepted iff no two elements share a byte
+    /// (checked by brute force), and refused with `Aliasing` otherwise.
+    #[test]
+    fn aliasing_check_is_exact(spec in arbitrary_strided()) {
+        let result = KvCacheLayout::new(spec.clone());
+        let brute = brute_force_overlap(&spec);
+        match result {
+            Ok(_) => prop_assert!(!brute, "accepted an aliasing layout: {spec}"),
+            Err(LayoutError::Aliasing { .. }) => prop_assert!(brute, "refused a valid layout: {spec}"),
+            Err(e) => prop_assert!(false, "unexpected error {e} for {spec}"),
+        }
+    }
+}
+
+/// Whether any two elements of a strided K|V spec share a byte, by enumeration.
+fn brute_force_overlap(spec: &kvlayout::LayoutSpec) -> bool {
+    let kvlayout::Placement::Strided { fields, .. } = &spec.placement else {
+        unreachable!()
+    };
+    let kvlayout::Content::Kv {
+        head_size,
+        head_size_v,
+    } = spec.content
+    else {
+        unreachable!()
+    };
+    let g = spec.geometry;
+    let e = spec.dtype.size_bytes();
+    let mut owner = HashMap::new();
+    let mut id = 0u64;
+    for f in fields {
+        let s = f.strides;
+        let width = if f.field == Field::K {
+            head_size
+        } else {
+            head_size_v
+        };
+        for l in 0..g.num_layers {
+            for b in 0..g.num_blocks {
+                for h in 0..g.num_kv_heads {
+                    for n in 0..g.block_size {
+                        for d in 0..width {
+                            id += 1;
+                            let off = s.base_offset
+                                + l * s.layer
+                                + b * s.block
+                                + h * s.head
+                                + n * s.slot
+                                + (d / s.dim_split) * s.dim_chunk
+                                + (d % s.dim_split) * s.dim;
+                            for byte in off..off + e {
+                                if owner.insert((s.buffer, byte), id).is_some() {
+                                    return true;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    false
+}
