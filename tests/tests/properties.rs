@@ -4,7 +4,8 @@
 use std::collections::{BTreeSet, HashMap};
 
 use kvlayout::{
-    merge_ranges, ByteRange, Convention, Coord, Field, KvCacheLayout, LayoutError, ViewTarget,
+    merge_ranges, ByteRange, Convention, Coord, Field, KvCacheLayout, LayoutError, TensorClaim,
+    ViewTarget,
 };
 use kvlayout_conformance::domain::{coords, reference_offset};
 use kvlayout_conformance::gen::{any_layout, base_layout};
@@ -160,14 +161,15 @@ proptest! {
                     }
                 });
                 prop_assert!(bad.is_none(), "{c} {t} of {l}: {bad:?}");
-                l.check_tensor(c, t, layer, &v.shape, &v.strides, v.dtype, Some(v.offset)).unwrap();
+                let claim = TensorClaim { convention: c, target: t, layer, shape: &v.shape, strides: &v.strides, dtype: v.dtype, storage_offset: Some(v.offset) };
+                l.check_tensor(&claim).unwrap();
                 // Swapping the strides of two size>1 axes with distinct strides is caught.
                 let big: Vec<usize> = (0..v.shape.len()).filter(|&i| v.shape[i] > 1).collect();
                 if let [i, j, ..] = big[..] {
                     if v.strides[i] != v.strides[j] {
                         let mut s = v.strides.clone();
                         s.swap(i, j);
-                        let caught = matches!(l.check_tensor(c, t, layer, &v.shape, &s, v.dtype, None), Err(LayoutError::TensorMismatch(_)));
+                        let caught = matches!(l.check_tensor(&TensorClaim { strides: &s, storage_offset: None, ..claim }), Err(LayoutError::TensorMismatch(_)));
                         prop_assert!(caught);
                     }
                 }

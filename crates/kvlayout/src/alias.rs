@@ -63,7 +63,7 @@ fn search(
 
 fn sorted(mut terms: Vec<Term>) -> Vec<Term> {
     terms.retain(|t| t.stride != 0 && t.lo != t.hi);
-    terms.sort_by(|a, b| b.stride.cmp(&a.stride));
+    terms.sort_by_key(|t| std::cmp::Reverse(t.stride));
     terms
 }
 

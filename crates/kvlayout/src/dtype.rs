@@ -65,6 +65,20 @@ impl DType {
         matches!(self, DType::Fp8E4m3 | DType::Fp8E5m2 | DType::Int8)
     }
 
+    /// Spacing of representable values just above 1.0 (machine epsilon); for int8, one step of
+    /// a symmetric scale (1/127). Backends derive their numeric tolerances from it.
+    pub fn epsilon(self) -> f64 {
+        match self {
+            DType::F32 => f64::from(f32::EPSILON),
+            DType::F16 => half::f16::EPSILON.to_f64(),
+            DType::Bf16 => half::bf16::EPSILON.to_f64(),
+            DType::Fp8E4m3 => 0.125,
+            DType::Fp8E5m2 => 0.25,
+            DType::Int8 => 1.0 / 127.0,
+            DType::U8 => 1.0,
+        }
+    }
+
     /// Stable numeric code used in the kernel ABI (`KVL_DTYPE_*` in the C header).
     pub const fn abi_code(self) -> i32 {
         match self {
@@ -96,5 +110,33 @@ impl Default for TensorScales {
             k_scale: 1.0,
             v_scale: 1.0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::str::FromStr;
+    use strum::IntoEnumIterator;
+
+    #[test]
+    fn names_round_trip_and_aliases_parse() {
+        for d in DType::iter() {
+            assert_eq!(DType::from_str(&d.to_string()).unwrap(), d);
+        }
+        assert_eq!(DType::from_str("fp8e4m3").unwrap(), DType::Fp8E4m3);
+        assert_eq!(DType::from_str("BF16").unwrap(), DType::Bf16);
+    }
+
+    #[test]
+    fn sizes_x_and_epsilon() {
+        let x: Vec<u64> = [DType::F32, DType::F16, DType::Bf16, DType::Fp8E4m3]
+            .iter()
+            .map(|d| d.vllm_x())
+            .collect();
+        assert_eq!(x, [4, 8, 8, 16]);
+        assert_eq!(DType::F16.epsilon(), 2f64.powi(-10));
+        assert_eq!(DType::Bf16.epsilon(), 2f64.powi(-7));
+        assert_eq!(DType::F32.epsilon(), 2f64.powi(-23));
     }
 }

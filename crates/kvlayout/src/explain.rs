@@ -113,20 +113,35 @@ fn page_runs(layout: &KvCacheLayout) -> Vec<PageRun> {
     }
     elems.sort_unstable_by_key(|e| e.0);
     // Group adjacent elements of one (field, head) along d (same slot) or along n (same d).
-    let mut runs: Vec<(u64, u64, Field, u64, (u64, u64), (u64, u64))> = Vec::new();
+    struct Run {
+        offset: u64,
+        len: u64,
+        field: Field,
+        head: u64,
+        slots: (u64, u64),
+        dims: (u64, u64),
+    }
+    let mut runs: Vec<Run> = Vec::new();
     for (off, e, f, h, n, d) in elems {
         if let Some(r) = runs.last_mut() {
-            let adjacent = r.0 + r.1 == off && r.2 == f && r.3 == h;
-            let along_d = adjacent && r.4 .0 == n && r.4 .1 == n && r.5 .1 + 1 == d;
-            let along_n = adjacent && r.5 .0 == d && r.5 .1 == d && r.4 .1 + 1 == n;
+            let adjacent = r.offset + r.len == off && r.field == f && r.head == h;
+            let along_d = adjacent && r.slots == (n, n) && r.dims.1 + 1 == d;
+            let along_n = adjacent && r.dims == (d, d) && r.slots.1 + 1 == n;
             if along_d || along_n {
-                r.1 += e;
-                r.4 .1 = n;
-                r.5 .1 = d;
+                r.len += e;
+                r.slots.1 = n;
+                r.dims.1 = d;
                 continue;
             }
         }
-        runs.push((off, e, f, h, (n, n), (d, d)));
+        runs.push(Run {
+            offset: off,
+            len: e,
+            field: f,
+            head: h,
+            slots: (n, n),
+            dims: (d, d),
+        });
     }
     let span = |(a, b): (u64, u64)| {
         if a == b {
@@ -136,10 +151,16 @@ fn page_runs(layout: &KvCacheLayout) -> Vec<PageRun> {
         }
     };
     runs.into_iter()
-        .map(|(offset, len, f, h, n, d)| PageRun {
-            offset,
-            len,
-            label: format!("{f} h{h} t{} d{}", span(n), span(d)),
+        .map(|r| PageRun {
+            offset: r.offset,
+            len: r.len,
+            label: format!(
+                "{} h{} t{} d{}",
+                r.field,
+                r.head,
+                span(r.slots),
+                span(r.dims)
+            ),
         })
         .collect()
 }

@@ -58,4 +58,5 @@ pub use spec::{
     LegacyKind, Paged, Placement, StridedField,
 };
 pub use spec_string::parse_spec;
+pub use transform::TensorClaim;
 pub use view::{Convention, TensorView, ViewTarget};

@@ -17,6 +17,25 @@ use crate::spec::{Content, FieldStrides, LayoutSpec, Placement, StridedField};
 use crate::view::{Convention, ViewTarget};
 use crate::DType;
 
+/// What a framework says about a tensor it hands over: checked, never trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorClaim<'a> {
+    /// The convention the tensor follows.
+    pub convention: Convention,
+    /// Which field (or K and V together).
+    pub target: ViewTarget,
+    /// Layer slot the tensor is of.
+    pub layer: u64,
+    /// Its shape.
+    pub shape: &'a [u64],
+    /// Its strides in elements.
+    pub strides: &'a [u64],
+    /// Its element type.
+    pub dtype: DType,
+    /// Its storage offset in elements from the buffer start, when known.
+    pub storage_offset: Option<u64>,
+}
+
 impl KvCacheLayout {
     /// Rebuilds this layout as explicit strides with a new geometry and per-field strides.
     fn restride(
@@ -180,20 +199,37 @@ impl KvCacheLayout {
         })
     }
 
-    /// Verifies what a framework hands over (a tensor's shape, strides in elements, dtype,
-    /// and optionally its storage offset in elements) against this layout's view. It never
-    /// infers anything from the tensor: it only says yes, or names the first difference.
-    /// Strides of size-1 axes are not compared (they carry no information).
-    pub fn check_tensor(
-        &self,
-        convention: Convention,
-        target: ViewTarget,
-        layer: u64,
-        shape: &[u64],
-        strides: &[u64],
-        dtype: DType,
-        storage_offset: Option<u64>,
-    ) -> Result<()> {
+    /// Verifies what a framework hands over against this layout's view. It never infers
+    /// anything from the tensor: it only says yes, or names the first difference. Strides of
+    /// size-1 axes are not compared (they carry no information).
+    ///
+    /// ```
+    /// use kvlayout::{Convention, DType, Field, TensorClaim, ViewTarget};
+    /// let l: kvlayout::KvCacheLayout = "kv B=3 N=16 H=1 D=8 dtype=f16 order=NHD".parse()?;
+    /// let claim = TensorClaim {
+    ///     convention: Convention::FlashAttn,
+    ///     target: ViewTarget::Field(Field::K),
+    ///     layer: 0,
+    ///     shape: &[3, 16, 1, 8],
+    ///     strides: &[256, 16, 99999, 1], // H = 1: its stride is irrelevant
+    ///     dtype: DType::F16,
+    ///     storage_offset: Some(0),
+    /// };
+    /// l.check_tensor(&claim)?;
+    /// let swapped = TensorClaim { strides: &[16, 256, 16, 1], ..claim };
+    /// assert!(l.check_tensor(&swapped).is_err());
+    /// # Ok::<(), kvlayout::LayoutError>(())
+    /// ```
+    pub fn check_tensor(&self, claim: &TensorClaim<'_>) -> Result<()> {
+        let TensorClaim {
+            convention,
+            target,
+            layer,
+            shape,
+            strides,
+            dtype,
+            storage_offset,
+        } = *claim;
         let v = self.view(convention, target, layer)?;
         let mismatch = |s: String| {
             Err(LayoutError::TensorMismatch(format!(
