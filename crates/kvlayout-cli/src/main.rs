@@ -1,1 +1,326 @@
-fn main() {}
+//! # `kvlayout`: the command line of the kvlayout descriptor
+//!
+//! This crate owns the `kvlayout` binary and nothing else: it turns a SPEC argument (a preset
+//! name, a compact spec string, or a path to a layout JSON file) into a
+//! [`kvlayout::KvCacheLayout`], asks the core crate a question (`explain`, `offset`, `view`,
+//! `presets`) and prints the answer as text or JSON. It owns the reading of files, the
+//! argument syntax, the output formats and the exit codes: 0 on success, 2 with exactly one
+//! `error: ...` line on stderr for any user error (clap's own usage errors aside, which clap
+//! prints and which also exit 2).
+//!
+//! It does not own any layout arithmetic, validation, view derivation or spec-string grammar:
+//! every number it prints comes from `kvlayout`, and it never computes an offset or a stride
+//! itself. It touches no device memory and writes no files.
+
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::io::{self, Write};
+use std::path::Path;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use kvlayout::{Convention, Coord, KvCacheLayout, LayoutError, ViewTarget, PRESETS};
+
+/// Exit status of every user error (the same as clap's usage errors).
+const USER_ERROR: u8 = 2;
+
+const SPEC_HELP: &str = "Preset name (`kvlayout presets`), compact spec string as one quoted \
+argument (\"kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD\", or \"llama-3-8b B=4096 \
+dtype=fp8_e4m3\"), or the path of a layout JSON file";
+
+/// Inspect paged KV cache layouts: addresses, views, and what to register for transfers.
+#[derive(Debug, Parser)]
+#[command(name = "kvlayout", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Explain a layout: geometry, page size and padding, field strides, every convention's
+    /// view (or why there is none), the registered span, and a picture of one page.
+    Explain {
+        #[arg(value_name = "SPEC", help = SPEC_HELP)]
+        spec: String,
+        /// Print the explanation as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Byte offset of one element: (layer, block, head, token slot, field, dim).
+    Offset {
+        #[arg(value_name = "SPEC", help = SPEC_HELP)]
+        spec: String,
+        /// Layer slot.
+        #[arg(long, value_name = "L", default_value_t = 0)]
+        layer: u64,
+        /// Block (page) index.
+        #[arg(long, value_name = "B")]
+        block: u64,
+        /// Head slot.
+        #[arg(long, value_name = "H")]
+        head: u64,
+        /// Token (state) slot within the block: < block_size / tokens_per_state, 0 for
+        /// per-block Mamba states.
+        #[arg(long, value_name = "N")]
+        token: u64,
+        /// Field: k, v, k_scale, v_scale, latent, bytes, conv, ssm.
+        #[arg(long, value_name = "F")]
+        field: String,
+        /// Element index within the field's row.
+        #[arg(long, value_name = "D")]
+        dim: u64,
+        /// Print {"buffer": .., "offset": ..} as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Strided view (offset, shape, strides in elements) of one field, or of K and V
+    /// together, in a consumer's convention; refused, with the reason, where it needs a copy.
+    View {
+        #[arg(value_name = "SPEC", help = SPEC_HELP)]
+        spec: String,
+        /// Convention: standard, vllm-paged-v1, flash-attn, flashinfer (flashinfer-nhd),
+        /// flashinfer-hnd.
+        #[arg(long = "as", value_name = "CONVENTION")]
+        convention: String,
+        /// Field: k, v, k_scale, v_scale, latent, bytes, conv, ssm, or kv (K and V stacked).
+        #[arg(long, value_name = "F")]
+        field: String,
+        /// Layer slot.
+        #[arg(long, value_name = "L", default_value_t = 0)]
+        layer: u64,
+        /// Print the view as JSON (elements and bytes).
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the preset layouts: name, description and spec string.
+    Presets {
+        /// Print the list as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A user error: printed as one `error: ...` line, exit status 2.
+#[derive(Debug)]
+enum CliError {
+    /// The core crate refused (bad spec, out-of-range coordinate, refused view, ...).
+    Layout(LayoutError),
+    /// A layout JSON file that cannot be read or does not describe a layout.
+    File { path: String, detail: String },
+    /// A command-line value the core crate has no parser error for.
+    Usage(String),
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CliError::Layout(e) => write!(f, "{e}"),
+            CliError::File { path, detail } => write!(f, "{path}: {detail}"),
+            CliError::Usage(m) => f.write_str(m),
+        }
+    }
+}
+
+impl From<LayoutError> for CliError {
+    fn from(e: LayoutError) -> Self {
+        CliError::Layout(e)
+    }
+}
+
+/// Whether SPEC names a file rather than a preset or spec string: an existing file, anything
+/// ending in `.json`, or a single word with a path separator (no spec token contains one).
+fn is_path(spec: &str) -> bool {
+    let p = Path::new(spec);
+    let separator = spec.contains(std::path::MAIN_SEPARATOR) || spec.contains('/');
+    p.is_file()
+        || spec.to_ascii_lowercase().ends_with(".json")
+        || (separator && !spec.contains(char::is_whitespace))
+}
+
+/// Resolves SPEC to a validated layout.
+fn load(spec: &str) -> Result<KvCacheLayout, CliError> {
+    if is_path(spec) {
+        let file = |detail: String| CliError::File {
+            path: spec.to_string(),
+            detail,
+        };
+        let text = std::fs::read_to_string(spec).map_err(|e| file(format!("cannot read: {e}")))?;
+        KvCacheLayout::from_json(&text).map_err(|e| file(e.to_string()))
+    } else {
+        spec.parse::<KvCacheLayout>().map_err(CliError::Layout)
+    }
+}
+
+fn parse_convention(s: &str) -> Result<Convention, CliError> {
+    Convention::from_name(s).map_err(CliError::Layout)
+}
+
+/// Pretty JSON from `serde_json::to_string_pretty(..)`, with a final newline.
+fn json(rendered: serde_json::Result<String>) -> Result<String, CliError> {
+    rendered
+        .map(|mut s| {
+            s.push('\n');
+            s
+        })
+        .map_err(|e| CliError::Usage(format!("cannot render JSON: {e}")))
+}
+
+/// Runs one command and returns what goes to stdout.
+fn run(command: Command) -> Result<String, CliError> {
+    match command {
+        Command::Explain {
+            spec,
+            json: as_json,
+        } => {
+            let explanation = load(&spec)?.explain();
+            if as_json {
+                json(serde_json::to_string_pretty(&explanation))
+            } else {
+                Ok(explanation.to_text())
+            }
+        }
+        Command::Offset {
+            spec,
+            layer,
+            block,
+            head,
+            token,
+            field,
+            dim,
+            json: as_json,
+        } => {
+            let layout = load(&spec)?;
+            let field = match field.parse::<ViewTarget>()? {
+                ViewTarget::Field(f) => f,
+                ViewTarget::Kv => {
+                    return Err(CliError::Usage(
+                        "an offset is of one field: give --field k or --field v, not kv".into(),
+                    ))
+                }
+            };
+            let at = layout.offset(&Coord {
+                layer,
+                block,
+                head,
+                slot: token,
+                field,
+                dim,
+            })?;
+            if as_json {
+                json(serde_json::to_string_pretty(&at))
+            } else if layout.num_buffers() > 1 {
+                Ok(format!("buffer {} offset {}\n", at.buffer, at.offset))
+            } else {
+                Ok(format!("{}\n", at.offset))
+            }
+        }
+        Command::View {
+            spec,
+            convention,
+            field,
+            layer,
+            json: as_json,
+        } => {
+            let layout = load(&spec)?;
+            let c = parse_convention(&convention)?;
+            let t = field.parse::<ViewTarget>()?;
+            let v = layout.view(c, t, layer)?;
+            if as_json {
+                json(serde_json::to_string_pretty(&v))
+            } else {
+                Ok(format!(
+                    "{c} {t} layer {layer}: {} buffer {} offset {} shape {:?} strides {:?} \
+                     (bytes: offset {} strides {:?})\n",
+                    v.dtype,
+                    v.buffer,
+                    v.offset,
+                    v.shape,
+                    v.strides,
+                    v.offset_bytes,
+                    v.strides_bytes
+                ))
+            }
+        }
+        Command::Presets { json: as_json } => {
+            if as_json {
+                let list: Vec<serde_json::Value> = PRESETS
+                    .iter()
+                    .map(|(name, spec, description)| {
+                        serde_json::json!({
+                            "name": name,
+                            "description": description,
+                            "spec": spec,
+                        })
+                    })
+                    .collect();
+                json(serde_json::to_string_pretty(&list))
+            } else {
+                let width = PRESETS.iter().map(|p| p.0.len()).max().unwrap_or(0);
+                let mut out = String::new();
+                for (name, spec, description) in PRESETS {
+                    out.push_str(&format!("{name:<width$}  {description}\n"));
+                    out.push_str(&format!("{:<width$}  {spec}\n", ""));
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// Writes to stdout; a closed pipe (`kvlayout explain .. | head`) is not an error.
+fn emit(text: &str) -> ExitCode {
+    let mut out = io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => fail(&CliError::Usage(format!("cannot write to stdout: {e}"))),
+    }
+}
+
+/// Prints one `error: ...` line (newlines in a message are folded) and returns status 2.
+fn fail(e: &CliError) -> ExitCode {
+    let line = e.to_string().replace(['\r', '\n'], " ");
+    // If stderr is gone there is nowhere left to report to; the status still says it failed.
+    let _ = writeln!(io::stderr().lock(), "error: {line}");
+    ExitCode::from(USER_ERROR)
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    match run(cli.command) {
+        Ok(text) => emit(&text),
+        Err(e) => fail(&e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_convention_parses() {
+        for name in kvlayout::CONVENTION_NAMES {
+            assert!(parse_convention(name).is_ok(), "{name}");
+        }
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn path_detection() {
+        assert!(is_path("/nonexistent/x.json"));
+        assert!(is_path("layout.JSON"));
+        assert!(is_path("./some/dir/layout"));
+        assert!(!is_path("llama-3-8b"));
+        assert!(!is_path("kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD"));
+    }
+}

@@ -225,10 +225,16 @@ impl Explanation {
             self.num_slots,
             g["tokens_per_state"]
         );
+        let content = self.spec.split_whitespace().next().unwrap_or("");
         let _ = writeln!(
             o,
-            "content   {}  dtype {}",
-            self.layout["content"], self.layout["dtype"]
+            "content   {content} ({})  dtype {}",
+            self.fields
+                .iter()
+                .map(|f| format!("{} {} x {}", f.field, f.width, f.dtype))
+                .collect::<Vec<_>>()
+                .join(", "),
+            self.layout["dtype"].as_str().unwrap_or("?")
         );
         let _ = writeln!(
             o,
@@ -262,6 +268,12 @@ impl Explanation {
         );
         for f in &self.fields {
             let s = f.strides_bytes;
+            let split = s.dim_split != f.width;
+            let (x, chunk) = if split {
+                (s.dim_split.to_string(), s.dim_chunk.to_string())
+            } else {
+                ("-".to_string(), "-".to_string())
+            };
             let _ = writeln!(
                 o,
                 "  {:<8} {:<9} {:>6} {:>4} {:>12} {:>12} {:>12} {:>10} {:>10} {:>6} {:>10} {:>8}",
@@ -274,8 +286,8 @@ impl Explanation {
                 s.block,
                 s.head,
                 s.slot,
-                s.dim_split,
-                s.dim_chunk,
+                x,
+                chunk,
                 s.dim
             );
         }

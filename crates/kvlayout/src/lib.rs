@@ -59,4 +59,4 @@ pub use spec::{
 };
 pub use spec_string::parse_spec;
 pub use transform::TensorClaim;
-pub use view::{Convention, TensorView, ViewTarget};
+pub use view::{Convention, TensorView, ViewTarget, CONVENTION_NAMES};

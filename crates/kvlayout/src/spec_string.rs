@@ -162,6 +162,28 @@ pub fn parse_spec(s: &str) -> Result<LayoutSpec> {
         map,
         head: kind_token.clone(),
     };
+    const KINDS: [&str; 6] = ["kv", "kv-scaled", "mla", "bytes", "mamba-conv", "mamba-ssm"];
+    if !KINDS.contains(&kind_token.text.as_str()) {
+        let preset_like = kind_token
+            .text
+            .contains(|c: char| c.is_ascii_digit() || c == '.');
+        return Err(if preset_like && !kind_token.text.contains('=') {
+            LayoutError::UnknownPreset {
+                name: kind_token.text.clone(),
+                known: crate::presets::PRESET_NAMES.join(", "),
+            }
+        } else {
+            bad(
+                &kind_token,
+                format!(
+                    "'{}' is neither a content kind ({}) nor a preset ({})",
+                    kind_token.text,
+                    KINDS.join(", "),
+                    crate::presets::PRESET_NAMES.join(", ")
+                ),
+            )
+        });
+    }
     let dtype: DType = match kind_token.text.as_str() {
         "bytes" => keys.take("dtype")?.unwrap_or(DType::U8),
         _ => keys.need("dtype")?,

@@ -39,6 +39,28 @@ pub enum ViewTarget {
     Kv,
 }
 
+/// Names accepted by [`Convention::from_name`].
+pub const CONVENTION_NAMES: &[&str] = &[
+    "standard",
+    "vllm-paged-v1",
+    "flash-attn",
+    "flashinfer",
+    "flashinfer-nhd",
+    "flashinfer-hnd",
+];
+
+impl Convention {
+    /// Parses a convention name, with an error that lists the known ones.
+    pub fn from_name(s: &str) -> Result<Self> {
+        s.parse().map_err(|_| {
+            LayoutError::Invalid(format!(
+                "unknown convention '{s}'; known conventions: {}",
+                CONVENTION_NAMES.join(", ")
+            ))
+        })
+    }
+}
+
 impl std::str::FromStr for ViewTarget {
     type Err = LayoutError;
     fn from_str(s: &str) -> Result<Self> {
@@ -285,7 +307,6 @@ impl KvCacheLayout {
         }
         let (k, v) = (self.field_map(Field::K)?, self.field_map(Field::V)?);
         let (ks, vs) = (k.strides, v.strides);
-        let same_shape = k.width == v.width && k.dtype == v.dtype && ks.buffer == vs.buffer;
         let same_strides = (
             ks.layer,
             ks.block,
@@ -303,14 +324,28 @@ impl KvCacheLayout {
             vs.dim_chunk,
             vs.dim,
         );
-        if !same_shape {
+        if ks.buffer != vs.buffer {
             return Err(refuse(
                 c,
                 t,
                 format!(
-                    "K and V differ in width ({} vs {}), dtype or buffer",
-                    k.width, v.width
+                    "K and V are separate allocations (buffers {} and {})",
+                    ks.buffer, vs.buffer
                 ),
+            ));
+        }
+        if k.width != v.width {
+            return Err(refuse(
+                c,
+                t,
+                format!("K and V widths differ ({} vs {})", k.width, v.width),
+            ));
+        }
+        if k.dtype != v.dtype {
+            return Err(refuse(
+                c,
+                t,
+                format!("K and V dtypes differ ({} vs {})", k.dtype, v.dtype),
             ));
         }
         if !same_strides {
