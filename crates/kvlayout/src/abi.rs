@@ -132,9 +132,12 @@ impl KvCacheLayout {
             } else {
                 i64_of(g.tokens_per_state)?
             },
-            buffer: s.buffer as i32,
+            buffer: i32::try_from(s.buffer).map_err(|_| LayoutError::Overflow {
+                what: "buffer index".into(),
+                limit: i32::MAX as u64,
+            })?,
             dtype: m.dtype.abi_code(),
-            elem_bytes: m.elem_bytes() as i32,
+            elem_bytes: i32::from(m.elem_bytes() as u8),
             field: field_code(field),
             scale,
             reserved: 0,

@@ -1,0 +1,418 @@
+//! The C header of the kernel ABI (`kernels-cuda/include/kvlayout.h`) agrees with the Rust
+//! side (`kvlayout::KvFieldArgs`, `crates/kvlayout/src/abi.rs`): same struct layout, same
+//! constants, and the same offsets for every readable field of random valid layouts.
+//!
+//! The header is compiled by `build.rs` into two probes (`tests/c/abi_probe.c` as C11 and
+//! `tests/c/abi_probe_cpp.cpp` as C++14, the latter through `kernels-hip/include/kvlayout.h`);
+//! this is the one test file that calls foreign code, hence the `unsafe` blocks below.
+
+use std::mem::{align_of, offset_of, size_of};
+
+use kvlayout::{field_code, Coord, DType, Field, KvCacheLayout, KvFieldArgs};
+use kvlayout_conformance::domain::reference_offset;
+use kvlayout_conformance::gen::any_layout;
+use proptest::prelude::*;
+
+extern "C" {
+    fn kvl_probe_sizeof() -> usize;
+    fn kvl_probe_alignof() -> usize;
+    fn kvl_probe_offsetof(i: i32) -> i64;
+    fn kvl_probe_sizeof_member(i: i32) -> i64;
+    fn kvl_probe_dtype_code(i: i32) -> i32;
+    fn kvl_probe_field_code(i: i32) -> i32;
+    fn kvl_probe_offset(
+        a: *const KvFieldArgs,
+        layer: i64,
+        block: i64,
+        head: i64,
+        slot: i64,
+        dim: i64,
+    ) -> i64;
+    fn kvl_probe_in_domain(
+        a: *const KvFieldArgs,
+        layer: i64,
+        block: i64,
+        head: i64,
+        slot: i64,
+        dim: i64,
+    ) -> i32;
+    fn kvl_probe_slot_of_token(a: *const KvFieldArgs, token_in_block: i64) -> i64;
+    fn kvl_probe_cpp_sizeof() -> usize;
+    fn kvl_probe_cpp_offset(
+        a: *const KvFieldArgs,
+        layer: i64,
+        block: i64,
+        head: i64,
+        slot: i64,
+        dim: i64,
+    ) -> i64;
+}
+
+/// C `kvl_offset` (through the C probe).
+fn c_offset(a: &KvFieldArgs, l: i64, b: i64, h: i64, n: i64, d: i64) -> i64 {
+    // SAFETY: `a` is a live reference to a `#[repr(C)]` struct whose layout equals
+    // `kvl_field_args` (checked by `struct_layout_matches`); the C function only reads it
+    // and does plain integer arithmetic on the other arguments.
+    unsafe { kvl_probe_offset(a, l, b, h, n, d) }
+}
+
+/// C++ `kvl_offset` (through the C++ probe).
+fn cpp_offset(a: &KvFieldArgs, l: i64, b: i64, h: i64, n: i64, d: i64) -> i64 {
+    // SAFETY: as in `c_offset`; the C++ function is `extern "C"` and only reads `*a`.
+    unsafe { kvl_probe_cpp_offset(a, l, b, h, n, d) }
+}
+
+/// C `kvl_in_domain`.
+fn c_in_domain(a: &KvFieldArgs, l: i64, b: i64, h: i64, n: i64, d: i64) -> i32 {
+    // SAFETY: as in `c_offset`; the C function only reads `*a` and compares integers.
+    unsafe { kvl_probe_in_domain(a, l, b, h, n, d) }
+}
+
+/// C `kvl_slot_of_token`.
+fn c_slot_of_token(a: &KvFieldArgs, token: i64) -> i64 {
+    // SAFETY: as in `c_offset`; `tokens_per_state` is 0 (handled) or positive, so the C
+    // division cannot trap.
+    unsafe { kvl_probe_slot_of_token(a, token) }
+}
+
+/// Every member of `KvFieldArgs` in declaration order: (name, Rust offset, Rust size).
+const MEMBERS: [(&str, usize, usize); 21] = [
+    (
+        "base_offset_bytes",
+        offset_of!(KvFieldArgs, base_offset_bytes),
+        8,
+    ),
+    (
+        "layer_stride_bytes",
+        offset_of!(KvFieldArgs, layer_stride_bytes),
+        8,
+    ),
+    (
+        "block_stride_bytes",
+        offset_of!(KvFieldArgs, block_stride_bytes),
+        8,
+    ),
+    (
+        "head_stride_bytes",
+        offset_of!(KvFieldArgs, head_stride_bytes),
+        8,
+    ),
+    (
+        "slot_stride_bytes",
+        offset_of!(KvFieldArgs, slot_stride_bytes),
+        8,
+    ),
+    (
+        "dim_chunk_stride_bytes",
+        offset_of!(KvFieldArgs, dim_chunk_stride_bytes),
+        8,
+    ),
+    (
+        "dim_stride_bytes",
+        offset_of!(KvFieldArgs, dim_stride_bytes),
+        8,
+    ),
+    ("num_layers", offset_of!(KvFieldArgs, num_layers), 8),
+    ("num_blocks", offset_of!(KvFieldArgs, num_blocks), 8),
+    ("num_heads", offset_of!(KvFieldArgs, num_heads), 8),
+    ("num_slots", offset_of!(KvFieldArgs, num_slots), 8),
+    ("width", offset_of!(KvFieldArgs, width), 8),
+    ("dim_split", offset_of!(KvFieldArgs, dim_split), 8),
+    ("block_size", offset_of!(KvFieldArgs, block_size), 8),
+    (
+        "tokens_per_state",
+        offset_of!(KvFieldArgs, tokens_per_state),
+        8,
+    ),
+    ("buffer", offset_of!(KvFieldArgs, buffer), 4),
+    ("dtype", offset_of!(KvFieldArgs, dtype), 4),
+    ("elem_bytes", offset_of!(KvFieldArgs, elem_bytes), 4),
+    ("field", offset_of!(KvFieldArgs, field), 4),
+    ("scale", offset_of!(KvFieldArgs, scale), 4),
+    ("reserved", offset_of!(KvFieldArgs, reserved), 4),
+];
+
+/// Index of a dtype in the C probe's `KVL_DTYPE_*` list. Exhaustive on purpose: a new
+/// `DType` variant does not compile here until the header and the probe list it.
+fn c_dtype_index(d: DType) -> i32 {
+    match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::Bf16 => 2,
+        DType::Fp8E4m3 => 3,
+        DType::Fp8E5m2 => 4,
+        DType::Int8 => 5,
+        DType::U8 => 6,
+    }
+}
+
+/// Index of a field in the C probe's `KVL_FIELD_*` list (exhaustive, as `c_dtype_index`).
+fn c_field_index(f: Field) -> i32 {
+    match f {
+        Field::K => 0,
+        Field::V => 1,
+        Field::KScale => 2,
+        Field::VScale => 3,
+        Field::Latent => 4,
+        Field::Bytes => 5,
+        Field::Conv => 6,
+        Field::Ssm => 7,
+    }
+}
+
+const ALL_DTYPES: [DType; 7] = [
+    DType::F32,
+    DType::F16,
+    DType::Bf16,
+    DType::Fp8E4m3,
+    DType::Fp8E5m2,
+    DType::Int8,
+    DType::U8,
+];
+
+const ALL_FIELDS: [Field; 8] = [
+    Field::K,
+    Field::V,
+    Field::KScale,
+    Field::VScale,
+    Field::Latent,
+    Field::Bytes,
+    Field::Conv,
+    Field::Ssm,
+];
+
+#[test]
+fn struct_layout_matches() {
+    // SAFETY: the probe functions take no arguments and return constants.
+    let (c_size, c_align, cpp_size) = unsafe {
+        (
+            kvl_probe_sizeof(),
+            kvl_probe_alignof(),
+            kvl_probe_cpp_sizeof(),
+        )
+    };
+    assert_eq!(c_size, size_of::<KvFieldArgs>());
+    assert_eq!(c_align, align_of::<KvFieldArgs>());
+    assert_eq!(cpp_size, size_of::<KvFieldArgs>());
+    assert_eq!(size_of::<KvFieldArgs>(), 144);
+    assert_eq!(align_of::<KvFieldArgs>(), 8);
+
+    let mut end = 0;
+    for (i, &(name, rust_offset, rust_size)) in MEMBERS.iter().enumerate() {
+        let i = i32::try_from(i).expect("21 members");
+        // SAFETY: the probe only indexes a static table, bounds-checked on the C side.
+        let (c_off, c_size) = unsafe { (kvl_probe_offsetof(i), kvl_probe_sizeof_member(i)) };
+        assert_eq!(c_off, rust_offset as i64, "offset of {name}");
+        assert_eq!(c_size, rust_size as i64, "size of {name}");
+        // Declaration order with no implicit padding.
+        assert_eq!(
+            rust_offset, end,
+            "{name} follows the previous member without a gap"
+        );
+        end = rust_offset + rust_size;
+    }
+    assert_eq!(end, size_of::<KvFieldArgs>(), "no trailing padding");
+    // SAFETY: as above; index 21 is past the end and answered with -1.
+    assert_eq!(
+        unsafe { kvl_probe_offsetof(21) },
+        -1,
+        "C has no extra member"
+    );
+}
+
+#[test]
+fn constants_match() {
+    for d in ALL_DTYPES {
+        // SAFETY: the probe only indexes a static table, bounds-checked on the C side.
+        let c = unsafe { kvl_probe_dtype_code(c_dtype_index(d)) };
+        assert_eq!(c, d.abi_code(), "KVL_DTYPE_ of {d}");
+    }
+    for f in ALL_FIELDS {
+        // SAFETY: as above.
+        let c = unsafe { kvl_probe_field_code(c_field_index(f)) };
+        assert_eq!(c, field_code(f), "KVL_FIELD_ of {f}");
+    }
+    // SAFETY: as above; one past the end is answered with -1.
+    let (d_end, f_end) = unsafe {
+        (
+            kvl_probe_dtype_code(ALL_DTYPES.len() as i32),
+            kvl_probe_field_code(ALL_FIELDS.len() as i32),
+        )
+    };
+    assert_eq!((d_end, f_end), (-1, -1), "C lists no extra constants");
+}
+
+/// Coordinates `(l, b, h, n, d)` of a field: all of them below 4096 elements, else about 2000
+/// evenly strided ones (row-major index), plus the last one.
+fn sample(a: &KvFieldArgs) -> Vec<[i64; 5]> {
+    let ext = [
+        a.num_layers,
+        a.num_blocks,
+        a.num_heads,
+        a.num_slots,
+        a.width,
+    ];
+    let total: i64 = ext.iter().product();
+    let step = if total < 4096 { 1 } else { total / 2000 };
+    let decode = |mut i: i64| {
+        let mut c = [0i64; 5];
+        for axis in (0..5).rev() {
+            c[axis] = i % ext[axis];
+            i /= ext[axis];
+        }
+        c
+    };
+    let mut out: Vec<[i64; 5]> = (0..total).step_by(step as usize).map(decode).collect();
+    if (total - 1) % step != 0 {
+        out.push(decode(total - 1));
+    }
+    out
+}
+
+fn check_field(layout: &KvCacheLayout, field: Field) -> Result<(), TestCaseError> {
+    let a = layout
+        .kernel_args(field)
+        .expect("readable field has kernel arguments");
+    let m = layout.field_map(field).expect("readable field");
+    prop_assert_eq!(a.field, field_code(field));
+    prop_assert_eq!(a.dtype, m.dtype.abi_code());
+    prop_assert_eq!(a.elem_bytes as u64, m.elem_bytes());
+    prop_assert_eq!(a.buffer as u32, m.strides.buffer);
+    prop_assert_eq!(a.reserved, 0);
+
+    for [l, b, h, n, d] in sample(&a) {
+        let c = Coord {
+            layer: l as u64,
+            block: b as u64,
+            head: h as u64,
+            slot: n as u64,
+            field,
+            dim: d as u64,
+        };
+        let from_c = c_offset(&a, l, b, h, n, d);
+        let from_rust = a.offset(l, b, h, n, d);
+        let at = layout.offset(&c).expect("coordinate in the domain");
+        let (ref_buffer, ref_offset) = reference_offset(layout, &c);
+        prop_assert_eq!(from_c, from_rust, "C vs KvFieldArgs::offset at {:?}", c);
+        prop_assert_eq!(from_c, cpp_offset(&a, l, b, h, n, d), "C vs C++ at {:?}", c);
+        prop_assert_eq!(
+            u64::try_from(from_c).ok(),
+            Some(at.offset),
+            "C vs layout.offset at {:?}",
+            c
+        );
+        prop_assert_eq!(
+            at.offset,
+            ref_offset,
+            "layout.offset vs reference at {:?}",
+            c
+        );
+        prop_assert_eq!(at.buffer, a.buffer as u32);
+        prop_assert_eq!(ref_buffer, a.buffer as u32);
+        prop_assert_eq!(c_in_domain(&a, l, b, h, n, d), 1, "in domain: {:?}", c);
+    }
+
+    // Just outside each axis (one past the end, and -1), from the origin and the last corner.
+    let ext = [
+        a.num_layers,
+        a.num_blocks,
+        a.num_heads,
+        a.num_slots,
+        a.width,
+    ];
+    for corner in [[0i64; 5], ext.map(|e| e - 1)] {
+        let [l, b, h, n, d] = corner;
+        prop_assert_eq!(c_in_domain(&a, l, b, h, n, d), 1);
+        for axis in 0..5 {
+            for outside in [ext[axis], -1] {
+                let mut p = corner;
+                p[axis] = outside;
+                let [l, b, h, n, d] = p;
+                prop_assert_eq!(c_in_domain(&a, l, b, h, n, d), 0, "outside: {:?}", p);
+            }
+        }
+    }
+
+    // Token to slot, over the whole block.
+    prop_assert_eq!(a.block_size as u64, layout.geometry().block_size);
+    for t in 0..a.block_size {
+        let rust = layout.slot_of_token(t as u64).expect("token in the block");
+        let from_c = c_slot_of_token(&a, t);
+        prop_assert_eq!(from_c as u64, rust, "slot of token {}", t);
+        prop_assert!(
+            from_c < a.num_slots,
+            "slot {} of token {} in range",
+            from_c,
+            t
+        );
+    }
+    prop_assert!(layout.slot_of_token(a.block_size as u64).is_err());
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, max_global_rejects: 100_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn c_offsets_match_rust(layout in any_layout()) {
+        for field in layout.readable_fields() {
+            check_field(&layout, field)?;
+        }
+    }
+}
+
+/// More than 2^32 bytes: every stride and product must be 64-bit in C.
+#[test]
+fn large_layout_offsets_are_64_bit() {
+    let layout: KvCacheLayout = "kv L=2 B=40000 N=16 H=8 D=128 dtype=bf16 order=NHD"
+        .parse()
+        .expect("valid spec");
+    // Row [K 128][V 128] bf16 = 512 B per head; 8 heads per token; 16 tokens per block.
+    let row = 2 * 128 * 2i64;
+    let token = 8 * row;
+    let block = 16 * token;
+    let layer = 40_000 * block;
+    assert_eq!(block, 65_536);
+    assert_eq!(layer, 2_621_440_000, "a layer alone exceeds 2^31 bytes");
+
+    for (field, field_start) in [(Field::K, 0), (Field::V, 256)] {
+        let a = layout.kernel_args(field).expect("K and V are readable");
+        assert_eq!(a.block_stride_bytes, block);
+        assert_eq!(a.layer_stride_bytes, layer);
+        assert_eq!(
+            (
+                a.num_layers,
+                a.num_blocks,
+                a.num_heads,
+                a.num_slots,
+                a.width
+            ),
+            (2, 40_000, 8, 16, 128)
+        );
+
+        // Last block of layer 0: above 2^31.
+        let last0 = 39_999 * block + 15 * token + 7 * row + field_start + 127 * 2;
+        assert_eq!(last0, 2_621_439_742 + field_start);
+        assert!(last0 > 1 << 31);
+        assert_eq!(c_offset(&a, 0, 39_999, 7, 15, 127), last0);
+
+        // Last element of the cache: above 2^32.
+        let last1 = layer + last0;
+        assert_eq!(last1, 5_242_879_742 + field_start);
+        assert!(last1 > 1 << 32);
+        assert_eq!(c_offset(&a, 1, 39_999, 7, 15, 127), last1);
+        assert_eq!(cpp_offset(&a, 1, 39_999, 7, 15, 127), last1);
+        assert_eq!(a.offset(1, 39_999, 7, 15, 127), last1);
+        let c = Coord {
+            layer: 1,
+            block: 39_999,
+            head: 7,
+            slot: 15,
+            field,
+            dim: 127,
+        };
+        assert_eq!(layout.offset(&c).expect("in domain").offset, last1 as u64);
+        assert_eq!(c_in_domain(&a, 1, 39_999, 7, 15, 127), 1);
+        assert_eq!(c_in_domain(&a, 1, 40_000, 7, 15, 127), 0);
+    }
+}
