@@ -36,6 +36,7 @@ mod explain;
 mod field_map;
 mod layout;
 mod lower;
+pub mod ops;
 mod presets;
 mod regions;
 mod serde_doc;

@@ -1,0 +1,101 @@
+//! [`CpuBackend`]: the fast path of every op, on a rayon pool of a chosen size.
+
+use std::ops::Range;
+
+use kvlayout::ops::OpError;
+
+use crate::args::{Decode, WriteKv};
+use crate::cache::{CacheMut, CacheRef};
+
+/// The CPU backend: SIMD kernels (runtime-detected) on a rayon pool.
+#[derive(Debug)]
+pub struct CpuBackend {
+    pub(crate) pool: rayon::ThreadPool,
+}
+
+impl CpuBackend {
+    /// A backend on `threads` threads (all cores when `None`).
+    pub fn new(threads: Option<usize>) -> Self {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.unwrap_or(0))
+            .build()
+            .unwrap_or_else(|_| {
+                rayon::ThreadPoolBuilder::new()
+                    .build()
+                    .expect("default rayon pool")
+            });
+        CpuBackend { pool }
+    }
+
+    /// Threads in the pool.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// The pool (benchmarks measure their bounds on it).
+    pub fn pool(&self) -> &rayon::ThreadPool {
+        &self.pool
+    }
+
+    /// Scatters new tokens into the cache. Validates everything first; nothing is written
+    /// on error.
+    pub fn write_kv(&self, cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError> {
+        crate::write::write_kv(self, cache, w)
+    }
+
+    /// One decode step; `out` is `[seqs, num_q_heads, v_width]` f32.
+    pub fn paged_decode(
+        &self,
+        cache: &CacheRef<'_>,
+        d: &Decode<'_>,
+        out: &mut [f32],
+    ) -> Result<(), OpError> {
+        crate::decode::paged_decode(self, cache, d, out)
+    }
+
+    /// Copies blocks within one cache, all layers.
+    pub fn copy_blocks(
+        &self,
+        cache: &mut CacheMut<'_>,
+        pairs: &[(u64, u64)],
+    ) -> Result<(), OpError> {
+        crate::copy::copy_blocks(self, cache, pairs)
+    }
+
+    /// Copies blocks between two pools of the same content (layouts may differ).
+    pub fn swap_blocks(
+        &self,
+        src: &CacheRef<'_>,
+        dst: &mut CacheMut<'_>,
+        pairs: &[(u64, u64)],
+    ) -> Result<(), OpError> {
+        crate::copy::swap_blocks(self, src, dst, pairs)
+    }
+
+    /// Copies blocks and a head range into a staging cache (block `i` = `blocks[i]`).
+    pub fn gather_blocks(
+        &self,
+        cache: &CacheRef<'_>,
+        blocks: &[u64],
+        heads: Range<u64>,
+        staging: &mut CacheMut<'_>,
+    ) -> Result<(), OpError> {
+        crate::copy::gather_blocks(self, cache, blocks, heads, staging)
+    }
+
+    /// The inverse of [`CpuBackend::gather_blocks`].
+    pub fn scatter_blocks(
+        &self,
+        staging: &CacheRef<'_>,
+        blocks: &[u64],
+        heads: Range<u64>,
+        cache: &mut CacheMut<'_>,
+    ) -> Result<(), OpError> {
+        crate::copy::scatter_blocks(self, staging, blocks, heads, cache)
+    }
+
+    /// Converts a whole cache to another layout of the same content.
+    pub fn convert(&self, src: &CacheRef<'_>, dst: &mut CacheMut<'_>) -> Result<(), OpError> {
+        crate::copy::convert(self, src, dst)
+    }
+}

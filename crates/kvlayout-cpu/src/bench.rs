@@ -1,0 +1,67 @@
+//! Bounds measured in the same run as a benchmark: memory read bandwidth and memcpy.
+//!
+//! Speed is reported as a ratio to one of these, never as an absolute threshold in a test.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+/// Median wall time in seconds of `reps` runs of `f` (after one warm-up run).
+pub fn median_secs(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut t: Vec<f64> = (0..reps.max(1))
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+/// Sums a slice with 8 independent accumulators (vectorizes to full-width loads).
+fn sum(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let chunks = x.chunks_exact(16);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for i in 0..16 {
+            acc[i] += c[i];
+        }
+    }
+    acc.iter().sum::<f32>() + rest.iter().sum::<f32>()
+}
+
+/// Read bandwidth in bytes/s: every thread of `pool` sums its own `bytes_per_thread` buffer.
+pub fn read_bandwidth(pool: &rayon::ThreadPool, bytes_per_thread: usize, reps: usize) -> f64 {
+    let n = pool.current_num_threads();
+    let bufs: Vec<Vec<f32>> = (0..n)
+        .map(|i| vec![i as f32 + 1.0; bytes_per_thread / 4])
+        .collect();
+    let secs = median_secs(reps, || {
+        pool.install(|| {
+            let s: f32 = bufs.par_iter().map(|b| sum(black_box(b))).sum();
+            black_box(s);
+        })
+    });
+    (n * bytes_per_thread) as f64 / secs
+}
+
+/// memcpy payload bandwidth in bytes/s: every thread copies its own `bytes_per_thread`.
+pub fn memcpy_bandwidth(pool: &rayon::ThreadPool, bytes_per_thread: usize, reps: usize) -> f64 {
+    let n = pool.current_num_threads();
+    let src: Vec<Vec<u8>> = (0..n)
+        .map(|i| vec![i as u8 + 1; bytes_per_thread])
+        .collect();
+    let mut dst: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; bytes_per_thread]).collect();
+    let secs = median_secs(reps, || {
+        pool.install(|| {
+            dst.par_iter_mut()
+                .zip(&src)
+                .for_each(|(d, s)| d.copy_from_slice(black_box(s)));
+        })
+    });
+    (n * bytes_per_thread) as f64 / secs
+}

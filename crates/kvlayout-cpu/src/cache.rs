@@ -1,0 +1,180 @@
+//! A cache in host memory: a layout plus one byte buffer per allocation, checked once.
+
+use bytemuck::{Pod, Zeroable};
+use kvlayout::ops::OpError;
+use kvlayout::KvCacheLayout;
+
+/// Largest element alignment a field of a buffer needs.
+fn buffer_align(layout: &KvCacheLayout, buffer: usize) -> usize {
+    layout
+        .stored_fields()
+        .iter()
+        .filter(|m| m.strides.buffer as usize == buffer)
+        .map(|m| m.elem_bytes() as usize)
+        .max()
+        .unwrap_or(1)
+}
+
+fn check(layout: &KvCacheLayout, lens_addrs: &[(usize, usize)]) -> Result<(), OpError> {
+    if lens_addrs.len() != layout.num_buffers() {
+        return Err(OpError::Shape {
+            what: "cache buffers".into(),
+            expected: format!("{} buffers", layout.num_buffers()),
+            got: format!("{}", lens_addrs.len()),
+        });
+    }
+    for (i, (&(len, addr), extent)) in lens_addrs.iter().zip(layout.extents()).enumerate() {
+        if (len as u64) < extent.end {
+            return Err(OpError::BufferTooShort {
+                buffer: i,
+                len: len as u64,
+                needed: extent.end,
+            });
+        }
+        let align = buffer_align(layout, i);
+        if addr % align != 0 {
+            return Err(OpError::Misaligned {
+                buffer: i,
+                address: addr,
+                align,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A cache to read: its layout and buffers (checked: long enough, aligned).
+#[derive(Debug, Clone)]
+pub struct CacheRef<'a> {
+    /// The layout every access goes through.
+    pub layout: &'a KvCacheLayout,
+    /// One byte slice per buffer.
+    pub buffers: Vec<&'a [u8]>,
+}
+
+/// A cache to write.
+#[derive(Debug)]
+pub struct CacheMut<'a> {
+    /// The layout every access goes through.
+    pub layout: &'a KvCacheLayout,
+    /// One byte slice per buffer.
+    pub buffers: Vec<&'a mut [u8]>,
+}
+
+impl<'a> CacheRef<'a> {
+    /// Checks that each buffer covers its extent and is aligned for its elements.
+    pub fn new(layout: &'a KvCacheLayout, buffers: Vec<&'a [u8]>) -> Result<Self, OpError> {
+        let la: Vec<(usize, usize)> = buffers
+            .iter()
+            .map(|b| (b.len(), b.as_ptr() as usize))
+            .collect();
+        check(layout, &la)?;
+        Ok(CacheRef { layout, buffers })
+    }
+}
+
+impl<'a> CacheMut<'a> {
+    /// Checks that each buffer covers its extent and is aligned for its elements.
+    pub fn new(layout: &'a KvCacheLayout, buffers: Vec<&'a mut [u8]>) -> Result<Self, OpError> {
+        let la: Vec<(usize, usize)> = buffers
+            .iter()
+            .map(|b| (b.len(), b.as_ptr() as usize))
+            .collect();
+        check(layout, &la)?;
+        Ok(CacheMut { layout, buffers })
+    }
+
+    /// A read-only view of the same cache.
+    pub fn as_ref(&self) -> CacheRef<'_> {
+        CacheRef {
+            layout: self.layout,
+            buffers: self.buffers.iter().map(|b| &**b).collect(),
+        }
+    }
+}
+
+/// One 64-byte, 64-aligned line of an owned buffer.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Line([u8; 64]);
+
+/// A cache that owns its buffers (64-byte aligned, zero-filled, each as long as its extent).
+#[derive(Clone)]
+pub struct HostCache {
+    layout: KvCacheLayout,
+    lines: Vec<Vec<Line>>,
+    lens: Vec<usize>,
+}
+
+impl std::fmt::Debug for HostCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostCache({}, {:?} bytes)", self.layout, self.lens)
+    }
+}
+
+impl HostCache {
+    /// Allocates zeroed buffers for a layout.
+    pub fn new(layout: KvCacheLayout) -> Result<Self, OpError> {
+        let mut lines = Vec::new();
+        let mut lens = Vec::new();
+        for x in layout.extents() {
+            let len = usize::try_from(x.end).map_err(|_| OpError::BufferTooShort {
+                buffer: lens.len(),
+                len: usize::MAX as u64,
+                needed: x.end,
+            })?;
+            lines.push(vec![Line([0; 64]); len.div_ceil(64)]);
+            lens.push(len);
+        }
+        Ok(HostCache {
+            layout,
+            lines,
+            lens,
+        })
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &KvCacheLayout {
+        &self.layout
+    }
+
+    /// Buffer `i` as bytes.
+    pub fn bytes(&self, i: usize) -> &[u8] {
+        &bytemuck::cast_slice(&self.lines[i])[..self.lens[i]]
+    }
+
+    /// Buffer `i` as mutable bytes.
+    pub fn bytes_mut(&mut self, i: usize) -> &mut [u8] {
+        let n = self.lens[i];
+        &mut bytemuck::cast_slice_mut(&mut self.lines[i])[..n]
+    }
+
+    /// Fills every byte of every buffer with `v` (sentinels for tests).
+    pub fn fill(&mut self, v: u8) {
+        for i in 0..self.lines.len() {
+            self.bytes_mut(i).fill(v);
+        }
+    }
+
+    /// Read access for ops.
+    pub fn as_ref(&self) -> CacheRef<'_> {
+        CacheRef {
+            layout: &self.layout,
+            buffers: (0..self.lines.len()).map(|i| self.bytes(i)).collect(),
+        }
+    }
+
+    /// Write access for ops.
+    pub fn as_mut(&mut self) -> CacheMut<'_> {
+        let lens = self.lens.clone();
+        CacheMut {
+            layout: &self.layout,
+            buffers: self
+                .lines
+                .iter_mut()
+                .zip(lens)
+                .map(|(l, n)| &mut bytemuck::cast_slice_mut::<Line, u8>(l)[..n])
+                .collect(),
+        }
+    }
+}

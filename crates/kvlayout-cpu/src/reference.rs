@@ -1,0 +1,288 @@
+//! The scalar reference: every op written for clarity, reading and writing each element
+//! through the layout's checked address function; decode accumulates in f64.
+//!
+//! The fast paths are tested against this, and this is tested against an outside reference
+//! (numpy) in the conformance suite.
+
+use std::ops::Range;
+
+use kvlayout::ops::{self, OpError};
+use kvlayout::{Content, Coord, DType, Field, KvCacheLayout};
+
+use crate::args::{check_decode, check_staging, check_write, Decode, WriteKv};
+use crate::cache::{CacheMut, CacheRef};
+use crate::elem::{decode, encode, inline_scale};
+
+/// `(buffer, byte offset)` of a coordinate the op has validated.
+fn at(layout: &KvCacheLayout, c: &Coord) -> (usize, usize) {
+    let loc = layout.offset(c).expect("coordinate validated by the op");
+    (loc.buffer as usize, loc.offset as usize)
+}
+
+fn coord(field: Field, layer: u64, block: u64, head: u64, slot: u64, dim: u64) -> Coord {
+    Coord {
+        layer,
+        block,
+        head,
+        slot,
+        field,
+        dim,
+    }
+}
+
+/// The stored bytes of one element.
+fn bytes_at<'a>(cache: &'a CacheRef<'_>, c: &Coord) -> &'a [u8] {
+    let m = cache.layout.field_map(c.field).expect("readable field");
+    let (buf, off) = at(cache.layout, c);
+    &cache.buffers[buf][off..off + m.elem_bytes() as usize]
+}
+
+/// The value of an element: stored value x per-tensor scale (K, V) x inline scale (if any).
+pub fn value_at(cache: &CacheRef<'_>, c: &Coord) -> f64 {
+    let layout = cache.layout;
+    let field = c.field;
+    let m = layout.field_map(field).expect("readable field");
+    let stored = f64::from(decode(m.dtype, bytes_at(cache, c)));
+    let s = layout.scales();
+    let (tensor, inline) = match field {
+        Field::K => (s.k_scale, Field::KScale),
+        Field::V => (s.v_scale, Field::VScale),
+        _ => (1.0, Field::K),
+    };
+    let mut v = stored * f64::from(tensor);
+    if matches!(layout.content(), Content::KvScaled { .. }) && matches!(field, Field::K | Field::V)
+    {
+        let sc = Coord {
+            field: inline,
+            dim: 0,
+            ..*c
+        };
+        v *= f64::from(decode(DType::F32, bytes_at(cache, &sc)));
+    }
+    v
+}
+
+fn store(cache: &mut CacheMut<'_>, c: &Coord, x: f32) {
+    let m = cache.layout.field_map(c.field).expect("stored field");
+    let (buf, off) = at(cache.layout, c);
+    encode(
+        m.dtype,
+        x,
+        &mut cache.buffers[buf][off..off + m.elem_bytes() as usize],
+    );
+}
+
+/// Scatters new tokens into the cache (see [`WriteKv`]).
+pub fn write_kv(cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError> {
+    let shape = check_write(cache.layout, w)?;
+    let layout = cache.layout;
+    let bs = layout.geometry().block_size;
+    let dtype = layout.dtype();
+    let s = layout.scales();
+    let scaled = matches!(layout.content(), Content::KvScaled { .. });
+    for (t, &slot) in w.slot_mapping.iter().enumerate() {
+        if slot < 0 {
+            continue;
+        }
+        let (b, n) = (slot as u64 / bs, slot as u64 % bs);
+        for h in 0..shape.heads {
+            let mut parts = vec![(Field::K, Field::KScale, w.key, shape.k_width, s.k_scale)];
+            if shape.mla {
+                parts[0].0 = Field::Latent;
+            } else if let Some(v) = w.value {
+                parts.push((Field::V, Field::VScale, v, shape.v_width, s.v_scale));
+            }
+            for (field, scale_field, src, width, tensor) in parts {
+                let row = (t * shape.heads + h) * width;
+                let xs: Vec<f32> = (0..width).map(|d| src.get(row + d) / tensor).collect();
+                let mut q = 1.0f32;
+                if scaled {
+                    let amax = xs.iter().fold(0f32, |a, x| a.max(x.abs()));
+                    q = inline_scale(dtype, amax);
+                    store(cache, &coord(scale_field, w.layer, b, h as u64, n, 0), q);
+                }
+                for (d, x) in xs.iter().enumerate() {
+                    store(
+                        cache,
+                        &coord(field, w.layer, b, h as u64, n, d as u64),
+                        x / q,
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One decode step (see [`Decode`]); `out` is `[seqs, num_q_heads, v_width]`.
+pub fn paged_decode(cache: &CacheRef<'_>, d: &Decode<'_>, out: &mut [f32]) -> Result<(), OpError> {
+    let shape = check_decode(cache.layout, d, out.len())?;
+    let bs = cache.layout.geometry().block_size;
+    let p = d.params;
+    for s in 0..shape.seqs {
+        let len = u64::from(d.seq_lens[s]);
+        let start = p.sliding_window.map_or(0, |w| len.saturating_sub(w));
+        let block_of = |t: u64| d.block_table[s * d.blocks_per_seq + (t / bs) as usize] as u64;
+        for qh in 0..shape.q_heads {
+            let kvh = (qh / shape.group) as u64;
+            let q0 = (s * shape.q_heads + qh) * shape.qk_width;
+            let mut logits = Vec::new();
+            for t in start..len {
+                let (b, n) = (block_of(t), t % bs);
+                let dot: f64 = (0..shape.qk_width)
+                    .map(|i| {
+                        f64::from(d.query.get(q0 + i))
+                            * value_at(cache, &coord(Field::K, d.layer, b, kvh, n, i as u64))
+                    })
+                    .sum();
+                let mut x = dot * f64::from(p.scale);
+                if let Some(c) = p.soft_cap {
+                    let c = f64::from(c);
+                    x = c * (x / c).tanh();
+                }
+                logits.push(x);
+            }
+            let o0 = (s * shape.q_heads + qh) * shape.v_width;
+            let out = &mut out[o0..o0 + shape.v_width];
+            if logits.is_empty() {
+                out.fill(0.0);
+                continue;
+            }
+            let m = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let w: Vec<f64> = logits.iter().map(|x| (x - m).exp()).collect();
+            let total: f64 = w.iter().sum();
+            for (i, o) in out.iter_mut().enumerate() {
+                let acc: f64 = (start..len)
+                    .zip(&w)
+                    .map(|(t, p)| {
+                        p * value_at(
+                            cache,
+                            &coord(Field::V, d.layer, block_of(t), kvh, t % bs, i as u64),
+                        )
+                    })
+                    .sum();
+                *o = (acc / total) as f32;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Copies every stored element of `(src block, src head)` to `(dst block, dst head)` for all
+/// layers, byte for byte. The layouts hold the same content (checked by the callers).
+fn copy_elements(
+    src: &CacheRef<'_>,
+    dst: &mut CacheMut<'_>,
+    pairs: &[(u64, u64)],
+    heads: Range<u64>,
+    dst_head0: u64,
+) {
+    for m in src.layout.stored_fields() {
+        let e = m.elem_bytes() as usize;
+        for &(sb, db) in pairs {
+            for l in 0..m.num_layers {
+                for h in heads.clone() {
+                    for n in 0..m.num_slots {
+                        for d in 0..m.width {
+                            let (s_buf, s_off) = at(src.layout, &coord(m.field, l, sb, h, n, d));
+                            let dh = h - heads.start + dst_head0;
+                            let (d_buf, d_off) = at(dst.layout, &coord(m.field, l, db, dh, n, d));
+                            dst.buffers[d_buf][d_off..d_off + e]
+                                .copy_from_slice(&src.buffers[s_buf][s_off..s_off + e]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Copies blocks within one cache, all layers (`src -> dst` pairs).
+pub fn copy_blocks(cache: &mut CacheMut<'_>, pairs: &[(u64, u64)]) -> Result<(), OpError> {
+    let nb = cache.layout.geometry().num_blocks;
+    ops::check_block_pairs(pairs, nb, nb, true)?;
+    let snapshot: Vec<Vec<u8>> = cache.buffers.iter().map(|b| b.to_vec()).collect();
+    let src = CacheRef {
+        layout: cache.layout,
+        buffers: snapshot.iter().map(|b| b.as_slice()).collect(),
+    };
+    let h = cache.layout.geometry().num_kv_heads;
+    copy_elements(&src, cache, pairs, 0..h, 0);
+    Ok(())
+}
+
+/// Copies blocks from one pool to another of the same content (layouts may differ).
+pub fn swap_blocks(
+    src: &CacheRef<'_>,
+    dst: &mut CacheMut<'_>,
+    pairs: &[(u64, u64)],
+) -> Result<(), OpError> {
+    ops::check_same_content(src.layout, dst.layout)?;
+    ops::check_block_pairs(
+        pairs,
+        src.layout.geometry().num_blocks,
+        dst.layout.geometry().num_blocks,
+        false,
+    )?;
+    let h = src.layout.geometry().num_kv_heads;
+    copy_elements(src, dst, pairs, 0..h, 0);
+    Ok(())
+}
+
+/// Copies blocks `blocks[i]`, heads `heads`, into staging block `i` (staging has `heads.len()`
+/// heads, in its own stated layout).
+pub fn gather_blocks(
+    cache: &CacheRef<'_>,
+    blocks: &[u64],
+    heads: Range<u64>,
+    staging: &mut CacheMut<'_>,
+) -> Result<(), OpError> {
+    check_staging(cache.layout, staging.layout, blocks, &heads)?;
+    let pairs: Vec<(u64, u64)> = blocks
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| (b, i as u64))
+        .collect();
+    copy_elements(cache, staging, &pairs, heads, 0);
+    Ok(())
+}
+
+/// The inverse of [`gather_blocks`]: staging block `i` into cache block `blocks[i]`, heads `heads`.
+pub fn scatter_blocks(
+    staging: &CacheRef<'_>,
+    blocks: &[u64],
+    heads: Range<u64>,
+    cache: &mut CacheMut<'_>,
+) -> Result<(), OpError> {
+    check_staging(cache.layout, staging.layout, blocks, &heads)?;
+    let pairs: Vec<(u64, u64)> = blocks
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| (i as u64, b))
+        .collect();
+    ops::check_block_pairs(
+        &pairs,
+        staging.layout.geometry().num_blocks,
+        cache.layout.geometry().num_blocks,
+        false,
+    )?;
+    let n = heads.end - heads.start;
+    copy_elements(staging, cache, &pairs, 0..n, heads.start);
+    Ok(())
+}
+
+/// Converts a whole cache from one layout to another of the same content and block count.
+pub fn convert(src: &CacheRef<'_>, dst: &mut CacheMut<'_>) -> Result<(), OpError> {
+    ops::check_same_content(src.layout, dst.layout)?;
+    let (a, b) = (
+        src.layout.geometry().num_blocks,
+        dst.layout.geometry().num_blocks,
+    );
+    if a != b {
+        return Err(OpError::Incompatible(format!("num_blocks {a} vs {b}")));
+    }
+    let pairs: Vec<(u64, u64)> = (0..a).map(|i| (i, i)).collect();
+    let h = src.layout.geometry().num_kv_heads;
+    copy_elements(src, dst, &pairs, 0..h, 0);
+    Ok(())
+}

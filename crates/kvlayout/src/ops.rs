@@ -1,0 +1,292 @@
+//! The backend contract: the arguments of every op and their validation against a layout.
+//!
+//! Every backend (CPU, CUDA, HIP) calls these checks before it writes anything, so a bad slot
+//! mapping, block table or block pair is refused the same way everywhere, with the index, the
+//! value and the limit. Executing the ops is the backends' business; this module only decides
+//! whether a call is well-formed.
+
+use std::ops::Range;
+
+use thiserror::Error;
+
+use crate::error::LayoutError;
+use crate::layout::KvCacheLayout;
+use crate::spec::Content;
+
+/// Why an op was refused. Nothing has been written when an op returns one of these.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum OpError {
+    /// A layout-level error.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// A slot mapping entry past the cache.
+    #[error(
+        "slot_mapping[{token}] = {slot} is out of range (limit {limit} = num_blocks x block_size)"
+    )]
+    SlotOutOfRange {
+        /// Token index.
+        token: usize,
+        /// Its slot.
+        slot: i64,
+        /// Exclusive limit.
+        limit: u64,
+    },
+    /// A block table entry that is not a block of the cache.
+    #[error("block_table[{seq}][{position}] = {block} is out of range (limit {limit})")]
+    BlockOutOfRange {
+        /// Sequence.
+        seq: usize,
+        /// Position in its row.
+        position: usize,
+        /// The entry.
+        block: i64,
+        /// Exclusive limit.
+        limit: u64,
+    },
+    /// A sequence longer than the blocks it is given.
+    #[error("seq_lens[{seq}] = {len} exceeds its {capacity} tokens of blocks ({blocks} per sequence x block size)")]
+    SequenceTooLong {
+        /// Sequence.
+        seq: usize,
+        /// Its length.
+        len: u64,
+        /// Blocks per row.
+        blocks: usize,
+        /// Tokens those blocks hold.
+        capacity: u64,
+    },
+    /// A tensor with the wrong number of elements or shape.
+    #[error("{what}: expected {expected}, got {got}")]
+    Shape {
+        /// Which argument.
+        what: String,
+        /// What the layout requires.
+        expected: String,
+        /// What was given.
+        got: String,
+    },
+    /// A buffer too short for the layout's registered span.
+    #[error("buffer {buffer} holds {len} bytes; the layout needs {needed}")]
+    BufferTooShort {
+        /// Buffer index.
+        buffer: usize,
+        /// Its length.
+        len: u64,
+        /// Required length (extent end).
+        needed: u64,
+    },
+    /// A buffer whose start is not aligned for the elements it holds.
+    #[error("buffer {buffer} starts at address {address:#x}, not a multiple of {align}")]
+    Misaligned {
+        /// Buffer index.
+        buffer: usize,
+        /// Its address.
+        address: usize,
+        /// Required alignment.
+        align: usize,
+    },
+    /// Two caches that cannot exchange blocks.
+    #[error("caches are incompatible: {0}")]
+    Incompatible(String),
+    /// A block pair that is out of range or conflicts with another.
+    #[error("block pair {index} ({src} -> {dst}): {reason}")]
+    BadPair {
+        /// Index in the list.
+        index: usize,
+        /// Source block.
+        src: u64,
+        /// Destination block.
+        dst: u64,
+        /// Why.
+        reason: String,
+    },
+    /// An op this layout's content does not support.
+    #[error("{op} does not apply: {reason}")]
+    Unsupported {
+        /// The op.
+        op: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Parameters of one decode step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecodeParams {
+    /// Query heads (a multiple of the layout's KV heads: MHA, GQA, MQA).
+    pub num_q_heads: u64,
+    /// Softmax scale applied to `q . k` (usually `1 / sqrt(head_size)`).
+    pub scale: f32,
+    /// Attend only to the last `w` tokens of each sequence.
+    pub sliding_window: Option<u64>,
+    /// Logits soft-cap `c`: `s = c * tanh(s / c)`, applied after scaling.
+    pub soft_cap: Option<f32>,
+}
+
+/// Widths the decode reads: `(qk_width, v_width)`: K|V head sizes, or the MLA latent and its
+/// first `kv_lora_rank` elements.
+pub fn decode_widths(layout: &KvCacheLayout) -> Result<(u64, u64), OpError> {
+    match *layout.content() {
+        Content::Kv {
+            head_size,
+            head_size_v,
+        }
+        | Content::KvScaled {
+            head_size,
+            head_size_v,
+        } => Ok((head_size, head_size_v)),
+        Content::Mla {
+            kv_lora_rank,
+            rope_dim,
+        } => Ok((kv_lora_rank + rope_dim, kv_lora_rank)),
+        _ => Err(OpError::Unsupported {
+            op: "paged_decode",
+            reason: format!(
+                "content {} holds no keys and values",
+                layout.content().spec_name()
+            ),
+        }),
+    }
+}
+
+/// Checks a slot mapping: every non-negative slot is `< num_blocks * block_size`.
+pub fn check_slot_mapping(layout: &KvCacheLayout, slots: &[i64]) -> Result<(), OpError> {
+    let g = layout.geometry();
+    let limit = g.num_blocks.saturating_mul(g.block_size);
+    for (token, &slot) in slots.iter().enumerate() {
+        if slot >= 0 && slot as u64 >= limit {
+            return Err(OpError::SlotOutOfRange { token, slot, limit });
+        }
+    }
+    Ok(())
+}
+
+/// Checks a block table `[num_seqs, blocks_per_seq]` (row-major) against sequence lengths:
+/// each sequence fits its row, and every entry it uses names a block of the cache.
+pub fn check_block_table(
+    layout: &KvCacheLayout,
+    table: &[i32],
+    blocks_per_seq: usize,
+    seq_lens: &[u32],
+) -> Result<(), OpError> {
+    let g = layout.geometry();
+    if table.len() != seq_lens.len() * blocks_per_seq {
+        return Err(OpError::Shape {
+            what: "block_table".into(),
+            expected: format!("{} x {blocks_per_seq} entries", seq_lens.len()),
+            got: format!("{} entries", table.len()),
+        });
+    }
+    for (seq, &len) in seq_lens.iter().enumerate() {
+        let capacity = blocks_per_seq as u64 * g.block_size;
+        if u64::from(len) > capacity {
+            return Err(OpError::SequenceTooLong {
+                seq,
+                len: len.into(),
+                blocks: blocks_per_seq,
+                capacity,
+            });
+        }
+        let used = u64::from(len).div_ceil(g.block_size) as usize;
+        for position in 0..used {
+            let block = table[seq * blocks_per_seq + position];
+            if block < 0 || block as u64 >= g.num_blocks {
+                return Err(OpError::BlockOutOfRange {
+                    seq,
+                    position,
+                    block: block.into(),
+                    limit: g.num_blocks,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks `src -> dst` block pairs between caches of `src_blocks` and `dst_blocks` blocks.
+/// Destinations must be distinct, and when both sides are one cache no destination may also
+/// be a source (so the result does not depend on the order of the copies).
+pub fn check_block_pairs(
+    pairs: &[(u64, u64)],
+    src_blocks: u64,
+    dst_blocks: u64,
+    same_cache: bool,
+) -> Result<(), OpError> {
+    let mut dsts: Vec<u64> = pairs.iter().map(|p| p.1).collect();
+    dsts.sort_unstable();
+    for (index, &(src, dst)) in pairs.iter().enumerate() {
+        let bad = |reason: String| OpError::BadPair {
+            index,
+            src,
+            dst,
+            reason,
+        };
+        if src >= src_blocks {
+            return Err(bad(format!(
+                "source block out of range (limit {src_blocks})"
+            )));
+        }
+        if dst >= dst_blocks {
+            return Err(bad(format!(
+                "destination block out of range (limit {dst_blocks})"
+            )));
+        }
+        if dsts.binary_search(&src).is_ok() && same_cache && src != dst {
+            return Err(bad("source block is also a destination".into()));
+        }
+        if dsts.partition_point(|&d| d < dst) + 1 < dsts.partition_point(|&d| d <= dst) {
+            return Err(bad("destination block appears twice".into()));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that two layouts hold the same logical content (so blocks can move between them):
+/// same content, dtype, scales, layers, block size, tokens per state and heads (blocks may
+/// differ in number).
+pub fn check_same_content(a: &KvCacheLayout, b: &KvCacheLayout) -> Result<(), OpError> {
+    let (ga, gb) = (a.geometry(), b.geometry());
+    let differ =
+        |what: &str, x: String, y: String| Err(OpError::Incompatible(format!("{what} {x} vs {y}")));
+    if a.content() != b.content() {
+        return differ(
+            "content",
+            format!("{:?}", a.content()),
+            format!("{:?}", b.content()),
+        );
+    }
+    if a.dtype() != b.dtype() {
+        return differ("dtype", a.dtype().to_string(), b.dtype().to_string());
+    }
+    if a.scales() != b.scales() {
+        return differ(
+            "per-tensor scales",
+            format!("{:?}", a.scales()),
+            format!("{:?}", b.scales()),
+        );
+    }
+    for (what, x, y) in [
+        ("num_layers", ga.num_layers, gb.num_layers),
+        ("block_size", ga.block_size, gb.block_size),
+        ("tokens_per_state", ga.tokens_per_state, gb.tokens_per_state),
+        ("num_kv_heads", ga.num_kv_heads, gb.num_kv_heads),
+    ] {
+        if x != y {
+            return differ(what, x.to_string(), y.to_string());
+        }
+    }
+    Ok(())
+}
+
+/// Checks a head range of a layout.
+pub fn check_heads(layout: &KvCacheLayout, heads: &Range<u64>) -> Result<(), OpError> {
+    let h = layout.geometry().num_kv_heads;
+    if heads.start >= heads.end || heads.end > h {
+        return Err(OpError::Shape {
+            what: "head range".into(),
+            expected: format!("a non-empty range within 0..{h}"),
+            got: format!("{}..{}", heads.start, heads.end),
+        });
+    }
+    Ok(())
+}
