@@ -1,54 +1,369 @@
-//! Fast paths of the block movers (to be specialized; currently the general path).
+//! Fast paths of the block movers: `copy_blocks`, `swap_blocks`, `gather_blocks`,
+//! `scatter_blocks` and `convert` all reduce to one [`MovePlan`] between two layouts of the
+//! same content, executed as memcpy of the largest units contiguous on both sides.
 
 use std::ops::Range;
 
-use kvlayout::ops::OpError;
+use kvlayout::ops::{self, OpError};
+use kvlayout::{FieldMap, KvCacheLayout};
+use rayon::prelude::*;
 
+use crate::args::check_staging;
 use crate::backend::CpuBackend;
 use crate::cache::{CacheMut, CacheRef};
-use crate::reference;
+
+/// One field group to move: `unit` contiguous bytes at every point of `dims` on both sides.
+#[derive(Debug, Clone)]
+struct Piece {
+    src_buf: usize,
+    dst_buf: usize,
+    src_base: u64,
+    dst_base: u64,
+    src_block: u64,
+    dst_block: u64,
+    unit: u64,
+    /// `(extent, src_stride, dst_stride)`, innermost first.
+    dims: Vec<(u64, u64, u64)>,
+}
+
+/// Whether a field's row (all of its content) is one contiguous run.
+fn row_contiguous(m: &FieldMap) -> bool {
+    let s = m.strides;
+    s.dim == m.elem_bytes() && (s.dim_split == m.width || s.dim_chunk == s.dim_split * s.dim)
+}
+
+/// If every stored field shares the outer strides and the rows abut into one run, the run's
+/// start and the fields' offsets in it.
+/// `(start, length, per-field (offset in row, bytes))` of a fused row.
+type FusedRow = (u64, u64, Vec<(u64, u64)>);
+
+fn fused_row(layout: &KvCacheLayout) -> Option<FusedRow> {
+    let f = layout.stored_fields();
+    let same = f.windows(2).all(|w| {
+        let (a, b) = (w[0].strides, w[1].strides);
+        (a.buffer, a.layer, a.block, a.head, a.slot) == (b.buffer, b.layer, b.block, b.head, b.slot)
+    });
+    if !same || !f.iter().all(row_contiguous) {
+        return None;
+    }
+    let mut runs: Vec<(u64, u64)> = f
+        .iter()
+        .map(|m| (m.strides.base_offset, m.width * m.elem_bytes()))
+        .collect();
+    let start = runs.iter().map(|r| r.0).min()?;
+    let mut sorted = runs.clone();
+    sorted.sort_unstable();
+    let abut = sorted.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0);
+    let len = sorted.iter().map(|r| r.1).sum();
+    for r in &mut runs {
+        r.0 -= start;
+    }
+    abut.then_some((start, len, runs))
+}
+
+/// Builds the pieces that move heads `heads` of `src` to heads starting at `dst_head0` of
+/// `dst` (all layers, all slots, all content) for one block pair.
+fn plan(
+    src: &KvCacheLayout,
+    dst: &KvCacheLayout,
+    heads: &Range<u64>,
+    dst_head0: u64,
+) -> Option<Vec<Piece>> {
+    let outer = |a: &FieldMap, b: &FieldMap| {
+        vec![
+            (a.num_slots, a.strides.slot, b.strides.slot),
+            (heads.end - heads.start, a.strides.head, b.strides.head),
+            (a.num_layers, a.strides.layer, b.strides.layer),
+        ]
+    };
+    let head_shift = |m: &FieldMap, h: u64| m.strides.base_offset + h * m.strides.head;
+    let mut pieces = Vec::new();
+    match (fused_row(src), fused_row(dst)) {
+        (Some((s0, len_s, rs)), Some((d0, len_d, rd))) if len_s == len_d && rs == rd => {
+            let (a, b) = (&src.stored_fields()[0], &dst.stored_fields()[0]);
+            let shift_a = head_shift(a, heads.start) - a.strides.base_offset;
+            let shift_b = head_shift(b, dst_head0) - b.strides.base_offset;
+            pieces.push(Piece {
+                src_buf: a.strides.buffer as usize,
+                dst_buf: b.strides.buffer as usize,
+                src_base: s0 + shift_a,
+                dst_base: d0 + shift_b,
+                src_block: a.strides.block,
+                dst_block: b.strides.block,
+                unit: len_s,
+                dims: outer(a, b),
+            });
+        }
+        _ => {
+            for (a, b) in src.stored_fields().iter().zip(dst.stored_fields()) {
+                let e = a.elem_bytes();
+                let mut dims = Vec::new();
+                let unit = if row_contiguous(a) && row_contiguous(b) {
+                    a.width * e
+                } else {
+                    // Element by element: d = c * x + i with x the finer split; each side's
+                    // content map must be affine in (c, i).
+                    let x = a.strides.dim_split.min(b.strides.dim_split);
+                    let (Some((ca, ea)), Some((cb, eb))) =
+                        (split_strides(a, x), split_strides(b, x))
+                    else {
+                        return None;
+                    };
+                    dims.push((x, ea, eb));
+                    dims.push((a.width / x, ca, cb));
+                    e
+                };
+                dims.extend(outer(a, b));
+                pieces.push(Piece {
+                    src_buf: a.strides.buffer as usize,
+                    dst_buf: b.strides.buffer as usize,
+                    src_base: head_shift(a, heads.start),
+                    dst_base: head_shift(b, dst_head0),
+                    src_block: a.strides.block,
+                    dst_block: b.strides.block,
+                    unit,
+                    dims,
+                });
+            }
+        }
+    }
+    for p in &mut pieces {
+        p.dims.retain(|d| d.0 > 1);
+        // Fold dims contiguous on both sides into the unit, innermost first.
+        p.dims.sort_by_key(|d| (d.2, d.1));
+        while let Some(&(ext, ss, ds)) = p.dims.first() {
+            if ss == p.unit && ds == p.unit {
+                p.unit *= ext;
+                p.dims.remove(0);
+            } else {
+                break;
+            }
+        }
+    }
+    Some(pieces)
+}
+
+/// `(chunk stride, element stride)` of a field's content for `d = c * x + i`, if affine.
+fn split_strides(m: &FieldMap, x: u64) -> Option<(u64, u64)> {
+    let s = m.strides;
+    if s.dim_split == x {
+        Some((s.dim_chunk, s.dim))
+    } else if s.dim_split == m.width && m.width % x == 0 {
+        Some((x * s.dim, s.dim))
+    } else {
+        None
+    }
+}
+
+/// A destination pointer shared by the workers; each writes a disjoint set of bytes.
+#[derive(Clone, Copy)]
+struct DstPtr(*mut u8);
+// SAFETY: workers write disjoint byte ranges of the pointee (see `execute`).
+unsafe impl Send for DstPtr {}
+unsafe impl Sync for DstPtr {}
+
+impl DstPtr {
+    /// The pointer (a method, so closures capture the `Sync` wrapper, not the raw field).
+    fn get(self) -> *mut u8 {
+        self.0
+    }
+}
+
+/// Runs a plan over block pairs. `src` and `dst` are the caches' buffers as raw pointers with
+/// their lengths; for a copy inside one cache they point to the same buffers.
+///
+/// Soundness: every offset comes from validated layouts and validated block ids, so each
+/// `unit` range lies inside its buffer (buffers were checked to cover the layouts' extents);
+/// destination ranges of different `(pair, dims)` points are disjoint because the destination
+/// layout is injective and destination blocks are distinct; sources never overlap
+/// destinations (distinct caches, or distinct blocks of one cache, checked by the callers).
+fn execute(
+    be: &CpuBackend,
+    pieces: &[Piece],
+    pairs: &[(u64, u64)],
+    src: &[(*const u8, usize)],
+    dst: &[(DstPtr, usize)],
+) {
+    let src: Vec<(usize, usize)> = src.iter().map(|(p, n)| (*p as usize, *n)).collect();
+    for p in pieces {
+        // Parallel over (pair, outermost dim).
+        let (outer_ext, outer_s, outer_d, inner) = match p.dims.split_last() {
+            Some((&(e, s, d), rest)) => (e, s, d, rest.to_vec()),
+            None => (1, 0, 0, Vec::new()),
+        };
+        let total: u64 = inner.iter().map(|d| d.0).product();
+        let (sp, sl) = src[p.src_buf];
+        let (DstPtr(dp), dl) = dst[p.dst_buf];
+        let dp = DstPtr(dp);
+        let unit = p.unit as usize;
+        be.pool.install(|| {
+            (0..pairs.len() as u64 * outer_ext)
+                .into_par_iter()
+                .for_each(|item| {
+                    let (sb, db) = pairs[(item / outer_ext) as usize];
+                    let o = item % outer_ext;
+                    let s0 = p.src_base + sb * p.src_block + o * outer_s;
+                    let d0 = p.dst_base + db * p.dst_block + o * outer_d;
+                    let mut idx = vec![0u64; inner.len()];
+                    for _ in 0..total {
+                        let (mut so, mut dof) = (s0, d0);
+                        for (i, d) in idx.iter().zip(&inner) {
+                            so += i * d.1;
+                            dof += i * d.2;
+                        }
+                        let (so, dof) = (so as usize, dof as usize);
+                        assert!(
+                            so + unit <= sl && dof + unit <= dl,
+                            "plan stays inside the buffers"
+                        );
+                        // SAFETY: in bounds (asserted), disjoint from other workers' writes and
+                        // from the source (see the function's doc).
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                (sp as *const u8).add(so),
+                                dp.get().add(dof),
+                                unit,
+                            );
+                        }
+                        for (i, d) in idx.iter_mut().zip(&inner) {
+                            *i += 1;
+                            if *i < d.0 {
+                                break;
+                            }
+                            *i = 0;
+                        }
+                    }
+                });
+        });
+    }
+}
+
+fn src_ptrs(c: &CacheRef<'_>) -> Vec<(*const u8, usize)> {
+    c.buffers.iter().map(|b| (b.as_ptr(), b.len())).collect()
+}
+
+fn dst_ptrs(c: &mut CacheMut<'_>) -> Vec<(DstPtr, usize)> {
+    c.buffers
+        .iter_mut()
+        .map(|b| (DstPtr(b.as_mut_ptr()), b.len()))
+        .collect()
+}
+
+/// Moves heads `heads` of blocks `pairs.0` of `src` into heads from `dst_head0` of blocks
+/// `pairs.1` of `dst`; falls back to the reference when the content maps are not affine.
+fn move_blocks(
+    be: &CpuBackend,
+    src: &CacheRef<'_>,
+    dst: &mut CacheMut<'_>,
+    pairs: &[(u64, u64)],
+    heads: Range<u64>,
+    dst_head0: u64,
+) {
+    match plan(src.layout, dst.layout, &heads, dst_head0) {
+        Some(pieces) => {
+            let s = src_ptrs(src);
+            let d = dst_ptrs(dst);
+            execute(be, &pieces, pairs, &s, &d);
+        }
+        None => crate::reference::copy_elements(src, dst, pairs, heads, dst_head0),
+    }
+}
 
 pub(crate) fn copy_blocks(
-    _be: &CpuBackend,
+    be: &CpuBackend,
     cache: &mut CacheMut<'_>,
     pairs: &[(u64, u64)],
 ) -> Result<(), OpError> {
-    reference::copy_blocks(cache, pairs)
+    let nb = cache.layout.geometry().num_blocks;
+    ops::check_block_pairs(pairs, nb, nb, true)?;
+    let pairs: Vec<(u64, u64)> = pairs.iter().copied().filter(|p| p.0 != p.1).collect();
+    let h = cache.layout.geometry().num_kv_heads;
+    match plan(cache.layout, cache.layout, &(0..h), 0) {
+        Some(pieces) => {
+            let d = dst_ptrs(cache);
+            let s: Vec<(*const u8, usize)> =
+                d.iter().map(|(p, n)| (p.0 as *const u8, *n)).collect();
+            execute(be, &pieces, &pairs, &s, &d);
+        }
+        None => crate::reference::copy_blocks(cache, &pairs)?,
+    }
+    Ok(())
 }
 
 pub(crate) fn swap_blocks(
-    _be: &CpuBackend,
+    be: &CpuBackend,
     src: &CacheRef<'_>,
     dst: &mut CacheMut<'_>,
     pairs: &[(u64, u64)],
 ) -> Result<(), OpError> {
-    reference::swap_blocks(src, dst, pairs)
+    ops::check_same_content(src.layout, dst.layout)?;
+    ops::check_block_pairs(
+        pairs,
+        src.layout.geometry().num_blocks,
+        dst.layout.geometry().num_blocks,
+        false,
+    )?;
+    let h = src.layout.geometry().num_kv_heads;
+    move_blocks(be, src, dst, pairs, 0..h, 0);
+    Ok(())
 }
 
 pub(crate) fn gather_blocks(
-    _be: &CpuBackend,
+    be: &CpuBackend,
     cache: &CacheRef<'_>,
     blocks: &[u64],
     heads: Range<u64>,
     staging: &mut CacheMut<'_>,
 ) -> Result<(), OpError> {
-    reference::gather_blocks(cache, blocks, heads, staging)
+    check_staging(cache.layout, staging.layout, blocks, &heads)?;
+    let pairs: Vec<(u64, u64)> = blocks
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| (b, i as u64))
+        .collect();
+    move_blocks(be, cache, staging, &pairs, heads, 0);
+    Ok(())
 }
 
 pub(crate) fn scatter_blocks(
-    _be: &CpuBackend,
+    be: &CpuBackend,
     staging: &CacheRef<'_>,
     blocks: &[u64],
     heads: Range<u64>,
     cache: &mut CacheMut<'_>,
 ) -> Result<(), OpError> {
-    reference::scatter_blocks(staging, blocks, heads, cache)
+    check_staging(cache.layout, staging.layout, blocks, &heads)?;
+    let pairs: Vec<(u64, u64)> = blocks
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| (i as u64, b))
+        .collect();
+    ops::check_block_pairs(
+        &pairs,
+        staging.layout.geometry().num_blocks,
+        cache.layout.geometry().num_blocks,
+        false,
+    )?;
+    let n = heads.end - heads.start;
+    move_blocks(be, staging, cache, &pairs, 0..n, heads.start);
+    Ok(())
 }
 
 pub(crate) fn convert(
-    _be: &CpuBackend,
+    be: &CpuBackend,
     src: &CacheRef<'_>,
     dst: &mut CacheMut<'_>,
 ) -> Result<(), OpError> {
-    reference::convert(src, dst)
+    ops::check_same_content(src.layout, dst.layout)?;
+    let (a, b) = (
+        src.layout.geometry().num_blocks,
+        dst.layout.geometry().num_blocks,
+    );
+    if a != b {
+        return Err(OpError::Incompatible(format!("num_blocks {a} vs {b}")));
+    }
+    let pairs: Vec<(u64, u64)> = (0..a).map(|i| (i, i)).collect();
+    let h = src.layout.geometry().num_kv_heads;
+    move_blocks(be, src, dst, &pairs, 0..h, 0);
+    Ok(())
 }

@@ -170,7 +170,7 @@ pub fn paged_decode(cache: &CacheRef<'_>, d: &Decode<'_>, out: &mut [f32]) -> Re
 
 /// Copies every stored element of `(src block, src head)` to `(dst block, dst head)` for all
 /// layers, byte for byte. The layouts hold the same content (checked by the callers).
-fn copy_elements(
+pub(crate) fn copy_elements(
     src: &CacheRef<'_>,
     dst: &mut CacheMut<'_>,
     pairs: &[(u64, u64)],

@@ -31,6 +31,16 @@ pub enum OpError {
         /// Exclusive limit.
         limit: u64,
     },
+    /// Two tokens of one write naming the same slot (the result would depend on their order).
+    #[error("slot_mapping[{token}] = {slot} repeats slot_mapping[{first}]")]
+    DuplicateSlot {
+        /// The later token.
+        token: usize,
+        /// The slot.
+        slot: i64,
+        /// The earlier token with that slot.
+        first: usize,
+    },
     /// A block table entry that is not a block of the cache.
     #[error("block_table[{seq}][{position}] = {block} is out of range (limit {limit})")]
     BlockOutOfRange {
@@ -149,7 +159,8 @@ pub fn decode_widths(layout: &KvCacheLayout) -> Result<(u64, u64), OpError> {
     }
 }
 
-/// Checks a slot mapping: every non-negative slot is `< num_blocks * block_size`.
+/// Checks a slot mapping: every non-negative slot is `< num_blocks * block_size`, and no
+/// slot is named twice (negative entries are padding and may repeat).
 pub fn check_slot_mapping(layout: &KvCacheLayout, slots: &[i64]) -> Result<(), OpError> {
     let g = layout.geometry();
     let limit = g.num_blocks.saturating_mul(g.block_size);
@@ -157,6 +168,20 @@ pub fn check_slot_mapping(layout: &KvCacheLayout, slots: &[i64]) -> Result<(), O
         if slot >= 0 && slot as u64 >= limit {
             return Err(OpError::SlotOutOfRange { token, slot, limit });
         }
+    }
+    let mut seen: Vec<(i64, usize)> = slots
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| **s >= 0)
+        .map(|(t, s)| (*s, t))
+        .collect();
+    seen.sort_unstable();
+    if let Some(w) = seen.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(OpError::DuplicateSlot {
+            token: w[1].1,
+            slot: w[1].0,
+            first: w[0].1,
+        });
     }
     Ok(())
 }

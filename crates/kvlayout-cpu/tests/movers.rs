@@ -1,0 +1,86 @@
+//! The fast block movers against the reference, byte for byte, over pairs of layouts.
+
+use kvlayout::KvCacheLayout;
+use kvlayout_cpu::{reference, CpuBackend, HostCache};
+
+const SPECS: &[&str] = &[
+    "kv L=2 B=3 N=4 H=4 D=8 dtype=f16 order=NHD",
+    "kv L=2 B=3 N=4 H=4 D=8 dtype=f16 order=HND",
+    "kv L=2 B=3 N=4 H=4 D=8 dtype=f16 order=BLNHC",
+    "kv L=2 B=3 N=4 H=4 D=8 dtype=f16 order=BHLNC",
+    "kv L=2 B=3 N=4 H=4 D=8 dtype=f16 order=NHD page=1088 base=64",
+    "kv L=2 B=3 N=4 H=4 D=8 dtype=f16 legacy=vllm-paged-v1",
+    "kv L=2 B=3 N=4 H=4 D=8 dtype=f16 legacy=flash-attn-hnd",
+    "kv L=2 B=3 N=4 H=4 D=8 dtype=f16 legacy=flashinfer-nhd",
+    "kv L=2 B=3 N=4 H=4 D=8 dtype=f16 legacy=separate-hnd",
+];
+
+fn filled(spec: &str, seed: u8) -> HostCache {
+    let l: KvCacheLayout = spec.parse().unwrap();
+    let mut c = HostCache::new(l).unwrap();
+    let n = c.layout().num_buffers();
+    for i in 0..n {
+        for (j, b) in c.bytes_mut(i).iter_mut().enumerate() {
+            *b = (j as u8).wrapping_mul(31).wrapping_add(seed).wrapping_add(i as u8 * 7);
+        }
+    }
+    c
+}
+
+#[test]
+fn convert_matches_reference_for_every_pair() {
+    let be = CpuBackend::new(Some(2));
+    for a in SPECS {
+        for b in SPECS {
+            let src = filled(a, 1);
+            let mut fast = filled(b, 2);
+            let mut slow = filled(b, 2);
+            be.convert(&src.as_ref(), &mut fast.as_mut()).unwrap();
+            reference::convert(&src.as_ref(), &mut slow.as_mut()).unwrap();
+            for i in 0..fast.layout().num_buffers() {
+                assert_eq!(fast.bytes(i), slow.bytes(i), "{a} -> {b}");
+            }
+        }
+    }
+}
+
+#[test]
+fn block_movers_match_reference() {
+    let be = CpuBackend::new(Some(2));
+    for a in SPECS {
+        // copy_blocks
+        let mut fast = filled(a, 3);
+        let mut slow = filled(a, 3);
+        be.copy_blocks(&mut fast.as_mut(), &[(0, 2), (1, 1)]).unwrap();
+        reference::copy_blocks(&mut slow.as_mut(), &[(0, 2), (1, 1)]).unwrap();
+        assert_eq!(fast.bytes(0), slow.bytes(0), "copy {a}");
+        for b in SPECS {
+            // swap between pools
+            let src = filled(a, 4);
+            let mut fast = filled(b, 5);
+            let mut slow = filled(b, 5);
+            be.swap_blocks(&src.as_ref(), &mut fast.as_mut(), &[(2, 0), (0, 1)]).unwrap();
+            reference::swap_blocks(&src.as_ref(), &mut slow.as_mut(), &[(2, 0), (0, 1)]).unwrap();
+            for i in 0..fast.layout().num_buffers() {
+                assert_eq!(fast.bytes(i), slow.bytes(i), "swap {a} -> {b}");
+            }
+            // gather heads 1..3 of blocks [2, 0] into a 2-head staging of layout b
+            let staging_spec = b.replace("H=4", "H=2").replace("page=1088", "page=576");
+            let cache = filled(a, 6);
+            let mut fast = filled(&staging_spec, 7);
+            let mut slow = filled(&staging_spec, 7);
+            be.gather_blocks(&cache.as_ref(), &[2, 0], 1..3, &mut fast.as_mut()).unwrap();
+            reference::gather_blocks(&cache.as_ref(), &[2, 0], 1..3, &mut slow.as_mut()).unwrap();
+            for i in 0..fast.layout().num_buffers() {
+                assert_eq!(fast.bytes(i), slow.bytes(i), "gather {a} -> {staging_spec}");
+            }
+            let mut fast_c = filled(a, 8);
+            let mut slow_c = filled(a, 8);
+            be.scatter_blocks(&fast.as_ref(), &[2, 0], 1..3, &mut fast_c.as_mut()).unwrap();
+            reference::scatter_blocks(&slow.as_ref(), &[2, 0], 1..3, &mut slow_c.as_mut()).unwrap();
+            for i in 0..fast_c.layout().num_buffers() {
+                assert_eq!(fast_c.bytes(i), slow_c.bytes(i), "scatter {staging_spec} -> {a}");
+            }
+        }
+    }
+}
