@@ -165,7 +165,7 @@ pub(crate) fn check_decode(
     let (qk, v) = (qk as usize, v as usize);
     let kv_heads = layout.geometry().num_kv_heads as usize;
     let q_heads = d.params.num_q_heads as usize;
-    if q_heads == 0 || q_heads % kv_heads != 0 {
+    if q_heads == 0 || !q_heads.is_multiple_of(kv_heads) {
         return Err(OpError::Shape {
             what: "num_q_heads".into(),
             expected: format!("a positive multiple of {kv_heads} KV heads"),

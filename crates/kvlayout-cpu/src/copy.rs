@@ -148,7 +148,7 @@ fn split_strides(m: &FieldMap, x: u64) -> Option<(u64, u64)> {
     let s = m.strides;
     if s.dim_split == x {
         Some((s.dim_chunk, s.dim))
-    } else if s.dim_split == m.width && m.width % x == 0 {
+    } else if s.dim_split == m.width && m.width.is_multiple_of(x) {
         Some((x * s.dim, s.dim))
     } else {
         None
@@ -187,15 +187,24 @@ fn execute(
     let src: Vec<(usize, usize)> = src.iter().map(|(p, n)| (*p as usize, *n)).collect();
     for p in pieces {
         // Parallel over (pair, outermost dim).
-        let (outer_ext, outer_s, outer_d, inner) = match p.dims.split_last() {
-            Some((&(e, s, d), rest)) => (e, s, d, rest.to_vec()),
-            None => (1, 0, 0, Vec::new()),
+        // Iterate in source order (sequential reads; the streamed writes need no locality).
+        // Split the work by block pair when there are enough pairs, else also by the
+        // outermost dim.
+        let mut dims = p.dims.clone();
+        dims.sort_by_key(|d| (d.1, d.2));
+        let by_pair = pairs.len() >= 8 * be.threads();
+        let (outer_ext, outer_s, outer_d, inner) = match dims.split_last() {
+            Some((&(e, s, d), rest)) if !by_pair => (e, s, d, rest.to_vec()),
+            _ => (1, 0, 0, dims),
         };
         let total: u64 = inner.iter().map(|d| d.0).product();
         let (sp, sl) = src[p.src_buf];
         let (DstPtr(dp), dl) = dst[p.dst_buf];
         let dp = DstPtr(dp);
         let unit = p.unit as usize;
+        // Stream (non-temporal stores) when the destination is far larger than the caches.
+        let moved = pairs.len() as u64 * outer_ext * total * p.unit;
+        let stream = moved >= STREAM_THRESHOLD && unit.is_multiple_of(64);
         be.pool.install(|| {
             (0..pairs.len() as u64 * outer_ext)
                 .into_par_iter()
@@ -219,12 +228,8 @@ fn execute(
                         // SAFETY: in bounds (asserted), disjoint from other workers' writes and
                         // from the source (see the function's doc).
                         unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                (sp as *const u8).add(so),
-                                dp.get().add(dof),
-                                unit,
-                            );
-                        }
+                            copy_unit((sp as *const u8).add(so), dp.get().add(dof), unit, stream)
+                        };
                         for (i, d) in idx.iter_mut().zip(&inner) {
                             *i += 1;
                             if *i < d.0 {
@@ -233,9 +238,77 @@ fn execute(
                             *i = 0;
                         }
                     }
+                    if stream {
+                        store_fence();
+                    }
                 });
         });
     }
+}
+
+/// Bytes moved by one op above which destination writes bypass the caches.
+const STREAM_THRESHOLD: u64 = 8 << 20;
+
+/// Copies `len` bytes; with `stream`, 64-byte-aligned destinations of whole 64-byte lines are
+/// written with non-temporal stores (AVX-512 or AVX), saving the read-for-ownership traffic.
+///
+/// # Safety
+/// `src` and `dst` are valid for `len` bytes and do not overlap.
+#[inline]
+unsafe fn copy_unit(src: *const u8, dst: *mut u8, len: usize, stream: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if stream && (dst as usize).is_multiple_of(64) && len.is_multiple_of(64) {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the feature is present; same contract as this function.
+            return unsafe { stream_avx512(src, dst, len) };
+        }
+        if std::arch::is_x86_feature_detected!("avx") {
+            // SAFETY: as above.
+            return unsafe { stream_avx(src, dst, len) };
+        }
+    }
+    let _ = stream;
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn stream_avx512(src: *const u8, dst: *mut u8, len: usize) {
+    use std::arch::x86_64::*;
+    let mut i = 0;
+    while i < len {
+        // SAFETY: i + 64 <= len (len is a multiple of 64); dst + i is 64-byte aligned.
+        unsafe {
+            let v = _mm512_loadu_si512(src.add(i) as *const _);
+            _mm512_stream_si512(dst.add(i) as *mut _, v);
+        }
+        i += 64;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn stream_avx(src: *const u8, dst: *mut u8, len: usize) {
+    use std::arch::x86_64::*;
+    let mut i = 0;
+    while i < len {
+        // SAFETY: i + 32 <= len; dst + i is 32-byte aligned.
+        unsafe {
+            let v = _mm256_loadu_si256(src.add(i) as *const __m256i);
+            _mm256_stream_si256(dst.add(i) as *mut __m256i, v);
+        }
+        i += 32;
+    }
+}
+
+/// Orders this thread's non-temporal stores before anything that follows.
+fn store_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: sfence has no preconditions (SSE is baseline on x86_64).
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
 }
 
 fn src_ptrs(c: &CacheRef<'_>) -> Vec<(*const u8, usize)> {

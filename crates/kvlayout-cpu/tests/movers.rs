@@ -21,7 +21,10 @@ fn filled(spec: &str, seed: u8) -> HostCache {
     let n = c.layout().num_buffers();
     for i in 0..n {
         for (j, b) in c.bytes_mut(i).iter_mut().enumerate() {
-            *b = (j as u8).wrapping_mul(31).wrapping_add(seed).wrapping_add(i as u8 * 7);
+            *b = (j as u8)
+                .wrapping_mul(31)
+                .wrapping_add(seed)
+                .wrapping_add(i as u8 * 7);
         }
     }
     c
@@ -51,7 +54,8 @@ fn block_movers_match_reference() {
         // copy_blocks
         let mut fast = filled(a, 3);
         let mut slow = filled(a, 3);
-        be.copy_blocks(&mut fast.as_mut(), &[(0, 2), (1, 1)]).unwrap();
+        be.copy_blocks(&mut fast.as_mut(), &[(0, 2), (1, 1)])
+            .unwrap();
         reference::copy_blocks(&mut slow.as_mut(), &[(0, 2), (1, 1)]).unwrap();
         assert_eq!(fast.bytes(0), slow.bytes(0), "copy {a}");
         for b in SPECS {
@@ -59,7 +63,8 @@ fn block_movers_match_reference() {
             let src = filled(a, 4);
             let mut fast = filled(b, 5);
             let mut slow = filled(b, 5);
-            be.swap_blocks(&src.as_ref(), &mut fast.as_mut(), &[(2, 0), (0, 1)]).unwrap();
+            be.swap_blocks(&src.as_ref(), &mut fast.as_mut(), &[(2, 0), (0, 1)])
+                .unwrap();
             reference::swap_blocks(&src.as_ref(), &mut slow.as_mut(), &[(2, 0), (0, 1)]).unwrap();
             for i in 0..fast.layout().num_buffers() {
                 assert_eq!(fast.bytes(i), slow.bytes(i), "swap {a} -> {b}");
@@ -69,17 +74,23 @@ fn block_movers_match_reference() {
             let cache = filled(a, 6);
             let mut fast = filled(&staging_spec, 7);
             let mut slow = filled(&staging_spec, 7);
-            be.gather_blocks(&cache.as_ref(), &[2, 0], 1..3, &mut fast.as_mut()).unwrap();
+            be.gather_blocks(&cache.as_ref(), &[2, 0], 1..3, &mut fast.as_mut())
+                .unwrap();
             reference::gather_blocks(&cache.as_ref(), &[2, 0], 1..3, &mut slow.as_mut()).unwrap();
             for i in 0..fast.layout().num_buffers() {
                 assert_eq!(fast.bytes(i), slow.bytes(i), "gather {a} -> {staging_spec}");
             }
             let mut fast_c = filled(a, 8);
             let mut slow_c = filled(a, 8);
-            be.scatter_blocks(&fast.as_ref(), &[2, 0], 1..3, &mut fast_c.as_mut()).unwrap();
+            be.scatter_blocks(&fast.as_ref(), &[2, 0], 1..3, &mut fast_c.as_mut())
+                .unwrap();
             reference::scatter_blocks(&slow.as_ref(), &[2, 0], 1..3, &mut slow_c.as_mut()).unwrap();
             for i in 0..fast_c.layout().num_buffers() {
-                assert_eq!(fast_c.bytes(i), slow_c.bytes(i), "scatter {staging_spec} -> {a}");
+                assert_eq!(
+                    fast_c.bytes(i),
+                    slow_c.bytes(i),
+                    "scatter {staging_spec} -> {a}"
+                );
             }
         }
     }

@@ -208,7 +208,7 @@ impl KvCacheLayout {
         let slots = if spec.content.is_per_block_state() {
             1
         } else {
-            if g.block_size % g.tokens_per_state != 0 {
+            if !g.block_size.is_multiple_of(g.tokens_per_state) {
                 return Err(LayoutError::Invalid(format!(
                     "block_size {} is not a multiple of tokens_per_state {}",
                     g.block_size, g.tokens_per_state

@@ -166,7 +166,7 @@ fn lower_paged(p: &Paged, rows: &[RowField], ext: Extents) -> Result<Lowered> {
             format!("{} extent in bytes", axis_name(axis))
         })?;
     }
-    if p.base_offset % p.alignment != 0 {
+    if !p.base_offset.is_multiple_of(p.alignment) {
         return Err(LayoutError::Misaligned {
             what: "base_offset".into(),
             value: p.base_offset,

@@ -85,7 +85,7 @@ impl KvCacheLayout {
         }
         let h = self.geometry().num_kv_heads;
         if tp_size <= h {
-            if h % tp_size != 0 {
+            if !h.is_multiple_of(tp_size) {
                 return Err(refuse(format!(
                     "{h} head slots do not split over tp_size {tp_size}"
                 )));
@@ -93,7 +93,7 @@ impl KvCacheLayout {
             let per = h / tp_size;
             Ok(tp_rank * per..(tp_rank + 1) * per)
         } else {
-            if tp_size % h != 0 {
+            if !tp_size.is_multiple_of(h) {
                 return Err(refuse(format!(
                     "tp_size {tp_size} exceeds {h} head slots and is not a multiple of it"
                 )));
@@ -144,7 +144,7 @@ impl KvCacheLayout {
         if self.content().is_per_block_state() && ratio != 1 {
             return Err(refuse("a per-block state cannot be split".into()));
         }
-        if slots % ratio != 0 {
+        if !slots.is_multiple_of(ratio) {
             return Err(refuse(format!(
                 "{slots} token slots per block do not split by {ratio}"
             )));

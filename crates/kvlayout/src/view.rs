@@ -134,7 +134,7 @@ fn make(
 ) -> Result<TensorView> {
     let e = m.elem_bytes();
     let elems = |b: u64, what: &str| {
-        if b % e == 0 {
+        if b.is_multiple_of(e) {
             Ok(b / e)
         } else {
             Err(refuse(

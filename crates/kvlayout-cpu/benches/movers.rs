@@ -1,0 +1,123 @@
+//! Throughput of `convert`, `write_kv`, `copy_blocks` and `gather_blocks`, each as a ratio to
+//! memcpy of the same number of bytes measured in the same run (2 threads).
+//!
+//! `cargo bench -p kvlayout-cpu --bench movers` prints a markdown table.
+
+use half::bf16;
+use kvlayout::KvCacheLayout;
+use kvlayout_cpu::bench::{median_secs, memcpy_bandwidth};
+use kvlayout_cpu::{Activations, CpuBackend, HostCache, WriteKv};
+
+const REPS: usize = 7;
+
+fn cache(spec: &str) -> HostCache {
+    let l: KvCacheLayout = spec.parse().expect("bench spec");
+    let mut c = HostCache::new(l).expect("allocation");
+    c.fill(1); // touch every page before timing
+    c
+}
+
+/// A deterministic permutation of 0..n.
+fn permutation(n: u64, seed: u64) -> Vec<u64> {
+    let mut v: Vec<u64> = (0..n).collect();
+    let mut s = seed | 1;
+    for i in (1..v.len()).rev() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        v.swap(i, (s % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
+fn row(name: &str, bytes: f64, secs: f64, memcpy: f64, target: f64) {
+    let bw = bytes / secs;
+    println!(
+        "| {name} | {:.0} MiB | {:.2} GB/s | {:.2} GB/s | {:.2} | {target:.2} |",
+        bytes / (1 << 20) as f64,
+        bw / 1e9,
+        memcpy / 1e9,
+        bw / memcpy
+    );
+}
+
+fn main() {
+    let be = CpuBackend::new(Some(2));
+    let threads = be.threads();
+    println!("threads: {threads}");
+    println!("| op | bytes | op GB/s | memcpy GB/s (same run) | ratio | target |");
+    println!("|---|---|---|---|---|---|");
+
+    // convert NHD <-> HND, f16, 512 MiB.
+    let blocks = 8192;
+    let nhd = cache(&format!("kv B={blocks} N=16 H=8 D=128 dtype=f16 order=NHD"));
+    let mut hnd = cache(&format!("kv B={blocks} N=16 H=8 D=128 dtype=f16 order=HND"));
+    let bytes = nhd.bytes(0).len() as f64;
+    let mc = memcpy_bandwidth(be.pool(), bytes as usize / threads, REPS);
+    let t = median_secs(REPS, || {
+        be.convert(&nhd.as_ref(), &mut hnd.as_mut())
+            .expect("convert")
+    });
+    row("convert NHD -> HND f16", bytes, t, mc, 0.9);
+    let mut nhd2 = cache(&format!("kv B={blocks} N=16 H=8 D=128 dtype=f16 order=NHD"));
+    let t = median_secs(REPS, || {
+        be.convert(&hnd.as_ref(), &mut nhd2.as_mut())
+            .expect("convert")
+    });
+    row("convert HND -> NHD f16", bytes, t, mc, 0.9);
+    drop((nhd, hnd, nhd2));
+
+    // write_kv: 32 sequences x 1024 prefill tokens, bf16 into a bf16 NHD cache.
+    let tokens = 32 * 1024;
+    let mut c = cache("kv B=4096 N=16 H=8 D=128 dtype=bf16 order=NHD");
+    let kv: Vec<bf16> = (0..tokens * 8 * 128)
+        .map(|i| bf16::from_f32((i % 97) as f32 * 0.01))
+        .collect();
+    let perm = permutation(4096, 7);
+    let slots: Vec<i64> = (0..tokens as u64)
+        .map(|t| (perm[(t / 16) as usize] * 16 + t % 16) as i64)
+        .collect();
+    let w = WriteKv {
+        layer: 0,
+        key: Activations::Bf16(&kv),
+        value: Some(Activations::Bf16(&kv)),
+        slot_mapping: &slots,
+    };
+    let bytes = (tokens * 8 * 256 * 2) as f64;
+    let mc = memcpy_bandwidth(be.pool(), bytes as usize / threads, REPS);
+    let t = median_secs(REPS, || be.write_kv(&mut c.as_mut(), &w).expect("write_kv"));
+    row("write_kv 32x1024 tokens bf16", bytes, t, mc, 0.7);
+
+    // copy_blocks: 1024 random pairs of 64 KiB blocks within one cache; gather them to staging.
+    let pairs: Vec<(u64, u64)> = perm[..1024]
+        .iter()
+        .zip(&perm[1024..2048])
+        .map(|(a, b)| (*a, *b))
+        .collect();
+    let bytes = (1024 * 65536) as f64;
+    let mc = memcpy_bandwidth(be.pool(), bytes as usize / threads, REPS);
+    let t = median_secs(REPS, || {
+        be.copy_blocks(&mut c.as_mut(), &pairs)
+            .expect("copy_blocks")
+    });
+    row("copy_blocks 1024 x 64 KiB", bytes, t, mc, 0.8);
+    let mut staging = cache("kv B=1024 N=16 H=8 D=128 dtype=bf16 order=NHD");
+    let chosen: Vec<u64> = perm[..1024].to_vec();
+    let t = median_secs(REPS, || {
+        be.gather_blocks(&c.as_ref(), &chosen, 0..8, &mut staging.as_mut())
+            .expect("gather")
+    });
+    row("gather_blocks 1024 x 64 KiB", bytes, t, mc, 0.8);
+    let mut staging_hnd = cache("kv B=1024 N=16 H=4 D=128 dtype=bf16 order=HND");
+    let t = median_secs(REPS, || {
+        be.gather_blocks(&c.as_ref(), &chosen, 4..8, &mut staging_hnd.as_mut())
+            .expect("gather")
+    });
+    row(
+        "gather_blocks heads 4..8 NHD -> HND",
+        bytes / 2.0,
+        t,
+        mc,
+        0.8,
+    );
+}
