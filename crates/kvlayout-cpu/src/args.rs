@@ -257,3 +257,103 @@ pub(crate) fn check_staging(
     ops::check_block_pairs(&pairs, cache.geometry().num_blocks, sg.num_blocks, false)?;
     Ok(())
 }
+
+/// What a block mover does once its arguments are validated: copy heads `heads` of each
+/// `pairs.0` block of the source into heads from `dst_head0` of block `pairs.1` of the
+/// destination, all layers, slots and content.
+#[derive(Debug, Clone)]
+pub(crate) struct Moves {
+    pub pairs: Vec<(u64, u64)>,
+    pub heads: Range<u64>,
+    pub dst_head0: u64,
+}
+
+fn all_heads(layout: &KvCacheLayout, pairs: Vec<(u64, u64)>) -> Moves {
+    Moves {
+        pairs,
+        heads: 0..layout.geometry().num_kv_heads,
+        dst_head0: 0,
+    }
+}
+
+/// `copy_blocks` inside one cache (self-pairs dropped: they are no-ops).
+pub(crate) fn copy_moves(layout: &KvCacheLayout, pairs: &[(u64, u64)]) -> Result<Moves, OpError> {
+    let nb = layout.geometry().num_blocks;
+    ops::check_block_pairs(pairs, nb, nb, true)?;
+    Ok(all_heads(
+        layout,
+        pairs.iter().copied().filter(|p| p.0 != p.1).collect(),
+    ))
+}
+
+/// `swap_blocks` between two pools of the same content.
+pub(crate) fn swap_moves(
+    src: &KvCacheLayout,
+    dst: &KvCacheLayout,
+    pairs: &[(u64, u64)],
+) -> Result<Moves, OpError> {
+    ops::check_same_content(src, dst)?;
+    ops::check_block_pairs(
+        pairs,
+        src.geometry().num_blocks,
+        dst.geometry().num_blocks,
+        false,
+    )?;
+    Ok(all_heads(src, pairs.to_vec()))
+}
+
+/// `gather_blocks`: cache block `blocks[i]`, heads `heads` -> staging block `i`.
+pub(crate) fn gather_moves(
+    cache: &KvCacheLayout,
+    staging: &KvCacheLayout,
+    blocks: &[u64],
+    heads: Range<u64>,
+) -> Result<Moves, OpError> {
+    check_staging(cache, staging, blocks, &heads)?;
+    let pairs = blocks
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| (b, i as u64))
+        .collect();
+    Ok(Moves {
+        pairs,
+        heads,
+        dst_head0: 0,
+    })
+}
+
+/// `scatter_blocks`: staging block `i` -> cache block `blocks[i]`, heads `heads`.
+pub(crate) fn scatter_moves(
+    staging: &KvCacheLayout,
+    cache: &KvCacheLayout,
+    blocks: &[u64],
+    heads: Range<u64>,
+) -> Result<Moves, OpError> {
+    check_staging(cache, staging, blocks, &heads)?;
+    let pairs: Vec<(u64, u64)> = blocks
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| (i as u64, b))
+        .collect();
+    ops::check_block_pairs(
+        &pairs,
+        staging.geometry().num_blocks,
+        cache.geometry().num_blocks,
+        false,
+    )?;
+    Ok(Moves {
+        pairs,
+        heads: 0..heads.end - heads.start,
+        dst_head0: heads.start,
+    })
+}
+
+/// `convert`: every block to the same block of a cache in another layout.
+pub(crate) fn convert_moves(src: &KvCacheLayout, dst: &KvCacheLayout) -> Result<Moves, OpError> {
+    ops::check_same_content(src, dst)?;
+    let (a, b) = (src.geometry().num_blocks, dst.geometry().num_blocks);
+    if a != b {
+        return Err(OpError::Incompatible(format!("num_blocks {a} vs {b}")));
+    }
+    Ok(all_heads(src, (0..a).map(|i| (i, i)).collect()))
+}

@@ -4,11 +4,11 @@
 
 use std::ops::Range;
 
-use kvlayout::ops::{self, OpError};
+use kvlayout::ops::OpError;
 use kvlayout::{FieldMap, KvCacheLayout};
 use rayon::prelude::*;
 
-use crate::args::check_staging;
+use crate::args::{convert_moves, copy_moves, gather_moves, scatter_moves, swap_moves, Moves};
 use crate::backend::CpuBackend;
 use crate::cache::{CacheMut, CacheRef};
 
@@ -322,23 +322,16 @@ fn dst_ptrs(c: &mut CacheMut<'_>) -> Vec<(DstPtr, usize)> {
         .collect()
 }
 
-/// Moves heads `heads` of blocks `pairs.0` of `src` into heads from `dst_head0` of blocks
-/// `pairs.1` of `dst`; falls back to the reference when the content maps are not affine.
-fn move_blocks(
-    be: &CpuBackend,
-    src: &CacheRef<'_>,
-    dst: &mut CacheMut<'_>,
-    pairs: &[(u64, u64)],
-    heads: Range<u64>,
-    dst_head0: u64,
-) {
-    match plan(src.layout, dst.layout, &heads, dst_head0) {
+/// Runs validated moves from `src` to `dst`; falls back to the reference when a content map
+/// is not affine in the plan's terms.
+fn move_blocks(be: &CpuBackend, src: &CacheRef<'_>, dst: &mut CacheMut<'_>, m: &Moves) {
+    match plan(src.layout, dst.layout, &m.heads, m.dst_head0) {
         Some(pieces) => {
             let s = src_ptrs(src);
             let d = dst_ptrs(dst);
-            execute(be, &pieces, pairs, &s, &d);
+            execute(be, &pieces, &m.pairs, &s, &d);
         }
-        None => crate::reference::copy_elements(src, dst, pairs, heads, dst_head0),
+        None => crate::reference::copy_elements(src, dst, m),
     }
 }
 
@@ -347,18 +340,16 @@ pub(crate) fn copy_blocks(
     cache: &mut CacheMut<'_>,
     pairs: &[(u64, u64)],
 ) -> Result<(), OpError> {
-    let nb = cache.layout.geometry().num_blocks;
-    ops::check_block_pairs(pairs, nb, nb, true)?;
-    let pairs: Vec<(u64, u64)> = pairs.iter().copied().filter(|p| p.0 != p.1).collect();
-    let h = cache.layout.geometry().num_kv_heads;
-    match plan(cache.layout, cache.layout, &(0..h), 0) {
+    let m = copy_moves(cache.layout, pairs)?;
+    match plan(cache.layout, cache.layout, &m.heads, 0) {
         Some(pieces) => {
+            // Sources and destinations are distinct blocks of the same buffers.
             let d = dst_ptrs(cache);
             let s: Vec<(*const u8, usize)> =
-                d.iter().map(|(p, n)| (p.0 as *const u8, *n)).collect();
-            execute(be, &pieces, &pairs, &s, &d);
+                d.iter().map(|(p, n)| (p.get() as *const u8, *n)).collect();
+            execute(be, &pieces, &m.pairs, &s, &d);
         }
-        None => crate::reference::copy_blocks(cache, &pairs)?,
+        None => crate::reference::copy_blocks(cache, pairs)?,
     }
     Ok(())
 }
@@ -369,15 +360,8 @@ pub(crate) fn swap_blocks(
     dst: &mut CacheMut<'_>,
     pairs: &[(u64, u64)],
 ) -> Result<(), OpError> {
-    ops::check_same_content(src.layout, dst.layout)?;
-    ops::check_block_pairs(
-        pairs,
-        src.layout.geometry().num_blocks,
-        dst.layout.geometry().num_blocks,
-        false,
-    )?;
-    let h = src.layout.geometry().num_kv_heads;
-    move_blocks(be, src, dst, pairs, 0..h, 0);
+    let m = swap_moves(src.layout, dst.layout, pairs)?;
+    move_blocks(be, src, dst, &m);
     Ok(())
 }
 
@@ -388,13 +372,8 @@ pub(crate) fn gather_blocks(
     heads: Range<u64>,
     staging: &mut CacheMut<'_>,
 ) -> Result<(), OpError> {
-    check_staging(cache.layout, staging.layout, blocks, &heads)?;
-    let pairs: Vec<(u64, u64)> = blocks
-        .iter()
-        .enumerate()
-        .map(|(i, &b)| (b, i as u64))
-        .collect();
-    move_blocks(be, cache, staging, &pairs, heads, 0);
+    let m = gather_moves(cache.layout, staging.layout, blocks, heads)?;
+    move_blocks(be, cache, staging, &m);
     Ok(())
 }
 
@@ -405,20 +384,8 @@ pub(crate) fn scatter_blocks(
     heads: Range<u64>,
     cache: &mut CacheMut<'_>,
 ) -> Result<(), OpError> {
-    check_staging(cache.layout, staging.layout, blocks, &heads)?;
-    let pairs: Vec<(u64, u64)> = blocks
-        .iter()
-        .enumerate()
-        .map(|(i, &b)| (i as u64, b))
-        .collect();
-    ops::check_block_pairs(
-        &pairs,
-        staging.layout.geometry().num_blocks,
-        cache.layout.geometry().num_blocks,
-        false,
-    )?;
-    let n = heads.end - heads.start;
-    move_blocks(be, staging, cache, &pairs, 0..n, heads.start);
+    let m = scatter_moves(staging.layout, cache.layout, blocks, heads)?;
+    move_blocks(be, staging, cache, &m);
     Ok(())
 }
 
@@ -427,16 +394,7 @@ pub(crate) fn convert(
     src: &CacheRef<'_>,
     dst: &mut CacheMut<'_>,
 ) -> Result<(), OpError> {
-    ops::check_same_content(src.layout, dst.layout)?;
-    let (a, b) = (
-        src.layout.geometry().num_blocks,
-        dst.layout.geometry().num_blocks,
-    );
-    if a != b {
-        return Err(OpError::Incompatible(format!("num_blocks {a} vs {b}")));
-    }
-    let pairs: Vec<(u64, u64)> = (0..a).map(|i| (i, i)).collect();
-    let h = src.layout.geometry().num_kv_heads;
-    move_blocks(be, src, dst, &pairs, 0..h, 0);
+    let m = convert_moves(src.layout, dst.layout)?;
+    move_blocks(be, src, dst, &m);
     Ok(())
 }

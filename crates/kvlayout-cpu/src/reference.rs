@@ -6,10 +6,13 @@
 
 use std::ops::Range;
 
-use kvlayout::ops::{self, OpError};
+use kvlayout::ops::OpError;
 use kvlayout::{Content, Coord, DType, Field, KvCacheLayout};
 
-use crate::args::{check_decode, check_staging, check_write, Decode, WriteKv};
+use crate::args::{
+    check_decode, check_write, convert_moves, copy_moves, gather_moves, scatter_moves, swap_moves,
+    Decode, Moves, WriteKv,
+};
 use crate::cache::{CacheMut, CacheRef};
 use crate::elem::{decode, encode, inline_scale};
 
@@ -168,25 +171,19 @@ pub fn paged_decode(cache: &CacheRef<'_>, d: &Decode<'_>, out: &mut [f32]) -> Re
     Ok(())
 }
 
-/// Copies every stored element of `(src block, src head)` to `(dst block, dst head)` for all
-/// layers, byte for byte. The layouts hold the same content (checked by the callers).
-pub(crate) fn copy_elements(
-    src: &CacheRef<'_>,
-    dst: &mut CacheMut<'_>,
-    pairs: &[(u64, u64)],
-    heads: Range<u64>,
-    dst_head0: u64,
-) {
-    for m in src.layout.stored_fields() {
-        let e = m.elem_bytes() as usize;
-        for &(sb, db) in pairs {
-            for l in 0..m.num_layers {
-                for h in heads.clone() {
-                    for n in 0..m.num_slots {
-                        for d in 0..m.width {
-                            let (s_buf, s_off) = at(src.layout, &coord(m.field, l, sb, h, n, d));
-                            let dh = h - heads.start + dst_head0;
-                            let (d_buf, d_off) = at(dst.layout, &coord(m.field, l, db, dh, n, d));
+/// Copies every stored element of each move, byte for byte, through both layouts' address
+/// functions. The layouts hold the same content (checked by the callers).
+pub(crate) fn copy_elements(src: &CacheRef<'_>, dst: &mut CacheMut<'_>, m: &Moves) {
+    for f in src.layout.stored_fields() {
+        let e = f.elem_bytes() as usize;
+        for &(sb, db) in &m.pairs {
+            for l in 0..f.num_layers {
+                for h in m.heads.clone() {
+                    let dh = h - m.heads.start + m.dst_head0;
+                    for n in 0..f.num_slots {
+                        for d in 0..f.width {
+                            let (s_buf, s_off) = at(src.layout, &coord(f.field, l, sb, h, n, d));
+                            let (d_buf, d_off) = at(dst.layout, &coord(f.field, l, db, dh, n, d));
                             dst.buffers[d_buf][d_off..d_off + e]
                                 .copy_from_slice(&src.buffers[s_buf][s_off..s_off + e]);
                         }
@@ -199,15 +196,13 @@ pub(crate) fn copy_elements(
 
 /// Copies blocks within one cache, all layers (`src -> dst` pairs).
 pub fn copy_blocks(cache: &mut CacheMut<'_>, pairs: &[(u64, u64)]) -> Result<(), OpError> {
-    let nb = cache.layout.geometry().num_blocks;
-    ops::check_block_pairs(pairs, nb, nb, true)?;
+    let m = copy_moves(cache.layout, pairs)?;
     let snapshot: Vec<Vec<u8>> = cache.buffers.iter().map(|b| b.to_vec()).collect();
     let src = CacheRef {
         layout: cache.layout,
         buffers: snapshot.iter().map(|b| b.as_slice()).collect(),
     };
-    let h = cache.layout.geometry().num_kv_heads;
-    copy_elements(&src, cache, pairs, 0..h, 0);
+    copy_elements(&src, cache, &m);
     Ok(())
 }
 
@@ -217,15 +212,8 @@ pub fn swap_blocks(
     dst: &mut CacheMut<'_>,
     pairs: &[(u64, u64)],
 ) -> Result<(), OpError> {
-    ops::check_same_content(src.layout, dst.layout)?;
-    ops::check_block_pairs(
-        pairs,
-        src.layout.geometry().num_blocks,
-        dst.layout.geometry().num_blocks,
-        false,
-    )?;
-    let h = src.layout.geometry().num_kv_heads;
-    copy_elements(src, dst, pairs, 0..h, 0);
+    let m = swap_moves(src.layout, dst.layout, pairs)?;
+    copy_elements(src, dst, &m);
     Ok(())
 }
 
@@ -237,52 +225,27 @@ pub fn gather_blocks(
     heads: Range<u64>,
     staging: &mut CacheMut<'_>,
 ) -> Result<(), OpError> {
-    check_staging(cache.layout, staging.layout, blocks, &heads)?;
-    let pairs: Vec<(u64, u64)> = blocks
-        .iter()
-        .enumerate()
-        .map(|(i, &b)| (b, i as u64))
-        .collect();
-    copy_elements(cache, staging, &pairs, heads, 0);
+    let m = gather_moves(cache.layout, staging.layout, blocks, heads)?;
+    copy_elements(cache, staging, &m);
     Ok(())
 }
 
-/// The inverse of [`gather_blocks`]: staging block `i` into cache block `blocks[i]`, heads `heads`.
+/// The inverse of [`gather_blocks`]: staging block `i` into cache block `blocks[i]`, heads
+/// `heads`.
 pub fn scatter_blocks(
     staging: &CacheRef<'_>,
     blocks: &[u64],
     heads: Range<u64>,
     cache: &mut CacheMut<'_>,
 ) -> Result<(), OpError> {
-    check_staging(cache.layout, staging.layout, blocks, &heads)?;
-    let pairs: Vec<(u64, u64)> = blocks
-        .iter()
-        .enumerate()
-        .map(|(i, &b)| (i as u64, b))
-        .collect();
-    ops::check_block_pairs(
-        &pairs,
-        staging.layout.geometry().num_blocks,
-        cache.layout.geometry().num_blocks,
-        false,
-    )?;
-    let n = heads.end - heads.start;
-    copy_elements(staging, cache, &pairs, 0..n, heads.start);
+    let m = scatter_moves(staging.layout, cache.layout, blocks, heads)?;
+    copy_elements(staging, cache, &m);
     Ok(())
 }
 
 /// Converts a whole cache from one layout to another of the same content and block count.
 pub fn convert(src: &CacheRef<'_>, dst: &mut CacheMut<'_>) -> Result<(), OpError> {
-    ops::check_same_content(src.layout, dst.layout)?;
-    let (a, b) = (
-        src.layout.geometry().num_blocks,
-        dst.layout.geometry().num_blocks,
-    );
-    if a != b {
-        return Err(OpError::Incompatible(format!("num_blocks {a} vs {b}")));
-    }
-    let pairs: Vec<(u64, u64)> = (0..a).map(|i| (i, i)).collect();
-    let h = src.layout.geometry().num_kv_heads;
-    copy_elements(src, dst, &pairs, 0..h, 0);
+    let m = convert_moves(src.layout, dst.layout)?;
+    copy_elements(src, dst, &m);
     Ok(())
 }
