@@ -156,7 +156,7 @@ pub fn build(s: &Seed) -> Option<KvCacheLayout> {
         },
         Kind::Kv => Content::Kv {
             head_size: a,
-            head_size_v: if s.extra.2 % 2 == 0 { a } else { b },
+            head_size_v: if s.extra.2.is_multiple_of(2) { a } else { b },
         },
         Kind::KvScaled => {
             if !dtype.is_quantized() {

@@ -390,7 +390,11 @@ fn arbitrary_strided() -> impl Strategy<Value = kvlayout::LayoutSpec> {
                         block: s[1] * 2,
                         head: s[2] * 2,
                         slot: s[3] * 2,
-                        dim_split: if split && width % 2 == 0 { 2 } else { width },
+                        dim_split: if split && width.is_multiple_of(2) {
+                            2
+                        } else {
+                            width
+                        },
                         dim_chunk: s[4] * 2,
                         dim: s[5] * 2,
                     },
