@@ -3,7 +3,7 @@
 //! This crate owns the execution of the backend contract (`kvlayout::ops`) on host memory:
 //! `write_kv`, `paged_decode`, `copy_blocks`, `swap_blocks`, `gather_blocks` /
 //! `scatter_blocks` and `convert`, for every layout the descriptor can express. It has two
-//! implementations: [`reference`], scalar and written for clarity (f64 accumulation), and
+//! implementations: [`mod@reference`], scalar and written for clarity (f64 accumulation), and
 //! [`CpuBackend`], the fast path (SIMD with runtime detection, rayon threads). Both address
 //! memory only through the layout's field maps; neither computes a stride from a shape.
 //!
