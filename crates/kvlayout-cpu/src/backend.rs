@@ -11,6 +11,9 @@ use crate::cache::{CacheMut, CacheRef};
 #[derive(Debug)]
 pub struct CpuBackend {
     pub(crate) pool: rayon::ThreadPool,
+    /// Partial softmax states of split-context decode, kept across calls (no allocation per
+    /// step once grown).
+    pub(crate) decode_partials: std::sync::Mutex<Vec<f32>>,
 }
 
 impl CpuBackend {
@@ -24,7 +27,10 @@ impl CpuBackend {
                     .build()
                     .expect("default rayon pool")
             });
-        CpuBackend { pool }
+        CpuBackend {
+            pool,
+            decode_partials: std::sync::Mutex::new(Vec::new()),
+        }
     }
 
     /// Threads in the pool.

@@ -1,16 +1,648 @@
-//! Fast path of `paged_decode` (to be specialized; currently the general path).
+//! Fast path of `paged_decode`.
+//!
+//! Work is one (sequence, KV head) item — the whole GQA group of query heads that share the
+//! KV head, so every K and V row is read once — or, when there are too few items to keep every
+//! thread busy, one (sequence, KV head, context partition) item whose partial softmax state is
+//! reduced afterwards (flash-decoding). Each item runs an online softmax over tiles of tokens:
+//! logits of the tile for all heads of the group (SIMD dot products on the stored row), one
+//! max/exp pass, then the value rows (SIMD axpy). Rows are addressed through the layout's field
+//! maps only; contiguous f32/f16/bf16 rows are widened in registers, other rows (fp8, int8,
+//! x-split or transposed legacy rows) are first decoded into an f32 row.
+//!
+//! Scratch lives in per-thread buffers and a partials buffer kept by the backend, so a decode
+//! step allocates nothing once they have grown.
+
+use std::cell::RefCell;
 
 use kvlayout::ops::OpError;
+use kvlayout::{Content, DType, Field, FieldMap};
+use rayon::prelude::*;
 
-use crate::args::Decode;
+use crate::args::{check_decode, Decode, DecodeShape};
 use crate::backend::CpuBackend;
 use crate::cache::CacheRef;
+use crate::elem::decode;
+use crate::simd::{self, Isa, RowKind};
+
+/// Tokens per online-softmax tile.
+const TILE: usize = 32;
+/// Fewest tokens worth a partition of its own.
+const MIN_PARTITION: u64 = 128;
+
+/// How a field's rows are read.
+#[derive(Debug, Clone, Copy)]
+enum Rows {
+    /// Contiguous f32 / f16 / bf16 rows, widened in the kernel.
+    Direct(RowKind),
+    /// Anything else: decoded element by element into an f32 row.
+    Decoded(DType),
+}
+
+fn rows_of(m: &FieldMap) -> Rows {
+    let contiguous = m.strides.dim == m.elem_bytes() && m.strides.dim_split == m.width;
+    match (contiguous, m.dtype) {
+        (true, DType::F32) => Rows::Direct(RowKind::F32),
+        (true, DType::F16) => Rows::Direct(RowKind::F16),
+        (true, DType::Bf16) => Rows::Direct(RowKind::Bf16),
+        (_, dtype) => Rows::Decoded(dtype),
+    }
+}
+
+/// Everything an item needs, derived once per call from the layout.
+struct Plan<'a> {
+    cache: &'a CacheRef<'a>,
+    d: &'a Decode<'a>,
+    shape: DecodeShape,
+    isa: Isa,
+    k: FieldMap,
+    v: FieldMap,
+    k_rows: Rows,
+    v_rows: Rows,
+    k_inline: Option<FieldMap>,
+    v_inline: Option<FieldMap>,
+    /// `scale * k_scale`, folded into the query.
+    q_scale: f32,
+    v_scale: f32,
+    block_size: u64,
+}
+
+#[derive(Default)]
+struct Scratch {
+    q: Vec<f32>,
+    logits: Vec<f32>,
+    weights: Vec<f32>,
+    dots: Vec<f32>,
+    row: Vec<f32>,
+    tmp: Vec<f32>,
+    state: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+}
+
+impl Plan<'_> {
+    fn block_of(&self, seq: usize, t: u64) -> u64 {
+        self.d.block_table[seq * self.d.blocks_per_seq + (t / self.block_size) as usize] as u64
+    }
+
+    /// Bytes of a contiguous row, or the row decoded into `row`; returns the kind to use.
+    fn row<'s>(
+        &'s self,
+        m: &FieldMap,
+        rows: Rows,
+        b: u64,
+        h: u64,
+        n: u64,
+        row: &'s mut [f32],
+    ) -> (RowKind, &'s [u8]) {
+        let buf = self.cache.buffers[m.strides.buffer as usize];
+        let w = m.width as usize;
+        match rows {
+            Rows::Direct(kind) => {
+                let off = m.offset_unchecked(self.d.layer, b, h, n, 0) as usize;
+                (kind, &buf[off..off + w * simd::elem(kind)])
+            }
+            Rows::Decoded(dtype) => {
+                let e = dtype.size_bytes() as usize;
+                for (i, o) in row[..w].iter_mut().enumerate() {
+                    let off = m.offset_unchecked(self.d.layer, b, h, n, i as u64) as usize;
+                    *o = decode(dtype, &buf[off..off + e]);
+                }
+                (RowKind::F32, bytemuck::cast_slice(&row[..w]))
+            }
+        }
+    }
+
+    fn inline_scale(&self, m: &Option<FieldMap>, b: u64, h: u64, n: u64) -> f32 {
+        match m {
+            None => 1.0,
+            Some(m) => {
+                let off = m.offset_unchecked(self.d.layer, b, h, n, 0) as usize;
+                decode(
+                    DType::F32,
+                    &self.cache.buffers[m.strides.buffer as usize][off..off + 4],
+                )
+            }
+        }
+    }
+
+    /// Online softmax of the group of `kv_head` over tokens `range` of sequence `seq`.
+    /// Writes `[max; group][sum; group][acc; group * v_width]` into `state`.
+    fn run(
+        &self,
+        seq: usize,
+        kv_head: usize,
+        range: std::ops::Range<u64>,
+        state: &mut [f32],
+        s: &mut Scratch,
+    ) {
+        let (g, qk, vw) = (self.shape.group, self.shape.qk_width, self.shape.v_width);
+        let (stats, acc) = state.split_at_mut(2 * g);
+        let (maxes, sums) = stats.split_at_mut(g);
+        maxes.fill(f32::NEG_INFINITY);
+        sums.fill(0.0);
+        acc[..g * vw].fill(0.0);
+        if range.is_empty() {
+            return;
+        }
+        let Scratch {
+            q,
+            logits,
+            weights,
+            dots,
+            row,
+            tmp,
+            ..
+        } = s;
+        grow(q, g * qk);
+        grow(logits, g * TILE);
+        grow(weights, g);
+        grow(dots, g);
+        grow(row, qk.max(vw));
+        grow(tmp, qk.max(vw));
+        let q0 = (seq * self.shape.q_heads + kv_head * g) * qk;
+        self.d.query.read_into(q0, &mut q[..g * qk]);
+        for x in &mut q[..g * qk] {
+            *x *= self.q_scale;
+        }
+        let h = kv_head as u64;
+        let cap = self.d.params.soft_cap;
+        let mut t0 = range.start;
+        while t0 < range.end {
+            let t1 = (t0 + TILE as u64).min(range.end);
+            let nt = (t1 - t0) as usize;
+            // Logits of the tile: logits[j * TILE + i].
+            for i in 0..nt {
+                let t = t0 + i as u64;
+                let (b, n) = (self.block_of(seq, t), t % self.block_size);
+                let (kind, bytes) = self.row(&self.k, self.k_rows, b, h, n, row);
+                simd::dots(self.isa, kind, bytes, qk, &q[..g * qk], &mut dots[..g], tmp);
+                let ks = self.inline_scale(&self.k_inline, b, h, n);
+                for (j, x) in dots[..g].iter().enumerate() {
+                    let mut l = x * ks;
+                    if let Some(c) = cap {
+                        l = c * (l / c).tanh();
+                    }
+                    logits[j * TILE + i] = l;
+                }
+            }
+            // Rescale the running state to the tile's new maxima; logits become weights.
+            for j in 0..g {
+                let tile = &mut logits[j * TILE..j * TILE + nt];
+                let tile_max = tile.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let new_max = maxes[j].max(tile_max);
+                if new_max > maxes[j] {
+                    let c = (maxes[j] - new_max).exp();
+                    sums[j] *= c;
+                    for a in &mut acc[j * vw..(j + 1) * vw] {
+                        *a *= c;
+                    }
+                    maxes[j] = new_max;
+                }
+                for l in tile.iter_mut() {
+                    *l = (*l - new_max).exp();
+                    sums[j] += *l;
+                }
+            }
+            // Values.
+            for i in 0..nt {
+                let t = t0 + i as u64;
+                let (b, n) = (self.block_of(seq, t), t % self.block_size);
+                let vs = self.v_scale * self.inline_scale(&self.v_inline, b, h, n);
+                for (j, w) in weights[..g].iter_mut().enumerate() {
+                    *w = logits[j * TILE + i] * vs;
+                }
+                let (kind, bytes) = self.row(&self.v, self.v_rows, b, h, n, row);
+                simd::axpys(
+                    self.isa,
+                    kind,
+                    bytes,
+                    vw,
+                    &weights[..g],
+                    &mut acc[..g * vw],
+                    tmp,
+                );
+            }
+            t0 = t1;
+        }
+    }
+}
+
+/// Final output of a group from its state `[max; g][sum; g][acc; g * vw]`.
+fn finish(state: &[f32], g: usize, vw: usize, out: &mut [f32]) {
+    for j in 0..g {
+        let sum = state[g + j];
+        let acc = &state[2 * g + j * vw..2 * g + (j + 1) * vw];
+        let o = &mut out[j * vw..(j + 1) * vw];
+        if sum > 0.0 {
+            for (x, a) in o.iter_mut().zip(acc) {
+                *x = a / sum;
+            }
+        } else {
+            o.fill(0.0);
+        }
+    }
+}
 
 pub(crate) fn paged_decode(
-    _be: &CpuBackend,
+    be: &CpuBackend,
     cache: &CacheRef<'_>,
     d: &Decode<'_>,
     out: &mut [f32],
 ) -> Result<(), OpError> {
-    crate::reference::paged_decode(cache, d, out)
+    decode_with(be, cache, d, out, None)
+}
+
+/// `partitions`: force that many context partitions per (sequence, KV head) (tests).
+pub(crate) fn decode_with(
+    be: &CpuBackend,
+    cache: &CacheRef<'_>,
+    d: &Decode<'_>,
+    out: &mut [f32],
+    partitions: Option<usize>,
+) -> Result<(), OpError> {
+    let shape = check_decode(cache.layout, d, out.len())?;
+    let layout = cache.layout;
+    let (k, v) = (layout.field_map(Field::K)?, layout.field_map(Field::V)?);
+    let scaled = matches!(layout.content(), Content::KvScaled { .. });
+    let sc = layout.scales();
+    let plan = Plan {
+        cache,
+        d,
+        shape,
+        isa: simd::detect(),
+        k,
+        v,
+        k_rows: rows_of(&k),
+        v_rows: rows_of(&v),
+        k_inline: if scaled {
+            Some(layout.field_map(Field::KScale)?)
+        } else {
+            None
+        },
+        v_inline: if scaled {
+            Some(layout.field_map(Field::VScale)?)
+        } else {
+            None
+        },
+        q_scale: d.params.scale * sc.k_scale,
+        v_scale: sc.v_scale,
+        block_size: layout.geometry().block_size,
+    };
+    let kv_heads = layout.geometry().num_kv_heads as usize;
+    let (g, vw) = (shape.group, shape.v_width);
+    let sw = 2 + vw;
+    let items = shape.seqs * kv_heads;
+    let range_of = |seq: usize| {
+        let len = u64::from(d.seq_lens[seq]);
+        d.params.sliding_window.map_or(0, |w| len.saturating_sub(w))..len
+    };
+    let longest = (0..shape.seqs)
+        .map(|s| range_of(s).end - range_of(s).start)
+        .max()
+        .unwrap_or(0);
+    let parts = partitions.unwrap_or_else(|| {
+        let target = 4 * be.threads();
+        if items >= target {
+            1
+        } else {
+            target
+                .div_ceil(items.max(1))
+                .min(longest.div_ceil(MIN_PARTITION).max(1) as usize)
+        }
+    });
+    be.pool.install(|| {
+        if parts <= 1 {
+            out.par_chunks_mut(g * vw).enumerate().for_each(|(i, o)| {
+                SCRATCH.with(|s| {
+                    let s = &mut *s.borrow_mut();
+                    let mut state = std::mem::take(&mut s.state);
+                    grow(&mut state, g * sw);
+                    let (seq, kv_head) = (i / kv_heads, i % kv_heads);
+                    plan.run(seq, kv_head, range_of(seq), &mut state[..g * sw], s);
+                    finish(&state[..g * sw], g, vw, o);
+                    s.state = state;
+                });
+            });
+        } else {
+            let mut partials = be.decode_partials.lock().unwrap_or_else(|e| e.into_inner());
+            grow(&mut partials, items * parts * g * sw);
+            partials[..items * parts * g * sw]
+                .par_chunks_mut(g * sw)
+                .enumerate()
+                .for_each(|(i, st)| {
+                    let (item, part) = (i / parts, i % parts);
+                    let r = range_of(item / kv_heads);
+                    let len = r.end - r.start;
+                    let per = len.div_ceil(parts as u64);
+                    let a = (r.start + part as u64 * per).min(r.end);
+                    let b = (a + per).min(r.end);
+                    SCRATCH.with(|s| {
+                        plan.run(
+                            item / kv_heads,
+                            item % kv_heads,
+                            a..b,
+                            st,
+                            &mut s.borrow_mut(),
+                        )
+                    });
+                });
+            let partials = &partials[..items * parts * g * sw];
+            out.par_chunks_mut(g * vw)
+                .enumerate()
+                .for_each(|(item, o)| {
+                    // Combine the partitions' states: rescale each to the global max.
+                    let rec = |p: usize| {
+                        &partials[(item * parts + p) * g * sw..(item * parts + p + 1) * g * sw]
+                    };
+                    o.fill(0.0);
+                    for j in 0..g {
+                        let m = (0..parts)
+                            .map(|p| rec(p)[j])
+                            .fold(f32::NEG_INFINITY, f32::max);
+                        let o = &mut o[j * vw..(j + 1) * vw];
+                        let mut sum = 0.0;
+                        for p in 0..parts {
+                            let r = rec(p);
+                            if r[g + j] > 0.0 {
+                                let c = (r[j] - m).exp();
+                                sum += r[g + j] * c;
+                                for (x, a) in
+                                    o.iter_mut().zip(&r[2 * g + j * vw..2 * g + (j + 1) * vw])
+                                {
+                                    *x += a * c;
+                                }
+                            }
+                        }
+                        if sum > 0.0 {
+                            for x in o.iter_mut() {
+                                *x /= sum;
+                            }
+                        }
+                    }
+                });
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{reference, Activations, DecodeParams, HostCache, WriteKv};
+    use kvlayout::KvCacheLayout;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(747796405).wrapping_add(2891336453);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 2001) as f32 / 500.0 - 2.0
+            })
+            .collect()
+    }
+
+    struct Case {
+        spec: String,
+        q_heads: u64,
+        lens: Vec<u32>,
+        window: Option<u64>,
+        cap: Option<f32>,
+    }
+
+    fn run_case(c: &Case) {
+        let l: KvCacheLayout = c.spec.parse().unwrap();
+        let g = *l.geometry();
+        let (kw, vw, mla) = match *l.content() {
+            Content::Kv {
+                head_size,
+                head_size_v,
+            }
+            | Content::KvScaled {
+                head_size,
+                head_size_v,
+            } => (head_size as usize, head_size_v as usize, false),
+            Content::Mla {
+                kv_lora_rank,
+                rope_dim,
+            } => (
+                (kv_lora_rank + rope_dim) as usize,
+                kv_lora_rank as usize,
+                true,
+            ),
+            _ => unreachable!(),
+        };
+        let heads = g.num_kv_heads as usize;
+        let bs = g.block_size as usize;
+        let seqs = c.lens.len();
+        let per_seq = c
+            .lens
+            .iter()
+            .map(|l| (*l as usize).div_ceil(bs))
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        assert!(
+            seqs * per_seq <= g.num_blocks as usize,
+            "case needs more blocks"
+        );
+        // Sequence s owns blocks in a scrambled order.
+        let nb = seqs * per_seq;
+        let table: Vec<i32> = (0..nb).map(|i| (nb - 1 - (i + 3) % nb) as i32).collect();
+        let mut cache = HostCache::new(l.clone()).unwrap();
+        let mut slots = Vec::new();
+        for (s, len) in c.lens.iter().enumerate() {
+            for t in 0..*len as usize {
+                slots.push(i64::from(table[s * per_seq + t / bs]) * bs as i64 + (t % bs) as i64);
+            }
+        }
+        let k = data(slots.len() * heads * kw, 1);
+        let v = data(slots.len() * heads * vw, 2);
+        let w = WriteKv {
+            layer: 0,
+            key: Activations::F32(&k),
+            value: (!mla).then_some(Activations::F32(&v)),
+            slot_mapping: &slots,
+        };
+        reference::write_kv(&mut cache.as_mut(), &w).unwrap();
+        let q = data(seqs * c.q_heads as usize * kw, 3);
+        let d = Decode {
+            layer: 0,
+            query: Activations::F32(&q),
+            block_table: &table,
+            blocks_per_seq: per_seq,
+            seq_lens: &c.lens,
+            params: DecodeParams {
+                num_q_heads: c.q_heads,
+                scale: 1.0 / (kw as f32).sqrt(),
+                sliding_window: c.window,
+                soft_cap: c.cap,
+            },
+        };
+        let n = seqs * c.q_heads as usize * vw;
+        let mut want = vec![0f32; n];
+        reference::paged_decode(&cache.as_ref(), &d, &mut want).unwrap();
+        let be = CpuBackend::new(Some(2));
+        for parts in [None, Some(1), Some(3)] {
+            let mut got = vec![f32::NAN; n];
+            decode_with(&be, &cache.as_ref(), &d, &mut got, parts).unwrap();
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                    "{} parts {parts:?}: out[{i}] = {a}, reference {b}",
+                    c.spec
+                );
+            }
+        }
+    }
+
+    fn case(spec: &str, q_heads: u64, lens: &[u32]) -> Case {
+        Case {
+            spec: spec.into(),
+            q_heads,
+            lens: lens.to_vec(),
+            window: None,
+            cap: None,
+        }
+    }
+
+    #[test]
+    fn layouts_and_dtypes_match_reference() {
+        let lens = [37, 0, 16, 70];
+        for dtype in ["f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"] {
+            for placement in [
+                "order=NHD",
+                "order=HND",
+                "order=BLNHC page=65536",
+                "legacy=vllm-paged-v1",
+                "legacy=flash-attn-hnd",
+                "legacy=flashinfer-nhd",
+                "legacy=separate-nhd",
+            ] {
+                run_case(&case(
+                    &format!("kv L=1 B=24 N=16 H=2 D=32 dtype={dtype} {placement}"),
+                    8,
+                    &lens,
+                ));
+            }
+        }
+        run_case(&case(
+            "kv-scaled L=1 B=24 N=16 H=2 D=32 dtype=int8 order=NHD",
+            4,
+            &lens,
+        ));
+        run_case(&case(
+            "kv-scaled L=1 B=24 N=16 H=2 D=32 dtype=fp8_e4m3 order=HND",
+            4,
+            &lens,
+        ));
+        run_case(&case(
+            "kv L=1 B=24 N=16 H=2 D=32 dtype=fp8_e4m3 order=NHD k_scale=0.5 v_scale=2.0",
+            2,
+            &lens,
+        ));
+    }
+
+    #[test]
+    fn head_sizes_gqa_mqa_mha_and_mla() {
+        for d in [32, 64, 80, 96, 112, 120, 128, 192, 256] {
+            run_case(&case(
+                &format!("kv L=1 B=8 N=16 H=2 D={d} dtype=bf16 order=NHD"),
+                4,
+                &[40, 9],
+            ));
+        }
+        run_case(&case(
+            "kv L=1 B=8 N=16 H=2 D=192 Dv=128 dtype=f16 order=HND",
+            2,
+            &[40, 9],
+        ));
+        run_case(&case(
+            "kv L=1 B=8 N=16 H=1 D=64 dtype=f32 order=NHD",
+            8,
+            &[50, 3],
+        )); // MQA
+        run_case(&case(
+            "kv L=1 B=8 N=16 H=4 D=64 dtype=f32 order=NHD",
+            4,
+            &[50, 3],
+        )); // MHA
+        run_case(&case(
+            "mla L=1 B=8 N=16 rank=512 rope=64 dtype=bf16 order=NHD",
+            16,
+            &[33, 20],
+        )); // MLA
+    }
+
+    #[test]
+    fn window_and_soft_cap() {
+        let mut c = case(
+            "kv L=1 B=24 N=16 H=2 D=64 dtype=f32 order=NHD",
+            4,
+            &[100, 7, 64],
+        );
+        c.window = Some(20);
+        run_case(&c);
+        c.window = None;
+        c.cap = Some(5.0);
+        run_case(&c);
+        c.window = Some(1);
+        run_case(&c);
+    }
+
+    #[test]
+    fn refuses_bad_tables_before_writing() {
+        let l: KvCacheLayout = "kv L=1 B=4 N=16 H=2 D=32 dtype=f32 order=NHD"
+            .parse()
+            .unwrap();
+        let cache = HostCache::new(l).unwrap();
+        let q = vec![0f32; 2 * 32];
+        let table = [0, 9];
+        let d = Decode {
+            layer: 0,
+            query: Activations::F32(&q),
+            block_table: &table,
+            blocks_per_seq: 2,
+            seq_lens: &[20],
+            params: DecodeParams {
+                num_q_heads: 2,
+                scale: 1.0,
+                sliding_window: None,
+                soft_cap: None,
+            },
+        };
+        let mut out = vec![7f32; 2 * 32];
+        let be = CpuBackend::new(Some(2));
+        let e = be.paged_decode(&cache.as_ref(), &d, &mut out).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                OpError::BlockOutOfRange {
+                    seq: 0,
+                    position: 1,
+                    block: 9,
+                    limit: 4
+                }
+            ),
+            "{e}"
+        );
+        assert!(out.iter().all(|x| *x == 7.0), "nothing written on error");
+        let long = Decode {
+            seq_lens: &[33],
+            ..d
+        };
+        assert!(matches!(
+            be.paged_decode(&cache.as_ref(), &long, &mut out),
+            Err(OpError::SequenceTooLong { .. })
+        ));
+    }
 }

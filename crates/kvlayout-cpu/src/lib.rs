@@ -19,6 +19,7 @@ mod copy;
 mod decode;
 pub mod elem;
 pub mod reference;
+mod simd;
 pub mod tensor;
 mod write;
 

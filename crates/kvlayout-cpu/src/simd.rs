@@ -1,0 +1,262 @@
+//! Row kernels of the decode: `dots` (one key row against a group of query rows) and `axpys`
+//! (one value row, weighted per query head, into a group of accumulators), on rows stored as
+//! f32, f16 or bf16 bytes, or already widened to f32.
+//!
+//! Three builds of the same contract, chosen once at run time: AVX-512 (F, BW, VL: the row is
+//! widened in registers, tails by masked loads), AVX2 + FMA (portable loops compiled with those
+//! features; f16/bf16 rows are widened into a scratch row first), and scalar elsewhere.
+
+/// How a row's bytes encode its elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowKind {
+    F32,
+    F16,
+    Bf16,
+}
+
+/// The selected instruction set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    Scalar,
+}
+
+pub(crate) fn detect() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") && has!("avx512bw") && has!("avx512vl") {
+            return Isa::Avx512;
+        }
+        if has!("avx2") && has!("fma") && has!("f16c") {
+            return Isa::Avx2;
+        }
+    }
+    Isa::Scalar
+}
+
+/// Widens a contiguous row of `kind` into `out` (f32).
+pub(crate) fn widen(kind: RowKind, row: &[u8], out: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
+    match kind {
+        RowKind::F32 => out.copy_from_slice(bytemuck::cast_slice(row)),
+        RowKind::F16 => bytemuck::cast_slice::<u8, half::f16>(row).convert_to_f32_slice(out),
+        RowKind::Bf16 => {
+            for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
+            }
+        }
+    }
+}
+
+/// `out[j] = sum_d q[j*w + d] * k[d]` for the `out.len()` query rows of width `w = k.len()`.
+#[inline(always)]
+fn dots_portable(k: &[f32], q: &[f32], out: &mut [f32]) {
+    let w = k.len();
+    for (j, o) in out.iter_mut().enumerate() {
+        let qr = &q[j * w..(j + 1) * w];
+        let mut acc = [0f32; 16];
+        let mut chunks_q = qr.chunks_exact(16);
+        let mut chunks_k = k.chunks_exact(16);
+        for (a, b) in (&mut chunks_q).zip(&mut chunks_k) {
+            for i in 0..16 {
+                acc[i] += a[i] * b[i];
+            }
+        }
+        let tail: f32 = chunks_q
+            .remainder()
+            .iter()
+            .zip(chunks_k.remainder())
+            .map(|(a, b)| a * b)
+            .sum();
+        *o = acc.iter().sum::<f32>() + tail;
+    }
+}
+
+/// `acc[j*w + d] += p[j] * v[d]` for the `p.len()` accumulators of width `w = v.len()`.
+#[inline(always)]
+fn axpys_portable(v: &[f32], p: &[f32], acc: &mut [f32]) {
+    let w = v.len();
+    for (j, pj) in p.iter().enumerate() {
+        for (a, x) in acc[j * w..(j + 1) * w].iter_mut().zip(v) {
+            *a += pj * x;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn dots_avx2(k: &[f32], q: &[f32], out: &mut [f32]) {
+    dots_portable(k, q, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn axpys_avx2(v: &[f32], p: &[f32], acc: &mut [f32]) {
+    axpys_portable(v, p, acc)
+}
+
+/// Dot products of one stored row (`width` elements of `kind`) with `out.len()` query rows.
+/// `scratch` holds at least `width` f32 for the paths that widen first.
+pub(crate) fn dots(
+    isa: Isa,
+    kind: RowKind,
+    row: &[u8],
+    width: usize,
+    q: &[f32],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    assert!(row.len() >= width * elem(kind) && q.len() >= out.len() * width);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX-512 F/BW/VL detected; row and q lengths asserted above.
+        Isa::Avx512 => unsafe { avx512::dots(kind, row.as_ptr(), width, q, out) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            widen(kind, &row[..width * elem(kind)], &mut scratch[..width]);
+            // SAFETY: AVX2 and FMA detected.
+            unsafe { dots_avx2(&scratch[..width], q, out) }
+        }
+        Isa::Scalar => {
+            widen(kind, &row[..width * elem(kind)], &mut scratch[..width]);
+            dots_portable(&scratch[..width], q, out)
+        }
+    }
+}
+
+/// `acc[j] += p[j] * row` for each of the `p.len()` accumulators of width `width`.
+pub(crate) fn axpys(
+    isa: Isa,
+    kind: RowKind,
+    row: &[u8],
+    width: usize,
+    p: &[f32],
+    acc: &mut [f32],
+    scratch: &mut [f32],
+) {
+    assert!(row.len() >= width * elem(kind) && acc.len() >= p.len() * width);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX-512 F/BW/VL detected; lengths asserted above.
+        Isa::Avx512 => unsafe { avx512::axpys(kind, row.as_ptr(), width, p, acc) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            widen(kind, &row[..width * elem(kind)], &mut scratch[..width]);
+            // SAFETY: AVX2 and FMA detected.
+            unsafe { axpys_avx2(&scratch[..width], p, acc) }
+        }
+        Isa::Scalar => {
+            widen(kind, &row[..width * elem(kind)], &mut scratch[..width]);
+            axpys_portable(&scratch[..width], p, acc)
+        }
+    }
+}
+
+pub(crate) fn elem(kind: RowKind) -> usize {
+    match kind {
+        RowKind::F32 => 4,
+        RowKind::F16 | RowKind::Bf16 => 2,
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::RowKind;
+    use std::arch::x86_64::*;
+
+    /// Loads up to 16 elements (mask `m`) of `kind` at element `d` of `row`, widened to f32.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn load(kind: RowKind, row: *const u8, d: usize, m: __mmask16) -> __m512 {
+        // SAFETY: the callers keep d + popcount(m) <= width, inside the asserted row length;
+        // masked-off lanes are not read.
+        unsafe {
+            match kind {
+                RowKind::F32 => _mm512_maskz_loadu_ps(m, row.add(d * 4) as *const f32),
+                RowKind::F16 => {
+                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row.add(d * 2) as *const i16))
+                }
+                RowKind::Bf16 => {
+                    let h = _mm256_maskz_loadu_epi16(m, row.add(d * 2) as *const i16);
+                    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+                }
+            }
+        }
+    }
+
+    fn mask(rem: usize) -> __mmask16 {
+        if rem >= 16 {
+            0xFFFF
+        } else {
+            ((1u32 << rem) - 1) as __mmask16
+        }
+    }
+
+    /// # Safety
+    /// AVX-512 F/BW/VL present; `row` valid for `width` elements of `kind`;
+    /// `q.len() >= out.len() * width`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn dots(
+        kind: RowKind,
+        row: *const u8,
+        width: usize,
+        q: &[f32],
+        out: &mut [f32],
+    ) {
+        let g = out.len();
+        let mut j0 = 0;
+        while j0 < g {
+            let n = (g - j0).min(8);
+            let mut acc = [_mm512_setzero_ps(); 8];
+            let mut d = 0;
+            while d < width {
+                let m = mask(width - d);
+                // SAFETY: see `load`; q rows are width long (asserted by the caller).
+                let x = unsafe { load(kind, row, d, m) };
+                for (j, a) in acc.iter_mut().enumerate().take(n) {
+                    let qp = q[(j0 + j) * width + d..].as_ptr();
+                    // SAFETY: the masked lanes stay inside this q row.
+                    let qv = unsafe { _mm512_maskz_loadu_ps(m, qp) };
+                    *a = _mm512_fmadd_ps(qv, x, *a);
+                }
+                d += 16;
+            }
+            for j in 0..n {
+                out[j0 + j] = _mm512_reduce_add_ps(acc[j]);
+            }
+            j0 += n;
+        }
+    }
+
+    /// # Safety
+    /// AVX-512 F/BW/VL present; `row` valid for `width` elements of `kind`;
+    /// `acc.len() >= p.len() * width`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn axpys(
+        kind: RowKind,
+        row: *const u8,
+        width: usize,
+        p: &[f32],
+        acc: &mut [f32],
+    ) {
+        let mut d = 0;
+        while d < width {
+            let m = mask(width - d);
+            // SAFETY: see `load`.
+            let x = unsafe { load(kind, row, d, m) };
+            for (j, pj) in p.iter().enumerate() {
+                let ap = acc[j * width + d..].as_mut_ptr();
+                // SAFETY: the masked lanes stay inside accumulator row j.
+                unsafe {
+                    let a = _mm512_maskz_loadu_ps(m, ap);
+                    _mm512_mask_storeu_ps(ap, m, _mm512_fmadd_ps(_mm512_set1_ps(*pj), x, a));
+                }
+            }
+            d += 16;
+        }
+    }
+}
