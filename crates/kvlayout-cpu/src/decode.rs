@@ -44,6 +44,9 @@ fn rows_of(m: &FieldMap) -> Rows {
         (true, DType::F32) => Rows::Direct(RowKind::F32),
         (true, DType::F16) => Rows::Direct(RowKind::F16),
         (true, DType::Bf16) => Rows::Direct(RowKind::Bf16),
+        (true, DType::Fp8E4m3) => Rows::Direct(RowKind::Fp8E4m3),
+        (true, DType::Fp8E5m2) => Rows::Direct(RowKind::Fp8E5m2),
+        (true, DType::Int8) => Rows::Direct(RowKind::I8),
         (_, dtype) => Rows::Decoded(dtype),
     }
 }
@@ -88,43 +91,66 @@ fn grow(v: &mut Vec<f32>, n: usize) {
 }
 
 impl Plan<'_> {
-    fn block_of(&self, seq: usize, t: u64) -> u64 {
-        self.d.block_table[seq * self.d.blocks_per_seq + (t / self.block_size) as usize] as u64
+    /// Prefetches the K and V rows of the tile starting at token `t` (contiguous rows only):
+    /// rows of random blocks are far apart, and the hardware prefetchers do not follow them.
+    fn prefetch_next(&self, seq: usize, t: u64, end: u64, h: u64) {
+        if t >= end {
+            return;
+        }
+        let (bi, n0) = (t / self.block_size, t % self.block_size);
+        let n1 = (n0 + TILE as u64).min(self.block_size).min(n0 + end - t);
+        let b = self.d.block_table[seq * self.d.blocks_per_seq + bi as usize] as u64;
+        for (m, rows) in [(&self.k, self.k_rows), (&self.v, self.v_rows)] {
+            if let Rows::Direct(kind) = rows {
+                let buf = self.cache.buffers[m.strides.buffer as usize];
+                let len = m.width as usize * simd::elem(kind);
+                let base = self.base(m, b, h);
+                for n in n0..n1 {
+                    let off = (base + n * m.strides.slot) as usize;
+                    simd::prefetch(&buf[off..off + len]);
+                }
+            }
+        }
     }
 
-    /// Bytes of a contiguous row, or the row decoded into `row`; returns the kind to use.
+    /// Byte offset of `(layer, block, head, slot 0, d 0)` of a field.
+    fn base(&self, m: &FieldMap, b: u64, h: u64) -> u64 {
+        let s = m.strides;
+        s.base_offset + self.d.layer * s.layer + b * s.block + h * s.head
+    }
+
+    /// The row at byte offset `off` (element 0), as stored bytes or decoded into `row`.
     fn row<'s>(
         &'s self,
         m: &FieldMap,
         rows: Rows,
-        b: u64,
-        h: u64,
-        n: u64,
+        off: u64,
         row: &'s mut [f32],
     ) -> (RowKind, &'s [u8]) {
         let buf = self.cache.buffers[m.strides.buffer as usize];
         let w = m.width as usize;
+        let off = off as usize;
         match rows {
-            Rows::Direct(kind) => {
-                let off = m.offset_unchecked(self.d.layer, b, h, n, 0) as usize;
-                (kind, &buf[off..off + w * simd::elem(kind)])
-            }
+            Rows::Direct(kind) => (kind, &buf[off..off + w * simd::elem(kind)]),
             Rows::Decoded(dtype) => {
                 let e = dtype.size_bytes() as usize;
+                let s = m.strides;
                 for (i, o) in row[..w].iter_mut().enumerate() {
-                    let off = m.offset_unchecked(self.d.layer, b, h, n, i as u64) as usize;
-                    *o = decode(dtype, &buf[off..off + e]);
+                    let i = i as u64;
+                    let at = off
+                        + ((i / s.dim_split) * s.dim_chunk + (i % s.dim_split) * s.dim) as usize;
+                    *o = decode(dtype, &buf[at..at + e]);
                 }
                 (RowKind::F32, bytemuck::cast_slice(&row[..w]))
             }
         }
     }
 
-    fn inline_scale(&self, m: &Option<FieldMap>, b: u64, h: u64, n: u64) -> f32 {
+    fn scale_at(&self, m: &Option<FieldMap>, base: u64, n: u64) -> f32 {
         match m {
             None => 1.0,
             Some(m) => {
-                let off = m.offset_unchecked(self.d.layer, b, h, n, 0) as usize;
+                let off = (base + n * m.strides.slot) as usize;
                 decode(
                     DType::F32,
                     &self.cache.buffers[m.strides.buffer as usize][off..off + 4],
@@ -176,15 +202,24 @@ impl Plan<'_> {
         let cap = self.d.params.soft_cap;
         let mut t0 = range.start;
         while t0 < range.end {
-            let t1 = (t0 + TILE as u64).min(range.end);
+            // A tile never crosses a block: one block-table lookup, one base per field.
+            let (bi, n0) = (t0 / self.block_size, t0 % self.block_size);
+            let t1 = (t0 + TILE as u64)
+                .min(range.end)
+                .min((bi + 1) * self.block_size);
             let nt = (t1 - t0) as usize;
+            let b = self.d.block_table[seq * self.d.blocks_per_seq + bi as usize] as u64;
+            let (kb, vb) = (self.base(&self.k, b, h), self.base(&self.v, b, h));
+            let ksb = self.k_inline.as_ref().map_or(0, |m| self.base(m, b, h));
+            let vsb = self.v_inline.as_ref().map_or(0, |m| self.base(m, b, h));
+            self.prefetch_next(seq, t1, range.end, h);
             // Logits of the tile: logits[j * TILE + i].
             for i in 0..nt {
-                let t = t0 + i as u64;
-                let (b, n) = (self.block_of(seq, t), t % self.block_size);
-                let (kind, bytes) = self.row(&self.k, self.k_rows, b, h, n, row);
+                let n = n0 + i as u64;
+                let (kind, bytes) =
+                    self.row(&self.k, self.k_rows, kb + n * self.k.strides.slot, row);
                 simd::dots(self.isa, kind, bytes, qk, &q[..g * qk], &mut dots[..g], tmp);
-                let ks = self.inline_scale(&self.k_inline, b, h, n);
+                let ks = self.scale_at(&self.k_inline, ksb, n);
                 for (j, x) in dots[..g].iter().enumerate() {
                     let mut l = x * ks;
                     if let Some(c) = cap {
@@ -207,19 +242,20 @@ impl Plan<'_> {
                     maxes[j] = new_max;
                 }
                 for l in tile.iter_mut() {
-                    *l = (*l - new_max).exp();
-                    sums[j] += *l;
+                    *l -= new_max;
                 }
+                simd::exp_inplace(self.isa, tile);
+                sums[j] += tile.iter().sum::<f32>();
             }
             // Values.
             for i in 0..nt {
-                let t = t0 + i as u64;
-                let (b, n) = (self.block_of(seq, t), t % self.block_size);
-                let vs = self.v_scale * self.inline_scale(&self.v_inline, b, h, n);
+                let n = n0 + i as u64;
+                let vs = self.v_scale * self.scale_at(&self.v_inline, vsb, n);
                 for (j, w) in weights[..g].iter_mut().enumerate() {
                     *w = logits[j * TILE + i] * vs;
                 }
-                let (kind, bytes) = self.row(&self.v, self.v_rows, b, h, n, row);
+                let (kind, bytes) =
+                    self.row(&self.v, self.v_rows, vb + n * self.v.strides.slot, row);
                 simd::axpys(
                     self.isa,
                     kind,

@@ -12,6 +12,9 @@ pub(crate) enum RowKind {
     F32,
     F16,
     Bf16,
+    Fp8E4m3,
+    Fp8E5m2,
+    I8,
 }
 
 /// The selected instruction set.
@@ -47,6 +50,36 @@ pub(crate) fn widen(kind: RowKind, row: &[u8], out: &mut [f32]) {
         RowKind::Bf16 => {
             for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
                 *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
+            }
+        }
+        RowKind::Fp8E4m3 | RowKind::Fp8E5m2 => {
+            let dtype = if kind == RowKind::Fp8E4m3 {
+                kvlayout::DType::Fp8E4m3
+            } else {
+                kvlayout::DType::Fp8E5m2
+            };
+            let t = crate::elem::fp8_table(dtype);
+            for (o, b) in out.iter_mut().zip(row) {
+                *o = t[*b as usize];
+            }
+        }
+        RowKind::I8 => {
+            for (o, b) in out.iter_mut().zip(row) {
+                *o = f32::from(*b as i8);
+            }
+        }
+    }
+}
+
+/// `x = exp(x)` for every element.
+pub(crate) fn exp_inplace(isa: Isa, xs: &mut [f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX-512 F/BW/VL detected.
+        Isa::Avx512 => unsafe { avx512::exp_inplace(xs) },
+        _ => {
+            for x in xs {
+                *x = x.exp();
             }
         }
     }
@@ -160,6 +193,7 @@ pub(crate) fn elem(kind: RowKind) -> usize {
     match kind {
         RowKind::F32 => 4,
         RowKind::F16 | RowKind::Bf16 => 2,
+        RowKind::Fp8E4m3 | RowKind::Fp8E5m2 | RowKind::I8 => 1,
     }
 }
 
@@ -184,6 +218,24 @@ mod avx512 {
                     let h = _mm256_maskz_loadu_epi16(m, row.add(d * 2) as *const i16);
                     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
                 }
+                RowKind::Fp8E5m2 => {
+                    // e5m2 is the high byte of an f16.
+                    let b = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, row.add(d) as *const i8));
+                    _mm512_cvtph_ps(_mm256_slli_epi16(b, 8))
+                }
+                RowKind::Fp8E4m3 => {
+                    // e4m3 (bias 7) as an f16 (bias 15): sign to bit 15, exponent and mantissa
+                    // shifted by 7, then scaled by 2^8; subnormals map to f16 subnormals.
+                    let b = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, row.add(d) as *const i8));
+                    let sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8);
+                    let mag = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7);
+                    let h = _mm256_or_si256(sign, mag);
+                    _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0))
+                }
+                RowKind::I8 => {
+                    let b = _mm_maskz_loadu_epi8(m, row.add(d) as *const i8);
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))
+                }
             }
         }
     }
@@ -193,6 +245,37 @@ mod avx512 {
             0xFFFF
         } else {
             ((1u32 << rem) - 1) as __mmask16
+        }
+    }
+
+    /// `x = exp(x)`: 2^(x log2 e) split into an integer power and a degree-6 polynomial on
+    /// [-0.5, 0.5] (relative error ~2e-7); inputs below -87 flush to 0 (they are softmax
+    /// weights relative to the maximum, so never positive).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn exp_inplace(xs: &mut [f32]) {
+        let mut i = 0;
+        while i < xs.len() {
+            let m = mask(xs.len() - i);
+            let p = xs[i..].as_mut_ptr();
+            // SAFETY: the masked lanes stay inside `xs`.
+            unsafe {
+                let x = _mm512_maskz_loadu_ps(m, p);
+                let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+                let t = _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E));
+                let n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                let f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(std::f32::consts::LN_2));
+                // e^f for |f| <= ln2 / 2, Taylor to degree 6.
+                let mut y = _mm512_set1_ps(1.0 / 720.0);
+                y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0 / 120.0));
+                y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0 / 24.0));
+                y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0 / 6.0));
+                y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(0.5));
+                y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0));
+                y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0));
+                let r = _mm512_scalef_ps(y, n);
+                _mm512_mask_storeu_ps(p, m, r);
+            }
+            i += 16;
         }
     }
 
@@ -259,4 +342,21 @@ mod avx512 {
             d += 16;
         }
     }
+}
+
+/// Asks the cache hierarchy for every line of `bytes` ahead of use.
+#[inline]
+pub(crate) fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let mut i = 0;
+        while i < bytes.len() {
+            // SAFETY: a prefetch is a hint; the address is inside `bytes`.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(i) as *const i8) };
+            i += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
 }
