@@ -205,7 +205,8 @@ mod avx512 {
     /// Loads up to 16 elements (mask `m`) of `kind` at element `d` of `row`, widened to f32.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn load(kind: RowKind, row: *const u8, d: usize, m: __mmask16) -> __m512 {
+    unsafe fn load<const K: u8>(row: *const u8, d: usize, m: __mmask16) -> __m512 {
+        let kind = KINDS[K as usize];
         // SAFETY: the callers keep d + popcount(m) <= width, inside the asserted row length;
         // masked-off lanes are not read.
         unsafe {
@@ -238,6 +239,61 @@ mod avx512 {
                 }
             }
         }
+    }
+
+    const KINDS: [RowKind; 6] = [
+        RowKind::F32,
+        RowKind::F16,
+        RowKind::Bf16,
+        RowKind::Fp8E4m3,
+        RowKind::Fp8E5m2,
+        RowKind::I8,
+    ];
+
+    fn code(kind: RowKind) -> u8 {
+        KINDS.iter().position(|k| *k == kind).unwrap_or(0) as u8
+    }
+
+    /// Calls `$f::<K>` with the const code of `$kind`, so each row kind gets its own loop.
+    macro_rules! by_kind {
+        ($kind:expr, $f:ident ( $($arg:expr),* )) => {
+            match code($kind) {
+                0 => $f::<0>($($arg),*),
+                1 => $f::<1>($($arg),*),
+                2 => $f::<2>($($arg),*),
+                3 => $f::<3>($($arg),*),
+                4 => $f::<4>($($arg),*),
+                _ => $f::<5>($($arg),*),
+            }
+        };
+    }
+
+    /// # Safety
+    /// As [`dots_k`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn dots(
+        kind: RowKind,
+        row: *const u8,
+        width: usize,
+        q: &[f32],
+        out: &mut [f32],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { by_kind!(kind, dots_k(row, width, q, out)) }
+    }
+
+    /// # Safety
+    /// As [`axpys_k`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn axpys(
+        kind: RowKind,
+        row: *const u8,
+        width: usize,
+        p: &[f32],
+        acc: &mut [f32],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { by_kind!(kind, axpys_k(row, width, p, acc)) }
     }
 
     fn mask(rem: usize) -> __mmask16 {
@@ -283,13 +339,7 @@ mod avx512 {
     /// AVX-512 F/BW/VL present; `row` valid for `width` elements of `kind`;
     /// `q.len() >= out.len() * width`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn dots(
-        kind: RowKind,
-        row: *const u8,
-        width: usize,
-        q: &[f32],
-        out: &mut [f32],
-    ) {
+    unsafe fn dots_k<const K: u8>(row: *const u8, width: usize, q: &[f32], out: &mut [f32]) {
         let g = out.len();
         let mut j0 = 0;
         while j0 < g {
@@ -299,7 +349,7 @@ mod avx512 {
             while d < width {
                 let m = mask(width - d);
                 // SAFETY: see `load`; q rows are width long (asserted by the caller).
-                let x = unsafe { load(kind, row, d, m) };
+                let x = unsafe { load::<K>(row, d, m) };
                 for (j, a) in acc.iter_mut().enumerate().take(n) {
                     let qp = q[(j0 + j) * width + d..].as_ptr();
                     // SAFETY: the masked lanes stay inside this q row.
@@ -319,18 +369,12 @@ mod avx512 {
     /// AVX-512 F/BW/VL present; `row` valid for `width` elements of `kind`;
     /// `acc.len() >= p.len() * width`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn axpys(
-        kind: RowKind,
-        row: *const u8,
-        width: usize,
-        p: &[f32],
-        acc: &mut [f32],
-    ) {
+    unsafe fn axpys_k<const K: u8>(row: *const u8, width: usize, p: &[f32], acc: &mut [f32]) {
         let mut d = 0;
         while d < width {
             let m = mask(width - d);
             // SAFETY: see `load`.
-            let x = unsafe { load(kind, row, d, m) };
+            let x = unsafe { load::<K>(row, d, m) };
             for (j, pj) in p.iter().enumerate() {
                 let ap = acc[j * width + d..].as_mut_ptr();
                 // SAFETY: the masked lanes stay inside accumulator row j.
