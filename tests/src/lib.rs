@@ -7,5 +7,7 @@
 //! layouts ([`gen`]) and an independent enumeration of a layout's domain ([`domain`]). It
 //! does not implement any layout logic of its own beyond what a reference needs.
 
+pub mod backend;
+pub mod cases;
 pub mod domain;
 pub mod gen;
