@@ -341,22 +341,33 @@ mod avx512 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn dots_k<const K: u8>(row: *const u8, width: usize, q: &[f32], out: &mut [f32]) {
         let g = out.len();
+        let qp = q.as_ptr();
+        let full = width / 16 * 16;
+        let tail = mask(width - full);
         let mut j0 = 0;
+        // Four query rows at a time: each widened key vector feeds four FMAs.
         while j0 < g {
-            let n = (g - j0).min(8);
-            let mut acc = [_mm512_setzero_ps(); 8];
-            let mut d = 0;
-            while d < width {
-                let m = mask(width - d);
-                // SAFETY: see `load`; q rows are width long (asserted by the caller).
-                let x = unsafe { load::<K>(row, d, m) };
-                for (j, a) in acc.iter_mut().enumerate().take(n) {
-                    let qp = q[(j0 + j) * width + d..].as_ptr();
-                    // SAFETY: the masked lanes stay inside this q row.
-                    let qv = unsafe { _mm512_maskz_loadu_ps(m, qp) };
-                    *a = _mm512_fmadd_ps(qv, x, *a);
+            let n = (g - j0).min(4);
+            let mut acc = [_mm512_setzero_ps(); 4];
+            // SAFETY (whole block): rows j0 .. j0 + n of q are `width` long and inside `q`
+            // (asserted by the caller; rows past n repeat row n - 1); masked lanes are not read.
+            unsafe {
+                let rows = [0usize, 1, 2, 3].map(|j| qp.add((j0 + j.min(n - 1)) * width));
+                let mut d = 0;
+                while d < full {
+                    let x = load::<K>(row, d, 0xFFFF);
+                    acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(rows[0].add(d)), x, acc[0]);
+                    acc[1] = _mm512_fmadd_ps(_mm512_loadu_ps(rows[1].add(d)), x, acc[1]);
+                    acc[2] = _mm512_fmadd_ps(_mm512_loadu_ps(rows[2].add(d)), x, acc[2]);
+                    acc[3] = _mm512_fmadd_ps(_mm512_loadu_ps(rows[3].add(d)), x, acc[3]);
+                    d += 16;
                 }
-                d += 16;
+                if full < width {
+                    let x = load::<K>(row, full, tail);
+                    for (a, r) in acc.iter_mut().zip(rows) {
+                        *a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, r.add(full)), x, *a);
+                    }
+                }
             }
             for j in 0..n {
                 out[j0 + j] = _mm512_reduce_add_ps(acc[j]);
@@ -370,20 +381,39 @@ mod avx512 {
     /// `acc.len() >= p.len() * width`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn axpys_k<const K: u8>(row: *const u8, width: usize, p: &[f32], acc: &mut [f32]) {
-        let mut d = 0;
-        while d < width {
-            let m = mask(width - d);
-            // SAFETY: see `load`.
-            let x = unsafe { load::<K>(row, d, m) };
-            for (j, pj) in p.iter().enumerate() {
-                let ap = acc[j * width + d..].as_mut_ptr();
-                // SAFETY: the masked lanes stay inside accumulator row j.
-                unsafe {
-                    let a = _mm512_maskz_loadu_ps(m, ap);
-                    _mm512_mask_storeu_ps(ap, m, _mm512_fmadd_ps(_mm512_set1_ps(*pj), x, a));
+        let ap = acc.as_mut_ptr();
+        let full = width / 16 * 16;
+        let tail = mask(width - full);
+        let mut j0 = 0;
+        // Up to eight accumulator rows per pass over the value row, weights broadcast once.
+        while j0 < p.len() {
+            let n = (p.len() - j0).min(8);
+            let mut w = [_mm512_setzero_ps(); 8];
+            for (j, wj) in w.iter_mut().enumerate().take(n) {
+                *wj = _mm512_set1_ps(p[j0 + j]);
+            }
+            // SAFETY (whole block): accumulator rows j0 .. j0 + n are `width` long and inside
+            // `acc` (asserted by the caller); masked lanes are neither read nor written.
+            unsafe {
+                let mut d = 0;
+                while d < full {
+                    let x = load::<K>(row, d, 0xFFFF);
+                    for (j, wj) in w.iter().enumerate().take(n) {
+                        let a = ap.add((j0 + j) * width + d);
+                        _mm512_storeu_ps(a, _mm512_fmadd_ps(*wj, x, _mm512_loadu_ps(a)));
+                    }
+                    d += 16;
+                }
+                if full < width {
+                    let x = load::<K>(row, full, tail);
+                    for (j, wj) in w.iter().enumerate().take(n) {
+                        let a = ap.add((j0 + j) * width + full);
+                        let y = _mm512_fmadd_ps(*wj, x, _mm512_maskz_loadu_ps(tail, a));
+                        _mm512_mask_storeu_ps(a, tail, y);
+                    }
                 }
             }
-            d += 16;
+            j0 += n;
         }
     }
 }
