@@ -423,11 +423,11 @@ mod avx512 {
 pub(crate) fn prefetch(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
         let mut i = 0;
         while i < bytes.len() {
             // SAFETY: a prefetch is a hint; the address is inside `bytes`.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(i) as *const i8) };
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(bytes.as_ptr().add(i) as *const i8) };
             i += 64;
         }
     }
