@@ -51,6 +51,14 @@ fn rows_of(m: &FieldMap) -> Rows {
     }
 }
 
+/// A field whose rows can go through the tile kernels: contiguous rows, and the slot stride.
+fn tile_rows(m: &FieldMap, rows: Rows) -> Option<(RowKind, usize)> {
+    match rows {
+        Rows::Direct(kind) => Some((kind, m.strides.slot as usize)),
+        Rows::Decoded(_) => None,
+    }
+}
+
 /// Everything an item needs, derived once per call from the layout.
 struct Plan<'a> {
     cache: &'a CacheRef<'a>,
@@ -111,6 +119,14 @@ impl Plan<'_> {
                 }
             }
         }
+    }
+
+    /// The bytes of `nt` rows from byte offset `first` at the field's slot stride.
+    fn tile_bytes(&self, m: &FieldMap, kind: RowKind, first: u64, nt: usize) -> &[u8] {
+        let buf = self.cache.buffers[m.strides.buffer as usize];
+        let first = first as usize;
+        let len = (nt - 1) * m.strides.slot as usize + m.width as usize * simd::elem(kind);
+        &buf[first..first + len]
     }
 
     /// Byte offset of `(layer, block, head, slot 0, d 0)` of a field.
@@ -189,7 +205,7 @@ impl Plan<'_> {
         } = s;
         grow(q, g * qk);
         grow(logits, g * TILE);
-        grow(weights, g);
+        grow(weights, g * TILE);
         grow(dots, g);
         grow(row, qk.max(vw));
         grow(tmp, qk.max(vw));
@@ -200,6 +216,7 @@ impl Plan<'_> {
         }
         let h = kv_head as u64;
         let cap = self.d.params.soft_cap;
+        let tiles = simd::has_tile_kernels(self.isa);
         let mut t0 = range.start;
         while t0 < range.end {
             // A tile never crosses a block: one block-table lookup, one base per field.
@@ -214,18 +231,41 @@ impl Plan<'_> {
             let vsb = self.v_inline.as_ref().map_or(0, |m| self.base(m, b, h));
             self.prefetch_next(seq, t1, range.end, h);
             // Logits of the tile: logits[j * TILE + i].
-            for i in 0..nt {
-                let n = n0 + i as u64;
-                let (kind, bytes) =
-                    self.row(&self.k, self.k_rows, kb + n * self.k.strides.slot, row);
-                simd::dots(self.isa, kind, bytes, qk, &q[..g * qk], &mut dots[..g], tmp);
-                let ks = self.scale_at(&self.k_inline, ksb, n);
-                for (j, x) in dots[..g].iter().enumerate() {
-                    let mut l = x * ks;
-                    if let Some(c) = cap {
-                        l = c * (l / c).tanh();
+            if let (Some((kind, stride)), true) = (tile_rows(&self.k, self.k_rows), tiles) {
+                let tile = self.tile_bytes(&self.k, kind, kb + n0 * stride as u64, nt);
+                simd::dots_tile(
+                    self.isa,
+                    kind,
+                    tile,
+                    stride,
+                    nt,
+                    qk,
+                    &q[..g * qk],
+                    g,
+                    logits,
+                    TILE,
+                );
+            } else {
+                for i in 0..nt {
+                    let n = n0 + i as u64;
+                    let (kind, bytes) =
+                        self.row(&self.k, self.k_rows, kb + n * self.k.strides.slot, row);
+                    simd::dots(self.isa, kind, bytes, qk, &q[..g * qk], &mut dots[..g], tmp);
+                    for (j, x) in dots[..g].iter().enumerate() {
+                        logits[j * TILE + i] = *x;
                     }
-                    logits[j * TILE + i] = l;
+                }
+            }
+            if self.k_inline.is_some() || cap.is_some() {
+                for i in 0..nt {
+                    let ks = self.scale_at(&self.k_inline, ksb, n0 + i as u64);
+                    for j in 0..g {
+                        let mut l = logits[j * TILE + i] * ks;
+                        if let Some(c) = cap {
+                            l = c * (l / c).tanh();
+                        }
+                        logits[j * TILE + i] = l;
+                    }
                 }
             }
             // Rescale the running state to the tile's new maxima; logits become weights.
@@ -247,24 +287,45 @@ impl Plan<'_> {
                 simd::exp_inplace(self.isa, tile);
                 sums[j] += tile.iter().sum::<f32>();
             }
-            // Values.
+            // Values: weights[j * TILE + i] = p * v_scale * inline scale of token i.
             for i in 0..nt {
-                let n = n0 + i as u64;
-                let vs = self.v_scale * self.scale_at(&self.v_inline, vsb, n);
-                for (j, w) in weights[..g].iter_mut().enumerate() {
-                    *w = logits[j * TILE + i] * vs;
+                let vs = self.v_scale * self.scale_at(&self.v_inline, vsb, n0 + i as u64);
+                for j in 0..g {
+                    weights[j * TILE + i] = logits[j * TILE + i] * vs;
                 }
-                let (kind, bytes) =
-                    self.row(&self.v, self.v_rows, vb + n * self.v.strides.slot, row);
-                simd::axpys(
+            }
+            if let (Some((kind, stride)), true) = (tile_rows(&self.v, self.v_rows), tiles) {
+                let tile = self.tile_bytes(&self.v, kind, vb + n0 * stride as u64, nt);
+                simd::axpys_tile(
                     self.isa,
                     kind,
-                    bytes,
+                    tile,
+                    stride,
+                    nt,
                     vw,
-                    &weights[..g],
+                    weights,
+                    g,
+                    TILE,
                     &mut acc[..g * vw],
-                    tmp,
                 );
+            } else {
+                for i in 0..nt {
+                    let n = n0 + i as u64;
+                    for j in 0..g {
+                        dots[j] = weights[j * TILE + i];
+                    }
+                    let (kind, bytes) =
+                        self.row(&self.v, self.v_rows, vb + n * self.v.strides.slot, row);
+                    simd::axpys(
+                        self.isa,
+                        kind,
+                        bytes,
+                        vw,
+                        &dots[..g],
+                        &mut acc[..g * vw],
+                        tmp,
+                    );
+                }
             }
             t0 = t1;
         }

@@ -189,6 +189,68 @@ pub(crate) fn axpys(
     }
 }
 
+/// Whether the tile kernels below are available (AVX-512).
+pub(crate) fn has_tile_kernels(isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        return true;
+    }
+    let _ = isa;
+    false
+}
+
+/// Tile dot products (see `avx512::dots_tile`); `tile` spans all `nt` rows at `stride` bytes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dots_tile(
+    isa: Isa,
+    kind: RowKind,
+    tile: &[u8],
+    stride: usize,
+    nt: usize,
+    width: usize,
+    q: &[f32],
+    g: usize,
+    logits: &mut [f32],
+    ld: usize,
+) {
+    assert!(nt >= 1 && tile.len() >= (nt - 1) * stride + width * elem(kind));
+    assert!(q.len() >= g * width && logits.len() >= (g - 1) * ld + nt && nt <= ld);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: AVX-512 detected; lengths asserted above.
+        return unsafe {
+            avx512::dots_tile(kind, tile.as_ptr(), stride, nt, width, q, g, logits, ld)
+        };
+    }
+    unreachable!("dots_tile without AVX-512 ({isa:?})");
+}
+
+/// Tile value accumulation (see `avx512::axpys_tile`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn axpys_tile(
+    isa: Isa,
+    kind: RowKind,
+    tile: &[u8],
+    stride: usize,
+    nt: usize,
+    width: usize,
+    w: &[f32],
+    g: usize,
+    ld: usize,
+    acc: &mut [f32],
+) {
+    assert!(nt >= 1 && tile.len() >= (nt - 1) * stride + width * elem(kind));
+    assert!(acc.len() >= g * width && w.len() >= (g - 1) * ld + nt && nt <= ld);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: AVX-512 detected; lengths asserted above.
+        return unsafe {
+            avx512::axpys_tile(kind, tile.as_ptr(), stride, nt, width, w, g, ld, acc)
+        };
+    }
+    unreachable!("axpys_tile without AVX-512 ({isa:?})");
+}
+
 pub(crate) fn elem(kind: RowKind) -> usize {
     match kind {
         RowKind::F32 => 4,
@@ -412,6 +474,128 @@ mod avx512 {
                         _mm512_mask_storeu_ps(a, tail, y);
                     }
                 }
+            }
+            j0 += n;
+        }
+    }
+
+    /// Dot products of the `nt` rows of a tile (row `i` at `tile + i * stride`) with the `g`
+    /// query rows: `logits[j * ld + i]`.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL present; every row valid for `width` elements of `kind`;
+    /// `q.len() >= g * width`; `logits.len() >= (g - 1) * ld + nt`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn dots_tile(
+        kind: RowKind,
+        tile: *const u8,
+        stride: usize,
+        nt: usize,
+        width: usize,
+        q: &[f32],
+        g: usize,
+        logits: &mut [f32],
+        ld: usize,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { by_kind!(kind, dots_tile_k(tile, stride, nt, width, q, g, logits, ld)) }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn dots_tile_k<const K: u8>(
+        tile: *const u8,
+        stride: usize,
+        nt: usize,
+        width: usize,
+        q: &[f32],
+        g: usize,
+        logits: &mut [f32],
+        ld: usize,
+    ) {
+        let mut out = [0f32; 4];
+        for i in 0..nt {
+            let mut j0 = 0;
+            while j0 < g {
+                let n = (g - j0).min(4);
+                // SAFETY: row i of the tile and query rows j0 .. j0 + n (caller's contract).
+                unsafe {
+                    dots_k::<K>(
+                        tile.add(i * stride),
+                        width,
+                        &q[j0 * width..(j0 + n) * width],
+                        &mut out[..n],
+                    )
+                };
+                for (j, o) in out[..n].iter().enumerate() {
+                    logits[(j0 + j) * ld + i] = *o;
+                }
+                j0 += n;
+            }
+        }
+    }
+
+    /// `acc[j] += sum_i w[j * ld + i] * row_i` over the `nt` rows of a tile, each accumulator
+    /// chunk held in a register across the whole tile.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL present; every row valid for `width` elements of `kind`;
+    /// `acc.len() >= g * width`; `w.len() >= (g - 1) * ld + nt`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn axpys_tile(
+        kind: RowKind,
+        tile: *const u8,
+        stride: usize,
+        nt: usize,
+        width: usize,
+        w: &[f32],
+        g: usize,
+        ld: usize,
+        acc: &mut [f32],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { by_kind!(kind, axpys_tile_k(tile, stride, nt, width, w, g, ld, acc)) }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn axpys_tile_k<const K: u8>(
+        tile: *const u8,
+        stride: usize,
+        nt: usize,
+        width: usize,
+        w: &[f32],
+        g: usize,
+        ld: usize,
+        acc: &mut [f32],
+    ) {
+        let ap = acc.as_mut_ptr();
+        let mut j0 = 0;
+        while j0 < g {
+            let n = (g - j0).min(8);
+            let mut d = 0;
+            while d < width {
+                let m = mask(width - d);
+                let mut a = [_mm512_setzero_ps(); 8];
+                // SAFETY (whole block): accumulator rows j0 .. j0 + n are inside `acc`, the
+                // tile's rows are valid (caller's contract); masked lanes are not touched.
+                unsafe {
+                    for (j, aj) in a.iter_mut().enumerate().take(n) {
+                        *aj = _mm512_maskz_loadu_ps(m, ap.add((j0 + j) * width + d));
+                    }
+                    for i in 0..nt {
+                        let x = load::<K>(tile.add(i * stride), d, m);
+                        for (j, aj) in a.iter_mut().enumerate().take(n) {
+                            *aj = _mm512_fmadd_ps(_mm512_set1_ps(w[(j0 + j) * ld + i]), x, *aj);
+                        }
+                    }
+                    for (j, aj) in a.iter().enumerate().take(n) {
+                        _mm512_mask_storeu_ps(ap.add((j0 + j) * width + d), m, *aj);
+                    }
+                }
+                d += 16;
             }
             j0 += n;
         }
