@@ -688,3 +688,10 @@ pub fn mover_plan(case: &LayoutCase, index: usize) -> MoverPlan {
         staging,
     }
 }
+
+/// A case outside the table (refusal tests, the outside reference): one spec string.
+pub fn case_from_spec(name: &str, spec: &str, activations: DType) -> LayoutCase {
+    let mut c = make(name.to_string(), spec.to_string(), Ops::All, 0);
+    c.activations = activations;
+    c
+}
