@@ -514,9 +514,46 @@ mod avx512 {
         logits: &mut [f32],
         ld: usize,
     ) {
-        let mut out = [0f32; 4];
+        let qp = q.as_ptr();
+        let mut out = [0f32; 16];
+        let rows4 = nt / 4 * 4;
+        let heads4 = g / 4 * 4;
+        // Blocks of 4 rows x 4 query heads: 16 accumulators, each key chunk loaded once per
+        // row and each query chunk once per block, then one transposed reduction of 16 sums.
+        for i0 in (0..rows4).step_by(4) {
+            for j0 in (0..heads4).step_by(4) {
+                // SAFETY: rows i0 .. i0 + 4 < nt and query rows j0 .. j0 + 4 <= g are in bounds
+                // (caller's contract); masked lanes are not read.
+                let sums = unsafe {
+                    let mut acc = [_mm512_setzero_ps(); 16];
+                    let mut d = 0;
+                    while d < width {
+                        let m = mask(width - d);
+                        let x = [0, 1, 2, 3].map(|r| load::<K>(tile.add((i0 + r) * stride), d, m));
+                        for j in 0..4 {
+                            let qv = _mm512_maskz_loadu_ps(m, qp.add((j0 + j) * width + d));
+                            for r in 0..4 {
+                                acc[j * 4 + r] = _mm512_fmadd_ps(qv, x[r], acc[j * 4 + r]);
+                            }
+                        }
+                        d += 16;
+                    }
+                    hsum16(acc)
+                };
+                // SAFETY: `out` holds 16 floats.
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr(), sums) };
+                for r in 0..4 {
+                    for j in 0..4 {
+                        logits[(j0 + j) * ld + i0 + r] = out[r * 4 + j];
+                    }
+                }
+            }
+        }
+        // Remaining rows (all heads) and remaining heads (all rows), one row at a time.
+        let mut four = [0f32; 4];
         for i in 0..nt {
-            let mut j0 = 0;
+            let j_start = if i < rows4 { heads4 } else { 0 };
+            let mut j0 = j_start;
             while j0 < g {
                 let n = (g - j0).min(4);
                 // SAFETY: row i of the tile and query rows j0 .. j0 + n (caller's contract).
@@ -525,15 +562,50 @@ mod avx512 {
                         tile.add(i * stride),
                         width,
                         &q[j0 * width..(j0 + n) * width],
-                        &mut out[..n],
+                        &mut four[..n],
                     )
                 };
-                for (j, o) in out[..n].iter().enumerate() {
+                for (j, o) in four[..n].iter().enumerate() {
                     logits[(j0 + j) * ld + i] = *o;
                 }
                 j0 += n;
             }
         }
+    }
+
+    /// Lane `r * 4 + j` of the result is the horizontal sum of `v[j * 4 + r]`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    fn hsum16(v: [__m512; 16]) -> __m512 {
+        // Fold pairs to 256 bits, then quadruples to 128-bit lanes (lane q of x[m] is v[4m+q]).
+        let w: [__m512; 8] = std::array::from_fn(|k| {
+            let lo = _mm512_shuffle_f32x4::<0b01_00_01_00>(v[2 * k], v[2 * k + 1]);
+            let hi = _mm512_shuffle_f32x4::<0b11_10_11_10>(v[2 * k], v[2 * k + 1]);
+            _mm512_add_ps(lo, hi)
+        });
+        let x: [__m512; 4] = std::array::from_fn(|m| {
+            let lo = _mm512_shuffle_f32x4::<0b10_00_10_00>(w[2 * m], w[2 * m + 1]);
+            let hi = _mm512_shuffle_f32x4::<0b11_01_11_01>(w[2 * m], w[2 * m + 1]);
+            _mm512_add_ps(lo, hi)
+        });
+        // Within each 128-bit lane q: [sum x0, sum x1, sum x2, sum x3].
+        let t01 = _mm512_add_ps(
+            _mm512_unpacklo_ps(x[0], x[1]),
+            _mm512_unpackhi_ps(x[0], x[1]),
+        );
+        let t23 = _mm512_add_ps(
+            _mm512_unpacklo_ps(x[2], x[3]),
+            _mm512_unpackhi_ps(x[2], x[3]),
+        );
+        let u = _mm512_castpd_ps(_mm512_unpacklo_pd(
+            _mm512_castps_pd(t01),
+            _mm512_castps_pd(t23),
+        ));
+        let h = _mm512_castpd_ps(_mm512_unpackhi_pd(
+            _mm512_castps_pd(t01),
+            _mm512_castps_pd(t23),
+        ));
+        _mm512_add_ps(u, h)
     }
 
     /// `acc[j] += sum_i w[j * ld + i] * row_i` over the `nt` rows of a tile, each accumulator
