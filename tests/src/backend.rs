@@ -231,8 +231,11 @@ pub trait Backend {
         cache: &mut Self::Cache,
     ) -> Result<Self::Completion, OpError>;
     /// Enqueues `convert` (whole cache, layout A -> layout B).
-    fn convert(&self, src: &Self::Cache, dst: &mut Self::Cache)
-        -> Result<Self::Completion, OpError>;
+    fn convert(
+        &self,
+        src: &Self::Cache,
+        dst: &mut Self::Cache,
+    ) -> Result<Self::Completion, OpError>;
 
     /// Waits for one op; `Err` is an asynchronous failure of the device.
     fn wait(&self, c: Self::Completion) -> Result<(), String>;
@@ -554,7 +557,9 @@ impl<O: HostOps> Backend for Host<O> {
             value: w.value.map(HostTensor::as_activations),
             slot_mapping: w.slot_mapping,
         };
-        self.ops.write_kv(&mut cache.as_mut()?, &args).map(|()| Ready)
+        self.ops
+            .write_kv(&mut cache.as_mut()?, &args)
+            .map(|()| Ready)
     }
 
     fn paged_decode(
@@ -576,12 +581,10 @@ impl<O: HostOps> Backend for Host<O> {
             .map(|()| Ready)
     }
 
-    fn copy_blocks(
-        &self,
-        cache: &mut HostBuffers,
-        pairs: &[(u64, u64)],
-    ) -> Result<Ready, OpError> {
-        self.ops.copy_blocks(&mut cache.as_mut()?, pairs).map(|()| Ready)
+    fn copy_blocks(&self, cache: &mut HostBuffers, pairs: &[(u64, u64)]) -> Result<Ready, OpError> {
+        self.ops
+            .copy_blocks(&mut cache.as_mut()?, pairs)
+            .map(|()| Ready)
     }
 
     fn swap_blocks(
@@ -667,7 +670,8 @@ impl NotBuilt {
     pub fn host_emulator() -> Self {
         NotBuilt {
             name: "host-emulator",
-            reason: "not built: no GPU kernel sources or host emulation header in this workspace yet",
+            reason:
+                "not built: no GPU kernel sources or host emulation header in this workspace yet",
         }
     }
 }
@@ -770,11 +774,7 @@ impl Default for Backends {
         Backends {
             cpu: Host::cpu("cpu", Some(3)),
             reference: Host::reference(),
-            absent: vec![
-                NotBuilt::cuda(),
-                NotBuilt::hip(),
-                NotBuilt::host_emulator(),
-            ],
+            absent: vec![NotBuilt::cuda(), NotBuilt::hip(), NotBuilt::host_emulator()],
         }
     }
 }

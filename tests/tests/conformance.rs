@@ -1,50 +1,103 @@
 //! The cross-backend conformance suite: every case of `kvlayout_conformance::cases` and every
-//! op of the contract, on every backend present, against the scalar reference; absent
-//! backends are reported as skipped, by name.
+//! op of the contract, on every backend present, against the scalar reference (run through
+//! the same `Backend` trait). Backends that are not built are reported as skipped, by name.
+//!
+//! What is checked, per case and backend:
+//! * `write_kv` (shuffled tokens, padding slots -1) into a sentinel-filled cache (0xA5): every
+//!   written element within one quantization step of the reference's (`DType::epsilon`
+//!   relative to the row's magnitude), every byte outside the written elements still the
+//!   sentinel; a write of padding slots only leaves every byte the sentinel.
+//! * `paged_decode`, four steps (MHA; GQA/MQA x4 with a sliding window; x2 with a soft-cap;
+//!   x8 with window 1 and a soft-cap; an empty sequence in each), on the backend's own cache:
+//!   within `tol * max(|ref|, 1)`, tol = 1e-5 (f32), 2e-2 (f16, bf16), `epsilon()` (fp8, int8).
+//! * `copy_blocks`, `gather_blocks` (head range, into a staging layout), `scatter_blocks` back
+//!   (identity) and into a sentinel cache, on caches of random bytes: byte for byte equal to
+//!   the reference, and every byte outside the destination elements unchanged.
+//! * For every ordered pair (A, B) of layouts of one content: `convert` A -> B (byte-equal to
+//!   the reference, B's non-element bytes still the sentinel), B -> A (the identity on A's
+//!   elements), `swap_blocks` A -> B (byte-equal, sentinel outside the destination blocks).
+//! * Movers-only content (opaque rows, Mamba states, tokens_per_state 4): `write_kv` and
+//!   `paged_decode` refused with `Unsupported`.
+//!
+//! Element byte sets are computed from the field strides (`base + l*Ls + b*Bs + h*Hs + n*Ns +
+//! (d/x)*Xs + (d%x)*Ds`) and cross-checked against `layout.block_regions`.
+//!
+//! The refusals (`refusals_on_every_backend`): out-of-range slot, duplicate slot, block id
+//! out of range or negative, sequence longer than its blocks, shape / dtype / geometry
+//! mismatches, bad block pairs, incompatible caches, a buffer shorter than the registered
+//! span (even when it covers every element), a misaligned buffer: each a typed `OpError`, and
+//! every cache byte unchanged.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
 
 use kvlayout::ops::{DecodeParams, OpError};
-use kvlayout::{Coord, DType, KvCacheLayout};
-use kvlayout_conformance::backend::{absent_backends, Backend, Cpu, Reference};
-use kvlayout_conformance::cases::{
-    data, kv_cases, other_cases, widths, Case, BLOCKS, BLOCK_SIZE, KV_DTYPES,
+use kvlayout::{Coord, DType, Field, KvCacheLayout, LayoutError};
+use kvlayout_conformance::backend::{
+    Backend, BackendVisitor, Backends, BufferShape, DecodeArgs, Host, HostTensor, ScalarReference,
+    WriteArgs,
 };
-use kvlayout_cpu::{Activations, CacheMut, CpuBackend, Decode, HostCache, WriteKv};
+use kvlayout_conformance::cases::{
+    all_cases, case_from_spec, mover_plan, widths, workload, LayoutCase, MoverPlan, Ops, Rng,
+    Workload,
+};
+use kvlayout_cpu::{reference, HostCache};
 
 const SENTINEL: u8 = 0xA5;
 
-fn sentinel_buffers(l: &KvCacheLayout) -> Vec<Vec<u8>> {
+type Bytes = Vec<Vec<u8>>;
+type Mask = Vec<Vec<bool>>;
+type Outcome<T> = Result<T, String>;
+
+// ---------------------------------------------------------------------------------------
+// Byte sets and host-side helpers.
+
+fn sentinel(l: &KvCacheLayout) -> Bytes {
     l.extents()
         .iter()
         .map(|x| vec![SENTINEL; x.end as usize])
         .collect()
 }
 
-/// Every byte of every stored element of `(layer, block, slot)` triples, per buffer.
-fn element_bytes(l: &KvCacheLayout, sel: impl Fn(u64, u64, u64) -> bool) -> HashSet<(u32, u64)> {
-    let mut out = HashSet::new();
-    for m in l.stored_fields() {
-        for layer in 0..m.num_layers {
-            for block in 0..m.num_blocks {
-                for slot in 0..m.num_slots {
-                    if !sel(layer, block, slot) {
-                        continue;
-                    }
-                    for head in 0..m.num_heads {
-                        for dim in 0..m.width {
-                            let at = l
-                                .offset(&Coord {
-                                    layer,
-                                    block,
-                                    head,
-                                    slot,
-                                    field: m.field,
-                                    dim,
-                                })
-                                .unwrap();
-                            for b in 0..m.elem_bytes() {
-                                out.insert((at.buffer, at.offset + b));
+fn random_bytes(l: &KvCacheLayout, seed: &str) -> Bytes {
+    let mut rng = Rng::new(seed);
+    l.extents()
+        .iter()
+        .map(|x| rng.bytes(x.end as usize))
+        .collect()
+}
+
+/// The bytes of every stored element whose `(layer, block, head, slot)` is selected, from
+/// the field strides written out (not the layout's offset function).
+fn mask(l: &KvCacheLayout, sel: impl Fn(u64, u64, u64, u64) -> bool) -> Mask {
+    let mut m: Mask = l
+        .extents()
+        .iter()
+        .map(|x| vec![false; x.end as usize])
+        .collect();
+    for f in l.stored_fields() {
+        let s = f.strides;
+        let e = f.elem_bytes();
+        let buf = &mut m[s.buffer as usize];
+        for layer in 0..f.num_layers {
+            for block in 0..f.num_blocks {
+                for head in 0..f.num_heads {
+                    for slot in 0..f.num_slots {
+                        if !sel(layer, block, head, slot) {
+                            continue;
+                        }
+                        let row = s.base_offset
+                            + layer * s.layer
+                            + block * s.block
+                            + head * s.head
+                            + slot * s.slot;
+                        for d in 0..f.width {
+                            let at =
+                                row + (d / s.dim_split) * s.dim_chunk + (d % s.dim_split) * s.dim;
+                            for b in at..at + e {
+                                buf[b as usize] = true;
                             }
                         }
                     }
@@ -52,370 +105,1501 @@ fn element_bytes(l: &KvCacheLayout, sel: impl Fn(u64, u64, u64) -> bool) -> Hash
             }
         }
     }
-    out
+    m
 }
 
-fn tolerance(d: DType) -> f32 {
+fn all_elements(l: &KvCacheLayout) -> Mask {
+    mask(l, |_, _, _, _| true)
+}
+
+fn blocks_mask(l: &KvCacheLayout, blocks: &[u64], heads: Range<u64>) -> Mask {
+    mask(l, |_, b, h, _| blocks.contains(&b) && heads.contains(&h))
+}
+
+/// The union of `block_regions` of `blocks` x `heads` (all layers), as a mask.
+fn regions_mask(l: &KvCacheLayout, blocks: &[u64], heads: Range<u64>) -> Outcome<Mask> {
+    let mut m: Mask = l
+        .extents()
+        .iter()
+        .map(|x| vec![false; x.end as usize])
+        .collect();
+    for &b in blocks {
+        let regions = l
+            .block_regions(b, 0..l.geometry().num_layers, heads.clone())
+            .map_err(|e| format!("block_regions({b}): {e}"))?;
+        for r in regions {
+            let buf = m
+                .get_mut(r.buffer as usize)
+                .ok_or_else(|| format!("region in buffer {} of {}", r.buffer, l.num_buffers()))?;
+            for x in r.offset..r.offset + r.len {
+                *buf.get_mut(x as usize)
+                    .ok_or_else(|| format!("region {r:?} past the extent"))? = true;
+            }
+        }
+    }
+    Ok(m)
+}
+
+/// Every byte outside `mask` equals `before` (or the sentinel when `before` is `None`).
+fn untouched_outside(after: &Bytes, before: Option<&Bytes>, mask: &Mask) -> Outcome<()> {
+    for (i, buf) in after.iter().enumerate() {
+        for (o, &byte) in buf.iter().enumerate() {
+            if mask[i][o] {
+                continue;
+            }
+            let want = before.map_or(SENTINEL, |b| b[i][o]);
+            if byte != want {
+                return Err(format!(
+                    "byte {o} of buffer {i} outside the written elements changed: {byte:#04x}, was {want:#04x}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Equal on the bytes of `mask`.
+fn equal_on(got: &Bytes, want: &Bytes, mask: &Mask) -> Outcome<()> {
+    for (i, m) in mask.iter().enumerate() {
+        for (o, &inside) in m.iter().enumerate() {
+            if inside && got[i][o] != want[i][o] {
+                return Err(format!(
+                    "buffer {i} byte {o}: {:#04x}, expected {:#04x}",
+                    got[i][o], want[i][o]
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn byte_equal(got: &Bytes, want: &Bytes) -> Outcome<()> {
+    if got.len() != want.len() {
+        return Err(format!("{} buffers, expected {}", got.len(), want.len()));
+    }
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        if g.len() != w.len() {
+            return Err(format!(
+                "buffer {i}: {} bytes, expected {}",
+                g.len(),
+                w.len()
+            ));
+        }
+        if let Some(o) = g.iter().zip(w).position(|(a, b)| a != b) {
+            let n = g.iter().zip(w).filter(|(a, b)| a != b).count();
+            return Err(format!(
+                "buffer {i} differs from the reference at byte {o} ({:#04x} vs {:#04x}; {n} bytes differ)",
+                g[o], w[o]
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A host copy of downloaded bytes, aligned, to read values through the reference.
+fn host_cache(l: &KvCacheLayout, bytes: &Bytes) -> HostCache {
+    let mut c = HostCache::new(l.clone()).expect("host cache");
+    for (i, b) in bytes.iter().enumerate() {
+        c.bytes_mut(i).copy_from_slice(b);
+    }
+    c
+}
+
+fn coord(field: Field, layer: u64, block: u64, head: u64, slot: u64, dim: u64) -> Coord {
+    Coord {
+        layer,
+        block,
+        head,
+        slot,
+        field,
+        dim,
+    }
+}
+
+fn decode_tolerance(d: DType) -> f64 {
     match d {
         DType::F32 => 1e-5,
         DType::F16 | DType::Bf16 => 2e-2,
-        other => other.epsilon() as f32,
+        other => other.epsilon(),
     }
 }
 
-struct Inputs {
-    k: Vec<f32>,
-    v: Vec<f32>,
-    slots: Vec<i64>,
-    table: Vec<i32>,
-    lens: Vec<u32>,
-    q: Vec<f32>,
+// ---------------------------------------------------------------------------------------
+// Running ops through the trait.
+
+fn upload<B: Backend>(be: &B, l: &KvCacheLayout, bytes: &Bytes) -> Outcome<B::Cache> {
+    let mut c = be.alloc_cache(l, &BufferShape::exact(l))?;
+    be.upload_cache(&mut c, bytes)?;
+    Ok(c)
 }
 
-const LENS: [u32; 2] = [37, 20];
-const PER_SEQ: usize = 3;
-
-fn inputs(l: &KvCacheLayout, q_heads: usize, seed: u32) -> Inputs {
-    let (kw, vw, _) = widths(l);
-    let heads = l.geometry().num_kv_heads as usize;
-    // Sequence 0 owns blocks 5, 1, 3; sequence 1 owns 0, 4 (then 2, unused).
-    let table = vec![5, 1, 3, 0, 4, 2];
-    let mut slots = Vec::new();
-    for (s, len) in LENS.iter().enumerate() {
-        for t in 0..*len as usize {
-            slots.push(
-                i64::from(table[s * PER_SEQ + t / BLOCK_SIZE as usize]) * BLOCK_SIZE as i64
-                    + (t % BLOCK_SIZE as usize) as i64,
-            );
-            if t % 11 == 3 {
-                slots.push(-1); // a padding token between real ones
-            }
-        }
-    }
-    Inputs {
-        k: data(slots.len() * heads * kw, seed),
-        v: data(slots.len() * heads * vw, seed + 1),
-        slots,
-        table,
-        lens: LENS.to_vec(),
-        q: data(LENS.len() * q_heads * kw, seed + 2),
-    }
+fn done<B: Backend>(be: &B, r: Result<B::Completion, OpError>) -> Outcome<()> {
+    let c = r.map_err(|e| format!("refused: {e}"))?;
+    be.wait(c)
 }
 
-/// Runs every op of one case on `be` and on the reference; returns the number of checks.
-fn run_case<B: Backend>(be: &B, case: &Case, layer: u64) -> usize {
-    let r = Reference;
-    let l = &case.layout;
-    let name = format!("{} {}", be.name(), case.spec);
-    let (_, vw, mla) = widths(l);
-    let heads = l.geometry().num_kv_heads as usize;
-    let q_heads = if mla { 4 } else { 2 * heads };
-    let inp = inputs(l, q_heads, 7);
-    let w = WriteKv {
-        layer,
-        key: Activations::F32(&inp.k),
-        value: (!mla).then_some(Activations::F32(&inp.v)),
-        slot_mapping: &inp.slots,
+/// A backend's results on one case.
+struct CaseOutcome {
+    write: Outcome<Bytes>,
+    write_padding: Outcome<Bytes>,
+    decodes: Vec<Outcome<Vec<f32>>>,
+    unsupported: Outcome<()>,
+    copy: Outcome<Bytes>,
+    gather: Outcome<Bytes>,
+    scatter_back: Outcome<Bytes>,
+    scatter_fresh: Outcome<Bytes>,
+}
+
+/// Everything a case needs, computed once.
+struct Prepared {
+    case: LayoutCase,
+    work: Option<Workload>,
+    plan: MoverPlan,
+    src: Bytes,
+    written: Mask,
+    copy_dst: Mask,
+    staging_used: Mask,
+    scattered: Mask,
+    every: Mask,
+    swap_dst: Mask,
+}
+
+fn prepare(case: LayoutCase, index: usize) -> Prepared {
+    let l = case.layout.clone();
+    let work = if case.ops == Ops::All {
+        workload(&case)
+    } else {
+        None
     };
-    // write_kv: byte-identical to the reference; nothing outside the written slots touched.
-    let mut got = be.upload(l, &sentinel_buffers(l)).unwrap();
-    be.wait(be.write_kv(&mut got, &w).unwrap()).unwrap();
-    let mut want = r.upload(l, &sentinel_buffers(l)).unwrap();
-    r.write_kv(&mut want, &w).unwrap();
-    let (got_b, want_b) = (be.download(&got), r.download(&want));
-    assert_eq!(got_b, want_b, "{name}: write_kv differs from the reference");
-    let written: HashSet<u64> = inp
-        .slots
-        .iter()
-        .filter(|s| **s >= 0)
-        .map(|s| *s as u64)
-        .collect();
-    let bs = BLOCK_SIZE;
-    let touched = element_bytes(l, |ly, b, n| ly == layer && written.contains(&(b * bs + n)));
-    for (i, buf) in got_b.iter().enumerate() {
-        for (o, byte) in buf.iter().enumerate() {
-            if !touched.contains(&(i as u32, o as u64)) {
-                assert_eq!(
-                    *byte, SENTINEL,
-                    "{name}: write_kv touched byte {o} of buffer {i} outside the written slots"
-                );
-            }
+    let plan = mover_plan(&case, index);
+    let written = match &work {
+        Some(w) => {
+            let bs = l.geometry().block_size;
+            let slots: BTreeSet<u64> = w
+                .slot_mapping
+                .iter()
+                .filter(|s| **s >= 0)
+                .map(|s| *s as u64)
+                .collect();
+            let tps = l.geometry().tokens_per_state;
+            mask(&l, |layer, b, _, n| {
+                layer == w.layer && slots.contains(&(b * bs + n * tps))
+            })
         }
-    }
-    let mut checks = 2;
-    // paged_decode: plain, then with a window and a soft-cap.
-    for (window, cap) in [(None, None), (Some(10), Some(20.0))] {
-        let d = Decode {
-            layer,
-            query: Activations::F32(&inp.q),
-            block_table: &inp.table,
-            blocks_per_seq: PER_SEQ,
-            seq_lens: &inp.lens,
-            params: DecodeParams {
-                num_q_heads: q_heads as u64,
-                scale: 0.25,
-                sliding_window: window,
-                soft_cap: cap,
-            },
-        };
-        let n = LENS.len() * q_heads * vw;
-        let mut out = be.alloc_output(n);
-        be.wait(be.paged_decode(&got, &d, &mut out).unwrap())
-            .unwrap();
-        let mut reference = r.alloc_output(n);
-        r.paged_decode(&want, &d, &mut reference).unwrap();
-        let (o, rf) = (be.download_output(&out), r.download_output(&reference));
-        let tol = tolerance(l.dtype());
-        for (i, (a, b)) in o.iter().zip(&rf).enumerate() {
-            assert!(
-                (a - b).abs() <= tol * b.abs().max(1.0),
-                "{name}: decode out[{i}] = {a}, reference {b}"
-            );
-        }
-        checks += 1;
-    }
-    // copy_blocks.
-    let pairs = [(5, 2), (1, 4), (3, 3)];
-    be.wait(be.copy_blocks(&mut got, &pairs).unwrap()).unwrap();
-    r.copy_blocks(&mut want, &pairs).unwrap();
-    assert_eq!(be.download(&got), r.download(&want), "{name}: copy_blocks");
-    // gather heads into a staging cache of its own layout, then scatter back: identity.
+        None => mask(&l, |_, _, _, _| false),
+    };
     let h = l.geometry().num_kv_heads;
-    let (h0, h1) = if h > 1 { (1, h.min(3)) } else { (0, 1) };
-    let mut staging_spec = l.spec().clone();
-    staging_spec.geometry.num_kv_heads = h1 - h0;
-    staging_spec.geometry.num_blocks = 3;
-    staging_spec.placement =
-        kvlayout::Placement::Paged(kvlayout::Paged::new(kvlayout::AxisOrder::LBHNC));
-    let staging_l = KvCacheLayout::new(staging_spec).unwrap();
-    let mut staging = be
-        .upload(&staging_l, &sentinel_buffers(&staging_l))
-        .unwrap();
-    let mut staging_r = r.upload(&staging_l, &sentinel_buffers(&staging_l)).unwrap();
-    let blocks = [5, 0, 2];
-    be.wait(
-        be.gather_blocks(&got, &blocks, h0..h1, &mut staging)
-            .unwrap(),
-    )
-    .unwrap();
-    r.gather_blocks(&want, &blocks, h0..h1, &mut staging_r)
-        .unwrap();
-    assert_eq!(
-        be.download(&staging),
-        r.download(&staging_r),
-        "{name}: gather_blocks"
-    );
-    let before = be.download(&got);
-    be.wait(
-        be.scatter_blocks(&staging, &blocks, h0..h1, &mut got)
-            .unwrap(),
-    )
-    .unwrap();
-    assert_eq!(
-        be.download(&got),
-        before,
-        "{name}: scatter(gather(x)) is not x"
-    );
-    checks + 3
-}
-
-/// `convert` A -> B -> A is the identity on every element, for every pair of layouts of one
-/// content and dtype; `swap_blocks` A -> B agrees with the reference.
-fn run_pairs<B: Backend>(be: &B, cases: &[Case]) -> usize {
-    let r = Reference;
-    let mut checks = 0;
-    for a in cases {
-        let mut bufs = sentinel_buffers(&a.layout);
-        for (i, b) in bufs.iter_mut().enumerate() {
-            for (j, x) in b.iter_mut().enumerate() {
-                *x = (j as u8).wrapping_mul(37).wrapping_add(i as u8);
-            }
-        }
-        let src = be.upload(&a.layout, &bufs).unwrap();
-        for b in cases {
-            if kvlayout::ops::check_same_content(&a.layout, &b.layout).is_err()
-                || a.layout.geometry().num_blocks != b.layout.geometry().num_blocks
-            {
-                continue;
-            }
-            let mut mid = be.upload(&b.layout, &sentinel_buffers(&b.layout)).unwrap();
-            be.wait(be.convert(&src, &mut mid).unwrap()).unwrap();
-            let mut back = be.upload(&a.layout, &sentinel_buffers(&a.layout)).unwrap();
-            be.wait(be.convert(&mid, &mut back).unwrap()).unwrap();
-            let (x, y) = (be.download(&src), be.download(&back));
-            for (buf, off) in element_bytes(&a.layout, |_, _, _| true) {
-                let (buf, off) = (buf as usize, off as usize);
-                assert_eq!(
-                    x[buf][off],
-                    y[buf][off],
-                    "{}: convert {} -> {} -> back differs at buffer {buf} byte {off}",
-                    be.name(),
-                    a.spec,
-                    b.spec
-                );
-            }
-            let pairs = [(0, 3), (4, 1)];
-            let mut d1 = be.upload(&b.layout, &sentinel_buffers(&b.layout)).unwrap();
-            be.wait(be.swap_blocks(&src, &mut d1, &pairs).unwrap())
-                .unwrap();
-            let ra = r.upload(&a.layout, &bufs).unwrap();
-            let mut d2 = r.upload(&b.layout, &sentinel_buffers(&b.layout)).unwrap();
-            r.swap_blocks(&ra, &mut d2, &pairs).unwrap();
-            assert_eq!(
-                be.download(&d1),
-                r.download(&d2),
-                "{}: swap {} -> {}",
-                be.name(),
-                a.spec,
-                b.spec
-            );
-            checks += 2;
-        }
-    }
-    checks
-}
-
-fn run_suite<B: Backend>(be: &B) -> usize {
-    let mut checks = 0;
-    for dtype in KV_DTYPES {
-        let cases = kv_cases(dtype);
-        for c in &cases {
-            checks += run_case(be, c, c.layout.geometry().num_layers - 1);
-        }
-        checks += run_pairs(be, &cases);
-    }
-    for c in other_cases() {
-        checks += run_case(be, &c, 0);
-    }
-    checks
-}
-
-#[test]
-fn every_case_on_every_backend() {
-    let cpu = Cpu(CpuBackend::new(Some(2)));
-    let n = run_suite(&cpu);
-    println!("conformance: {}: {n} checks passed", cpu.name());
-    let n = run_suite(&Reference);
-    println!(
-        "conformance: {}: {n} checks passed (self-consistency)",
-        Reference.name()
-    );
-    for (name, why) in absent_backends() {
-        println!("skipped: {name}: {why}");
+    let copy_dsts: Vec<u64> = plan.copy_pairs.iter().map(|p| p.1).collect();
+    let swap_dsts: Vec<u64> = plan.swap_pairs.iter().map(|p| p.1).collect();
+    let staged: Vec<u64> = (0..plan.gather_blocks.len() as u64).collect();
+    let sh = plan.staging.geometry().num_kv_heads;
+    Prepared {
+        src: random_bytes(&l, &format!("{}/bytes", case.name)),
+        copy_dst: blocks_mask(&l, &copy_dsts, 0..h),
+        staging_used: blocks_mask(&plan.staging, &staged, 0..sh),
+        scattered: blocks_mask(&l, &plan.gather_blocks, plan.heads.clone()),
+        every: all_elements(&l),
+        swap_dst: blocks_mask(&l, &swap_dsts, 0..h),
+        written,
+        case,
+        work,
+        plan,
     }
 }
 
-/// Bad input: a typed error, and the cache unchanged.
-#[test]
-fn refusals_leave_the_cache_untouched() {
-    let be = CpuBackend::new(Some(2));
-    let l: KvCacheLayout =
-        format!("kv L=1 B={BLOCKS} N={BLOCK_SIZE} H=4 D=16 dtype=bf16 order=NHD")
-            .parse()
-            .unwrap();
-    let mut cache = HostCache::new(l.clone()).unwrap();
-    cache.fill(SENTINEL);
-    let inp = inputs(&l, 8, 3);
-    let snapshot = cache.bytes(0).to_vec();
-    let write = |slots: &[i64], cache: &mut HostCache| {
-        let w = WriteKv {
-            layer: 0,
-            key: Activations::F32(&inp.k[..slots.len() * 64]),
-            value: Some(Activations::F32(&inp.v[..slots.len() * 64])),
-            slot_mapping: slots,
-        };
-        be.write_kv(&mut cache.as_mut(), &w)
+fn run_write<B: Backend>(be: &B, p: &Prepared, w: &Workload, padding_only: bool) -> Outcome<Bytes> {
+    let l = &p.case.layout;
+    let mut cache = upload(be, l, &sentinel(l))?;
+    let key = be.upload_tensor(&w.key)?;
+    let value = w.value.as_ref().map(|v| be.upload_tensor(v)).transpose()?;
+    let pads = vec![-1i64; w.slot_mapping.len()];
+    let args = WriteArgs {
+        layer: w.layer,
+        key: &key,
+        value: value.as_ref(),
+        slot_mapping: if padding_only { &pads } else { &w.slot_mapping },
     };
-    let limit = (BLOCKS * BLOCK_SIZE) as i64;
-    assert!(matches!(
-        write(&[0, limit, 2], &mut cache),
-        Err(OpError::SlotOutOfRange { token: 1, .. })
-    ));
-    assert!(matches!(
-        write(&[0, 5, 5], &mut cache),
-        Err(OpError::DuplicateSlot {
-            token: 2,
-            first: 1,
-            ..
-        })
-    ));
-    let mut out = vec![0f32; 2 * 8 * 16];
-    let mut d = Decode {
+    done(be, be.write_kv(&mut cache, &args))?;
+    be.download_cache(&cache)
+}
+
+fn run_decode<B: Backend>(
+    be: &B,
+    l: &KvCacheLayout,
+    cache: &Outcome<B::Cache>,
+    w: &Workload,
+    i: usize,
+) -> Outcome<Vec<f32>> {
+    let cache = cache.as_ref().map_err(|e| format!("no cache: {e}"))?;
+    let dc = &w.decodes[i];
+    let (_, vw, _) = widths(l).expect("K/V content");
+    let q = be.upload_tensor(&dc.query)?;
+    let n = w.seq_lens.len() * dc.params.num_q_heads as usize * vw;
+    let mut out = be.alloc_tensor(DType::F32, n)?;
+    let args = DecodeArgs {
+        layer: w.layer,
+        query: &q,
+        block_table: &w.block_table,
+        blocks_per_seq: w.blocks_per_seq,
+        seq_lens: &w.seq_lens,
+        params: dc.params,
+    };
+    done(be, be.paged_decode(cache, &args, &mut out))?;
+    Ok(be.download_tensor(&out)?.to_f32())
+}
+
+fn case_outcome<B: Backend>(be: &B, p: &Prepared) -> CaseOutcome {
+    let l = &p.case.layout;
+    let skipped = || Err("not run".to_string());
+    let (mut write, mut write_padding, mut decodes, mut unsupported) =
+        (skipped(), skipped(), Vec::new(), skipped());
+    if let Some(w) = &p.work {
+        write = run_write(be, p, w, false);
+        write_padding = run_write(be, p, w, true);
+        let cache = write.clone().and_then(|b| upload(be, l, &b));
+        decodes = (0..w.decodes.len())
+            .map(|i| run_decode(be, l, &cache, w, i))
+            .collect();
+    } else {
+        unsupported = movers_only_refusals(be, l);
+    }
+    let plan = &p.plan;
+    let copy = (|| {
+        let mut c = upload(be, l, &p.src)?;
+        done(be, be.copy_blocks(&mut c, &plan.copy_pairs))?;
+        be.download_cache(&c)
+    })();
+    let mut staging_bytes = skipped();
+    let gather = (|| {
+        let c = upload(be, l, &p.src)?;
+        let mut s = upload(be, &plan.staging, &sentinel(&plan.staging))?;
+        done(
+            be,
+            be.gather_blocks(&c, &plan.gather_blocks, plan.heads.clone(), &mut s),
+        )?;
+        let b = be.download_cache(&s)?;
+        staging_bytes = Ok(b.clone());
+        Ok(b)
+    })();
+    let scatter_into = |bytes: &Bytes| -> Outcome<Bytes> {
+        let staged = staging_bytes
+            .as_ref()
+            .map_err(|e| format!("no staging: {e}"))?;
+        let s = upload(be, &plan.staging, staged)?;
+        let mut c = upload(be, l, bytes)?;
+        done(
+            be,
+            be.scatter_blocks(&s, &plan.gather_blocks, plan.heads.clone(), &mut c),
+        )?;
+        be.download_cache(&c)
+    };
+    CaseOutcome {
+        scatter_back: scatter_into(&p.src),
+        scatter_fresh: scatter_into(&sentinel(l)),
+        write,
+        write_padding,
+        decodes,
+        unsupported,
+        copy,
+        gather,
+    }
+}
+
+/// `write_kv` and `paged_decode` on content without keys and values: `Unsupported`.
+fn movers_only_refusals<B: Backend>(be: &B, l: &KvCacheLayout) -> Outcome<()> {
+    let mut c = upload(be, l, &sentinel(l))?;
+    let key = be.upload_tensor(&HostTensor::F32(vec![0.0; 8]))?;
+    let w = WriteArgs {
         layer: 0,
-        query: Activations::F32(&inp.q),
-        block_table: &[5, 1, 9, 0, 4, 2],
-        blocks_per_seq: PER_SEQ,
-        seq_lens: &LENS,
+        key: &key,
+        value: None,
+        slot_mapping: &[0],
+    };
+    match be.write_kv(&mut c, &w) {
+        Err(OpError::Unsupported { op: "write_kv", .. }) => {}
+        Err(e) => return Err(format!("write_kv: {e}, expected Unsupported")),
+        Ok(_) => return Err("write_kv accepted content without keys".into()),
+    }
+    let mut out = be.alloc_tensor(DType::F32, 8)?;
+    let d = DecodeArgs {
+        layer: 0,
+        query: &key,
+        block_table: &[0],
+        blocks_per_seq: 1,
+        seq_lens: &[1],
         params: DecodeParams {
-            num_q_heads: 8,
+            num_q_heads: 1,
             scale: 1.0,
             sliding_window: None,
             soft_cap: None,
         },
     };
-    assert!(matches!(
-        be.paged_decode(&cache.as_ref(), &d, &mut out),
-        Err(OpError::BlockOutOfRange {
-            seq: 0,
-            position: 2,
-            block: 9,
-            ..
-        })
-    ));
-    d.block_table = &inp.table;
-    d.seq_lens = &[49, 20];
-    assert!(matches!(
-        be.paged_decode(&cache.as_ref(), &d, &mut out),
-        Err(OpError::SequenceTooLong {
-            seq: 0,
-            len: 49,
-            ..
-        })
-    ));
-    assert!(matches!(
-        be.copy_blocks(&mut cache.as_mut(), &[(0, 1), (2, 1)]),
-        Err(OpError::BadPair {
-            index: 0,
-            dst: 1,
-            ..
-        })
-    ));
-    assert!(matches!(
-        be.copy_blocks(&mut cache.as_mut(), &[(0, BLOCKS)]),
-        Err(OpError::BadPair { .. })
-    ));
-    let other: KvCacheLayout =
-        format!("kv L=1 B={BLOCKS} N={BLOCK_SIZE} H=4 D=16 dtype=f16 order=NHD")
-            .parse()
-            .unwrap();
-    let src = HostCache::new(other).unwrap();
-    assert!(matches!(
-        be.swap_blocks(&src.as_ref(), &mut cache.as_mut(), &[(0, 0)]),
-        Err(OpError::Incompatible(_))
-    ));
-    assert!(matches!(
-        be.convert(&src.as_ref(), &mut cache.as_mut()),
-        Err(OpError::Incompatible(_))
-    ));
-    assert_eq!(
-        cache.bytes(0),
-        &snapshot[..],
-        "a refused op changed the cache"
+    match be.paged_decode(&c, &d, &mut out) {
+        Err(OpError::Unsupported {
+            op: "paged_decode", ..
+        }) => {}
+        Err(e) => return Err(format!("paged_decode: {e}, expected Unsupported")),
+        Ok(_) => return Err("paged_decode accepted content without keys".into()),
+    }
+    byte_equal(&be.download_cache(&c)?, &sentinel(l))
+}
+
+struct PairOutcome {
+    convert: Outcome<Bytes>,
+    back: Outcome<Bytes>,
+    swap: Outcome<Bytes>,
+}
+
+fn pair_outcome<B: Backend>(be: &B, a: &Prepared, b: &Prepared) -> PairOutcome {
+    let (la, lb) = (&a.case.layout, &b.case.layout);
+    let mut converted = Err("not run".to_string());
+    let convert = (|| {
+        let src = upload(be, la, &a.src)?;
+        let mut dst = upload(be, lb, &sentinel(lb))?;
+        done(be, be.convert(&src, &mut dst))?;
+        let bytes = be.download_cache(&dst)?;
+        converted = Ok(bytes.clone());
+        Ok(bytes)
+    })();
+    let back = (|| {
+        let mid = upload(be, lb, converted.as_ref().map_err(|e| e.clone())?)?;
+        let mut dst = upload(be, la, &sentinel(la))?;
+        done(be, be.convert(&mid, &mut dst))?;
+        be.download_cache(&dst)
+    })();
+    let swap = (|| {
+        let src = upload(be, la, &a.src)?;
+        let mut dst = upload(be, lb, &sentinel(lb))?;
+        done(be, be.swap_blocks(&src, &mut dst, &a.plan.swap_pairs))?;
+        be.download_cache(&dst)
+    })();
+    PairOutcome {
+        convert,
+        back,
+        swap,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Comparing a backend's outcome with the reference's.
+
+fn both<'a, T>(got: &'a Outcome<T>, want: &'a Outcome<T>) -> Outcome<(&'a T, &'a T)> {
+    let want = want
+        .as_ref()
+        .map_err(|e| format!("the reference failed: {e}"))?;
+    let got = got.as_ref().map_err(|e| e.clone())?;
+    Ok((got, want))
+}
+
+/// Written values within one quantization step of the reference's.
+fn compare_write(p: &Prepared, got: &Bytes, want: &Bytes) -> Outcome<()> {
+    let l = &p.case.layout;
+    let w = p.work.as_ref().expect("workload");
+    untouched_outside(got, None, &p.written)?;
+    let (g, r) = (host_cache(l, got), host_cache(l, want));
+    let (g, r) = (g.as_ref(), r.as_ref());
+    let (kw, vw, mla) = widths(l).expect("K/V content");
+    let fields: Vec<(Field, usize)> = if mla {
+        vec![(Field::Latent, kw)]
+    } else {
+        vec![(Field::K, kw), (Field::V, vw)]
+    };
+    let bs = l.geometry().block_size as i64;
+    let step = l.dtype().epsilon();
+    for &slot in w.slot_mapping.iter().filter(|s| **s >= 0) {
+        let (b, n) = ((slot / bs) as u64, (slot % bs) as u64);
+        for h in 0..l.geometry().num_kv_heads {
+            for &(field, width) in &fields {
+                let at = |d| coord(field, w.layer, b, h, n, d as u64);
+                let want_row: Vec<f64> = (0..width)
+                    .map(|d| reference::value_at(&r, &at(d)))
+                    .collect();
+                let amax = want_row.iter().fold(0f64, |a, x| a.max(x.abs()));
+                for (d, &x) in want_row.iter().enumerate() {
+                    let y = reference::value_at(&g, &at(d));
+                    if !((y - x).abs() <= step * x.abs().max(amax) + 1e-12) {
+                        return Err(format!(
+                            "slot {slot} head {h} {field}[{d}] = {y}, reference {x} (one step: {step} x {amax})"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn compare_decode(l: &KvCacheLayout, got: &[f32], want: &[f32]) -> Outcome<()> {
+    if got.len() != want.len() {
+        return Err(format!("{} outputs, expected {}", got.len(), want.len()));
+    }
+    let tol = decode_tolerance(l.dtype());
+    for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
+        let (a, b) = (f64::from(a), f64::from(b));
+        if !((a - b).abs() <= tol * b.abs().max(1.0)) {
+            return Err(format!("out[{i}] = {a}, reference {b} (tolerance {tol})"));
+        }
+    }
+    Ok(())
+}
+
+/// Checks tallied per op; failures with the case name.
+#[derive(Default)]
+struct Report {
+    skipped: Option<String>,
+    passed: BTreeMap<&'static str, usize>,
+    failures: Vec<String>,
+}
+
+impl Report {
+    fn check(&mut self, op: &'static str, what: &str, r: Outcome<()>) {
+        match r {
+            Ok(()) => *self.passed.entry(op).or_default() += 1,
+            Err(e) => self.failures.push(format!("{op}: {what}: {e}")),
+        }
+    }
+
+    fn total(&self) -> usize {
+        self.passed.values().sum()
+    }
+}
+
+fn compare_case(rep: &mut Report, p: &Prepared, got: &CaseOutcome, want: &CaseOutcome) {
+    let name = &p.case.name;
+    let spec = &p.case.spec;
+    let what = format!("{name} [{spec}]");
+    if let Some(w) = &p.work {
+        rep.check(
+            "write_kv",
+            &what,
+            both(&got.write, &want.write).and_then(|(g, r)| compare_write(p, g, r)),
+        );
+        rep.check(
+            "write_kv",
+            &format!("{what} (padding slots only)"),
+            got.write_padding
+                .as_ref()
+                .map_err(|e| e.clone())
+                .and_then(|g| byte_equal(g, &sentinel(&p.case.layout))),
+        );
+        for (i, dc) in w.decodes.iter().enumerate() {
+            let (g, r) = (&got.decodes[i], &want.decodes[i]);
+            rep.check(
+                "paged_decode",
+                &format!("{what} {} {:?}", dc.name, dc.params),
+                both(g, r).and_then(|(g, r)| compare_decode(&p.case.layout, g, r)),
+            );
+        }
+    } else {
+        rep.check("unsupported", &what, got.unsupported.clone());
+    }
+    let plan = &p.plan;
+    rep.check(
+        "copy_blocks",
+        &format!("{what} pairs {:?}", plan.copy_pairs),
+        both(&got.copy, &want.copy).and_then(|(g, r)| {
+            byte_equal(g, r)?;
+            untouched_outside(g, Some(&p.src), &p.copy_dst)
+        }),
     );
-    // Host buffers: too short, misaligned.
-    let mut short = vec![0u8; l.extents()[0].end as usize - 1];
-    assert!(matches!(
-        CacheMut::new(&l, vec![&mut short[..]]),
-        Err(OpError::BufferTooShort { buffer: 0, .. })
-    ));
-    let mut long = vec![0u16; l.extents()[0].end as usize];
-    let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut long);
-    assert!(matches!(
-        CacheMut::new(&l, vec![&mut bytes[1..]]),
-        Err(OpError::Misaligned {
-            buffer: 0,
-            align: 2,
-            ..
+    rep.check(
+        "gather_blocks",
+        &format!(
+            "{what} blocks {:?} heads {:?} into [{}]",
+            plan.gather_blocks, plan.heads, plan.staging
+        ),
+        both(&got.gather, &want.gather).and_then(|(g, r)| {
+            byte_equal(g, r)?;
+            untouched_outside(g, None, &p.staging_used)
+        }),
+    );
+    rep.check(
+        "scatter_blocks",
+        &format!("{what}: scatter(gather(x)) == x"),
+        got.scatter_back
+            .as_ref()
+            .map_err(|e| e.clone())
+            .and_then(|g| byte_equal(g, &p.src)),
+    );
+    rep.check(
+        "scatter_blocks",
+        &format!("{what}: into a sentinel cache"),
+        both(&got.scatter_fresh, &want.scatter_fresh).and_then(|(g, r)| {
+            byte_equal(g, r)?;
+            untouched_outside(g, None, &p.scattered)
+        }),
+    );
+}
+
+fn compare_pair(
+    rep: &mut Report,
+    a: &Prepared,
+    b: &Prepared,
+    got: &PairOutcome,
+    want: &PairOutcome,
+) {
+    let what = format!("{} -> {}", a.case.name, b.case.name);
+    rep.check(
+        "convert",
+        &what,
+        both(&got.convert, &want.convert).and_then(|(g, r)| {
+            byte_equal(g, r)?;
+            untouched_outside(g, None, &b.every)
+        }),
+    );
+    rep.check(
+        "convert",
+        &format!("{what} -> back is the identity"),
+        got.back.as_ref().map_err(|e| e.clone()).and_then(|g| {
+            equal_on(g, &a.src, &a.every)?;
+            untouched_outside(g, None, &a.every)
+        }),
+    );
+    rep.check(
+        "swap_blocks",
+        &format!("{what} pairs {:?}", a.plan.swap_pairs),
+        both(&got.swap, &want.swap).and_then(|(g, r)| {
+            byte_equal(g, r)?;
+            untouched_outside(g, None, &b.swap_dst)
+        }),
+    );
+}
+
+/// Runs one group of cases (one content) on every backend.
+struct GroupRunner<'a> {
+    cases: &'a [Prepared],
+    oracle: &'a [CaseOutcome],
+    pair_oracle: &'a [Vec<PairOutcome>],
+    reports: &'a mut BTreeMap<String, Report>,
+}
+
+fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|e| {
+        let msg = e
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        format!("{what}: panicked: {msg}")
+    })
+}
+
+impl BackendVisitor for GroupRunner<'_> {
+    fn visit<B: Backend>(&mut self, be: &B) {
+        let rep = self.reports.entry(be.name().to_string()).or_default();
+        if let Err(why) = be.available() {
+            rep.skipped = Some(why);
+            return;
+        }
+        for (p, want) in self.cases.iter().zip(self.oracle) {
+            match guarded(&p.case.name, || case_outcome(be, p)) {
+                Ok(got) => compare_case(rep, p, &got, want),
+                Err(e) => rep.failures.push(e),
+            }
+        }
+        for (i, a) in self.cases.iter().enumerate() {
+            for (j, b) in self.cases.iter().enumerate() {
+                let what = format!("{} -> {}", a.case.name, b.case.name);
+                match guarded(&what, || pair_outcome(be, a, b)) {
+                    Ok(got) => compare_pair(rep, a, b, &got, &self.pair_oracle[i][j]),
+                    Err(e) => rep.failures.push(e),
+                }
+            }
+        }
+        if let Err(e) = be.synchronize() {
+            rep.failures.push(format!("synchronize: {e}"));
+        }
+    }
+}
+
+fn print_reports(title: &str, reports: &BTreeMap<String, Report>, order: &[&str]) -> usize {
+    let mut failures = 0;
+    for name in order {
+        let Some(r) = reports.get(*name) else {
+            continue;
+        };
+        if let Some(why) = &r.skipped {
+            println!("skipped: {name}: {why}");
+            continue;
+        }
+        let per_op: Vec<String> = r.passed.iter().map(|(op, n)| format!("{op} {n}")).collect();
+        println!(
+            "{title}: {name}: {} cases passed, {} failed ({})",
+            r.total(),
+            r.failures.len(),
+            per_op.join(", ")
+        );
+        for f in r.failures.iter().take(25) {
+            println!("  FAIL {name}: {f}");
+        }
+        if r.failures.len() > 25 {
+            println!("  ... and {} more", r.failures.len() - 25);
+        }
+        failures += r.failures.len();
+    }
+    failures
+}
+
+fn backend_names(backends: &Backends) -> Vec<String> {
+    struct Names(Vec<String>);
+    impl BackendVisitor for Names {
+        fn visit<B: Backend>(&mut self, b: &B) {
+            self.0.push(b.name().to_string());
+        }
+    }
+    let mut n = Names(Vec::new());
+    backends.for_each(&mut n);
+    n.0
+}
+
+#[test]
+fn every_case_on_every_backend() {
+    let start = Instant::now();
+    let backends = Backends::default();
+    let oracle = Host::<ScalarReference>::reference();
+    let cases = all_cases();
+    let n_cases = cases.len();
+    // Group the cases by content, keeping table order.
+    let mut groups: Vec<(String, Vec<LayoutCase>)> = Vec::new();
+    for c in cases {
+        match groups.iter_mut().find(|g| g.0 == c.group) {
+            Some(g) => g.1.push(c),
+            None => groups.push((c.group.clone(), vec![c])),
+        }
+    }
+    let mut reports: BTreeMap<String, Report> = BTreeMap::new();
+    let mut layout_checks = Report::default();
+    let mut index = 0;
+    for (_, group) in groups {
+        let prepared: Vec<Prepared> = group
+            .into_iter()
+            .map(|c| {
+                index += 1;
+                prepare(c, index)
+            })
+            .collect();
+        for p in &prepared {
+            // The element byte sets used above agree with the layout's own block regions.
+            let l = &p.case.layout;
+            let h = l.geometry().num_kv_heads;
+            let blocks: Vec<u64> = (0..l.geometry().num_blocks).collect();
+            for (blocks, heads) in [
+                (vec![blocks[blocks.len() - 1]], 0..h),
+                (p.plan.gather_blocks.clone(), p.plan.heads.clone()),
+                (blocks, 0..h),
+            ] {
+                layout_checks.check(
+                    "block_regions",
+                    &format!("{} blocks {blocks:?} heads {heads:?}", p.case.name),
+                    regions_mask(l, &blocks, heads.clone()).and_then(|m| {
+                        (m == blocks_mask(l, &blocks, heads.clone()))
+                            .then_some(())
+                            .ok_or_else(|| "block_regions differ from the element bytes".into())
+                    }),
+                );
+            }
+        }
+        let case_oracle: Vec<CaseOutcome> =
+            prepared.iter().map(|p| case_outcome(&oracle, p)).collect();
+        let pair_oracle: Vec<Vec<PairOutcome>> = prepared
+            .iter()
+            .map(|a| {
+                prepared
+                    .iter()
+                    .map(|b| pair_outcome(&oracle, a, b))
+                    .collect()
+            })
+            .collect();
+        backends.for_each(&mut GroupRunner {
+            cases: &prepared,
+            oracle: &case_oracle,
+            pair_oracle: &pair_oracle,
+            reports: &mut reports,
+        });
+    }
+    let mut failures = 0;
+    let mut lr = BTreeMap::new();
+    lr.insert("layout".to_string(), layout_checks);
+    failures += print_reports("conformance", &lr, &["layout"]);
+    let names = backend_names(&backends);
+    let order: Vec<&str> = names.iter().map(String::as_str).collect();
+    failures += print_reports("conformance", &reports, &order);
+    println!(
+        "conformance: {n_cases} layout cases, {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    assert_eq!(failures, 0, "conformance failures (listed above)");
+}
+
+// ---------------------------------------------------------------------------------------
+// Refusals: a typed error, and every cache byte unchanged.
+
+struct Refusals<'a> {
+    reports: &'a mut BTreeMap<String, Report>,
+}
+
+/// Runs an op that must be refused; checks the error and that the caches did not change.
+fn refused<B: Backend>(
+    be: &B,
+    r: Result<B::Completion, OpError>,
+    want: impl Fn(&OpError) -> bool,
+    caches: &[(&B::Cache, &Bytes)],
+) -> Outcome<()> {
+    match r {
+        Ok(c) => {
+            be.wait(c)?;
+            return Err("accepted".into());
+        }
+        Err(e) if !want(&e) => return Err(format!("refused with the wrong error: {e:?}")),
+        Err(_) => {}
+    }
+    for (i, (c, before)) in caches.iter().enumerate() {
+        byte_equal(&be.download_cache(c)?, before)
+            .map_err(|e| format!("cache {i} changed: {e}"))?;
+    }
+    Ok(())
+}
+
+fn refusals_for<B: Backend>(be: &B, rep: &mut Report, case: &LayoutCase) -> Outcome<()> {
+    let l = &case.layout;
+    let g = *l.geometry();
+    let w = workload(case).expect("K/V content");
+    let (kw, vw, mla) = widths(l).expect("K/V content");
+    let h = g.num_kv_heads as usize;
+    let name = &case.name;
+    let bytes = random_bytes(l, &format!("{name}/refusals"));
+    let mut cache = upload(be, l, &bytes)?;
+    let limit = (g.num_blocks * g.block_size) as i64;
+
+    // write_kv
+    let key = be.upload_tensor(&HostTensor::F32(vec![0.5; 3 * h * kw]))?;
+    let value = be.upload_tensor(&HostTensor::F32(vec![0.5; 3 * h * vw]))?;
+    let value = (!mla).then_some(&value);
+    let write = |cache: &mut B::Cache,
+                 slots: &[i64],
+                 layer: u64,
+                 key: &B::Tensor,
+                 value: Option<&B::Tensor>| {
+        be.write_kv(
+            cache,
+            &WriteArgs {
+                layer,
+                key,
+                value,
+                slot_mapping: slots,
+            },
+        )
+    };
+    let check = |rep: &mut Report, what: &str, r: Outcome<()>| {
+        rep.check("refusal", &format!("{name}: {what}"), r)
+    };
+    let r = write(&mut cache, &[0, limit, 3], w.layer, &key, value);
+    check(
+        rep,
+        "slot out of range",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::SlotOutOfRange { token: 1, slot, limit: l } if *slot == limit && *l as i64 == limit),
+            &[(&cache, &bytes)],
+        ),
+    );
+    let r = write(&mut cache, &[4, -1, 4], w.layer, &key, value);
+    check(
+        rep,
+        "duplicate slot",
+        refused(
+            be,
+            r,
+            |e| {
+                matches!(
+                    e,
+                    OpError::DuplicateSlot {
+                        token: 2,
+                        slot: 4,
+                        first: 0
+                    }
+                )
+            },
+            &[(&cache, &bytes)],
+        ),
+    );
+    let r = write(&mut cache, &[0, 1, 2], g.num_layers, &key, value);
+    check(
+        rep,
+        "layer out of range",
+        refused(
+            be,
+            r,
+            |e| {
+                matches!(
+                    e,
+                    OpError::Layout(LayoutError::OutOfRange { axis: "layer", .. })
+                )
+            },
+            &[(&cache, &bytes)],
+        ),
+    );
+    let r = write(&mut cache, &[0, 1], w.layer, &key, value);
+    check(
+        rep,
+        "key of the wrong shape (3 tokens, 2 slots)",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::Shape { .. }),
+            &[(&cache, &bytes)],
+        ),
+    );
+    if mla {
+        let r = write(&mut cache, &[0, 1, 2], w.layer, &key, Some(&key));
+        check(
+            rep,
+            "a value tensor for MLA",
+            refused(
+                be,
+                r,
+                |e| matches!(e, OpError::Shape { .. }),
+                &[(&cache, &bytes)],
+            ),
+        );
+    } else {
+        let v16 = be.upload_tensor(&HostTensor::from_f32(DType::Bf16, &vec![0.5; 3 * h * vw]))?;
+        let r = write(&mut cache, &[0, 1, 2], w.layer, &key, Some(&v16));
+        check(
+            rep,
+            "value dtype differs from key dtype",
+            refused(
+                be,
+                r,
+                |e| matches!(e, OpError::Shape { .. }),
+                &[(&cache, &bytes)],
+            ),
+        );
+        let r = write(&mut cache, &[0, 1, 2], w.layer, &key, None);
+        check(
+            rep,
+            "no value tensor",
+            refused(
+                be,
+                r,
+                |e| matches!(e, OpError::Shape { .. }),
+                &[(&cache, &bytes)],
+            ),
+        );
+    }
+
+    // paged_decode
+    let dc = &w.decodes[1];
+    let q = be.upload_tensor(&dc.query)?;
+    let n_out = w.seq_lens.len() * dc.params.num_q_heads as usize * vw;
+    let mut out = be.alloc_tensor(DType::F32, n_out)?;
+    let decode = |cache: &B::Cache,
+                  out: &mut B::Tensor,
+                  table: &[i32],
+                  lens: &[u32],
+                  params: DecodeParams,
+                  query: &B::Tensor| {
+        be.paged_decode(
+            cache,
+            &DecodeArgs {
+                layer: w.layer,
+                query,
+                block_table: table,
+                blocks_per_seq: w.blocks_per_seq,
+                seq_lens: lens,
+                params,
+            },
+            out,
+        )
+    };
+    let mut table = w.block_table.clone();
+    table[1] = g.num_blocks as i32;
+    let r = decode(&cache, &mut out, &table, &w.seq_lens, dc.params, &q);
+    check(
+        rep,
+        "block id out of range",
+        refused(
+            be,
+            r,
+            |e| {
+                matches!(
+                    e,
+                    OpError::BlockOutOfRange {
+                        seq: 0,
+                        position: 1,
+                        ..
+                    }
+                )
+            },
+            &[(&cache, &bytes)],
+        ),
+    );
+    let mut table = w.block_table.clone();
+    table[0] = -1;
+    let r = decode(&cache, &mut out, &table, &w.seq_lens, dc.params, &q);
+    check(
+        rep,
+        "negative block id",
+        refused(
+            be,
+            r,
+            |e| {
+                matches!(
+                    e,
+                    OpError::BlockOutOfRange {
+                        seq: 0,
+                        position: 0,
+                        block: -1,
+                        ..
+                    }
+                )
+            },
+            &[(&cache, &bytes)],
+        ),
+    );
+    let mut lens = w.seq_lens.clone();
+    lens[1] = (w.blocks_per_seq as u64 * g.block_size + 1) as u32;
+    let r = decode(&cache, &mut out, &w.block_table, &lens, dc.params, &q);
+    check(
+        rep,
+        "sequence longer than its blocks",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::SequenceTooLong { seq: 1, .. }),
+            &[(&cache, &bytes)],
+        ),
+    );
+    let r = decode(
+        &cache,
+        &mut out,
+        &w.block_table[1..],
+        &w.seq_lens,
+        dc.params,
+        &q,
+    );
+    check(
+        rep,
+        "block table of the wrong size",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::Shape { .. }),
+            &[(&cache, &bytes)],
+        ),
+    );
+    let bad = DecodeParams {
+        num_q_heads: g.num_kv_heads * 4 + 1,
+        ..dc.params
+    };
+    let r = decode(&cache, &mut out, &w.block_table, &w.seq_lens, bad, &q);
+    check(
+        rep,
+        "query heads not a multiple of KV heads",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::Shape { .. }),
+            &[(&cache, &bytes)],
+        ),
+    );
+    let bad = DecodeParams {
+        soft_cap: Some(-1.0),
+        ..dc.params
+    };
+    let r = decode(&cache, &mut out, &w.block_table, &w.seq_lens, bad, &q);
+    check(
+        rep,
+        "negative soft-cap",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::Shape { .. }),
+            &[(&cache, &bytes)],
+        ),
+    );
+    let mut short_out = be.alloc_tensor(DType::F32, n_out - 1)?;
+    let r = decode(
+        &cache,
+        &mut short_out,
+        &w.block_table,
+        &w.seq_lens,
+        dc.params,
+        &q,
+    );
+    check(
+        rep,
+        "output of the wrong size",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::Shape { .. }),
+            &[(&cache, &bytes)],
+        ),
+    );
+    let short_q = be.upload_tensor(&HostTensor::F32(vec![0.0; dc.query.len() - 1]))?;
+    let r = decode(
+        &cache,
+        &mut out,
+        &w.block_table,
+        &w.seq_lens,
+        dc.params,
+        &short_q,
+    );
+    check(
+        rep,
+        "query of the wrong size",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::Shape { .. }),
+            &[(&cache, &bytes)],
+        ),
+    );
+
+    // Block movers.
+    let nb = g.num_blocks;
+    let r = be.copy_blocks(&mut cache, &[(nb, 0)]);
+    check(
+        rep,
+        "copy: source block out of range",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::BadPair { index: 0, .. }),
+            &[(&cache, &bytes)],
+        ),
+    );
+    let r = be.copy_blocks(&mut cache, &[(0, 1), (2, 1)]);
+    check(
+        rep,
+        "copy: destination twice",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::BadPair { dst: 1, .. }),
+            &[(&cache, &bytes)],
+        ),
+    );
+    let r = be.copy_blocks(&mut cache, &[(0, 1), (1, 2)]);
+    check(
+        rep,
+        "copy: a source that is also a destination",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::BadPair { .. }),
+            &[(&cache, &bytes)],
+        ),
+    );
+    let other_dtype = if l.dtype() == DType::F32 {
+        "bf16"
+    } else {
+        "f32"
+    };
+    let mut spec = l.spec().clone();
+    spec.dtype = other_dtype.parse().expect("dtype");
+    if let kvlayout::Content::KvScaled {
+        head_size,
+        head_size_v,
+    } = spec.content
+    {
+        spec.content = kvlayout::Content::Kv {
+            head_size,
+            head_size_v,
+        };
+    }
+    let other = KvCacheLayout::new(spec).expect("same geometry, other dtype");
+    let other_bytes = random_bytes(&other, "other");
+    let mut other_cache = upload(be, &other, &other_bytes)?;
+    let r = be.swap_blocks(&other_cache, &mut cache, &[(0, 0)]);
+    check(
+        rep,
+        "swap: different dtype",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::Incompatible(_)),
+            &[(&cache, &bytes), (&other_cache, &other_bytes)],
+        ),
+    );
+    let r = be.convert(&cache, &mut other_cache);
+    check(
+        rep,
+        "convert: different dtype",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::Incompatible(_)),
+            &[(&cache, &bytes), (&other_cache, &other_bytes)],
+        ),
+    );
+    let mut spec = l.spec().clone();
+    spec.geometry.num_blocks += 1;
+    let more = KvCacheLayout::new(spec).expect("one block more");
+    let more_bytes = random_bytes(&more, "more");
+    let mut more_cache = upload(be, &more, &more_bytes)?;
+    let r = be.convert(&cache, &mut more_cache);
+    check(
+        rep,
+        "convert: different block count",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::Incompatible(_)),
+            &[(&cache, &bytes), (&more_cache, &more_bytes)],
+        ),
+    );
+    let r = be.swap_blocks(&more_cache, &mut cache, &[(0, nb)]);
+    check(
+        rep,
+        "swap: destination block out of range",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::BadPair { index: 0, .. }),
+            &[(&cache, &bytes), (&more_cache, &more_bytes)],
+        ),
+    );
+    if g.num_kv_heads > 1 {
+        let mut spec = l.spec().clone();
+        spec.geometry.num_kv_heads -= 1;
+        if let Ok(fewer) = KvCacheLayout::new(spec) {
+            let fb = random_bytes(&fewer, "fewer");
+            let fc = upload(be, &fewer, &fb)?;
+            let r = be.swap_blocks(&fc, &mut cache, &[(0, 0)]);
+            check(
+                rep,
+                "swap: different head count",
+                refused(
+                    be,
+                    r,
+                    |e| matches!(e, OpError::Incompatible(_)),
+                    &[(&cache, &bytes), (&fc, &fb)],
+                ),
+            );
+        }
+    }
+    let plan = mover_plan(case, 0);
+    let sb = sentinel(&plan.staging);
+    let mut staging = upload(be, &plan.staging, &sb)?;
+    let r = be.gather_blocks(
+        &cache,
+        &plan.gather_blocks,
+        0..g.num_kv_heads + 1,
+        &mut staging,
+    );
+    check(
+        rep,
+        "gather: head range past the heads",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::Shape { .. }),
+            &[(&cache, &bytes), (&staging, &sb)],
+        ),
+    );
+    if plan.heads.end - plan.heads.start > 1 {
+        let r = be.gather_blocks(
+            &cache,
+            &plan.gather_blocks,
+            plan.heads.start..plan.heads.end - 1,
+            &mut staging,
+        );
+        check(
+            rep,
+            "gather: staging holds other heads",
+            refused(
+                be,
+                r,
+                |e| matches!(e, OpError::Incompatible(_)),
+                &[(&cache, &bytes), (&staging, &sb)],
+            ),
+        );
+    }
+    let r = be.gather_blocks(&cache, &[0, 1, 0, 1], plan.heads.clone(), &mut staging);
+    check(
+        rep,
+        "gather: more blocks than the staging holds",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::Incompatible(_)),
+            &[(&cache, &bytes), (&staging, &sb)],
+        ),
+    );
+    let r = be.gather_blocks(&cache, &[nb], plan.heads.clone(), &mut staging);
+    check(
+        rep,
+        "gather: block out of range",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::BadPair { .. }),
+            &[(&cache, &bytes), (&staging, &sb)],
+        ),
+    );
+    let r = be.scatter_blocks(&staging, &[1, 1], plan.heads.clone(), &mut cache);
+    check(
+        rep,
+        "scatter: one block twice",
+        refused(
+            be,
+            r,
+            |e| matches!(e, OpError::BadPair { .. }),
+            &[(&cache, &bytes), (&staging, &sb)],
+        ),
+    );
+
+    // Buffers: shorter than the registered span (by one byte, and down to the last element
+    // byte when the span is padded), misaligned.
+    let data_end: Vec<u64> = (0..l.num_buffers())
+        .map(|i| {
+            l.stored_fields()
+                .iter()
+                .filter(|m| m.strides.buffer as usize == i)
+                .map(|m| m.data_end())
+                .max()
+                .unwrap_or(0)
         })
-    ));
+        .collect();
+    for i in 0..l.num_buffers() {
+        let exact = BufferShape::exact(l);
+        let needed = exact[i].len;
+        let mut lens = vec![needed - 1];
+        if data_end[i] < needed - 1 {
+            lens.push(data_end[i]);
+        }
+        for len in lens {
+            let mut shapes = exact.clone();
+            shapes[i].len = len;
+            let mut bad = be.alloc_cache(l, &shapes)?;
+            let bb = random_bytes_shaped(&shapes, "short");
+            be.upload_cache(&mut bad, &bb)?;
+            let is_short = |e: &OpError| matches!(e, OpError::BufferTooShort { buffer, len: got, needed: n } if *buffer == i && *got == len && *n == needed);
+            let r = write(&mut bad, &[0, 1, 2], w.layer, &key, value);
+            check(
+                rep,
+                &format!("write_kv: buffer {i} of {len} bytes (span {needed})"),
+                refused(be, r, is_short, &[(&bad, &bb)]),
+            );
+            let r = decode(&bad, &mut out, &w.block_table, &w.seq_lens, dc.params, &q);
+            check(
+                rep,
+                &format!("paged_decode: buffer {i} of {len} bytes (span {needed})"),
+                refused(be, r, is_short, &[(&bad, &bb)]),
+            );
+            let r = be.copy_blocks(&mut bad, &[(0, 1)]);
+            check(
+                rep,
+                &format!("copy_blocks: buffer {i} of {len} bytes (span {needed})"),
+                refused(be, r, is_short, &[(&bad, &bb)]),
+            );
+            let r = be.convert(&cache, &mut bad);
+            check(
+                rep,
+                &format!("convert: destination buffer {i} of {len} bytes (span {needed})"),
+                refused(be, r, is_short, &[(&bad, &bb), (&cache, &bytes)]),
+            );
+        }
+        let align = l
+            .stored_fields()
+            .iter()
+            .filter(|m| m.strides.buffer as usize == i)
+            .map(|m| m.elem_bytes())
+            .max()
+            .unwrap_or(1);
+        let mut shapes = exact.clone();
+        shapes[i].misalign = align / 2;
+        let mut bad = be.alloc_cache(l, &shapes)?;
+        let bb = random_bytes_shaped(&shapes, "misaligned");
+        be.upload_cache(&mut bad, &bb)?;
+        if align > 1 {
+            let is_misaligned = |e: &OpError| matches!(e, OpError::Misaligned { buffer, align: a, .. } if *buffer == i && *a as u64 == align);
+            let r = write(&mut bad, &[0, 1, 2], w.layer, &key, value);
+            check(
+                rep,
+                &format!(
+                    "write_kv: buffer {i} misaligned by {} for {align}-byte elements",
+                    align / 2
+                ),
+                refused(be, r, is_misaligned, &[(&bad, &bb)]),
+            );
+            let r = decode(&bad, &mut out, &w.block_table, &w.seq_lens, dc.params, &q);
+            check(
+                rep,
+                &format!("paged_decode: buffer {i} misaligned"),
+                refused(be, r, is_misaligned, &[(&bad, &bb)]),
+            );
+            let r = be.swap_blocks(&cache, &mut bad, &[(0, 0)]);
+            check(
+                rep,
+                &format!("swap_blocks: destination buffer {i} misaligned"),
+                refused(be, r, is_misaligned, &[(&bad, &bb), (&cache, &bytes)]),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn random_bytes_shaped(shapes: &[BufferShape], seed: &str) -> Bytes {
+    let mut rng = Rng::new(seed);
+    shapes.iter().map(|s| rng.bytes(s.len as usize)).collect()
+}
+
+/// One-byte elements need no alignment: a buffer at an odd address works, and the result
+/// equals the reference's.
+fn odd_address_accepted<B: Backend>(be: &B, rep: &mut Report) -> Outcome<()> {
+    let case = case_from_spec(
+        "odd-address",
+        "kv L=1 B=3 N=16 H=2 D=8 dtype=fp8_e4m3 order=NHD",
+        DType::F32,
+    );
+    let l = &case.layout;
+    let w = workload(&case).expect("workload");
+    let mut shapes = BufferShape::exact(l);
+    shapes[0].misalign = 3;
+    let mut c = be.alloc_cache(l, &shapes)?;
+    be.upload_cache(&mut c, &sentinel(l))?;
+    let key = be.upload_tensor(&w.key)?;
+    let value = be.upload_tensor(w.value.as_ref().expect("value"))?;
+    let args = WriteArgs {
+        layer: 0,
+        key: &key,
+        value: Some(&value),
+        slot_mapping: &w.slot_mapping,
+    };
+    let r = done(be, be.write_kv(&mut c, &args)).and_then(|()| {
+        let got = be.download_cache(&c)?;
+        let oracle = Host::<ScalarReference>::reference();
+        let mut want = upload(&oracle, l, &sentinel(l))?;
+        let (k, v) = (
+            oracle.upload_tensor(&w.key)?,
+            oracle.upload_tensor(w.value.as_ref().expect("value"))?,
+        );
+        done(
+            &oracle,
+            oracle.write_kv(
+                &mut want,
+                &WriteArgs {
+                    layer: 0,
+                    key: &k,
+                    value: Some(&v),
+                    slot_mapping: &w.slot_mapping,
+                },
+            ),
+        )?;
+        byte_equal(&got, &oracle.download_cache(&want)?)
+    });
+    rep.check("refusal", "fp8 cache at an odd address is accepted", r);
+    Ok(())
+}
+
+impl BackendVisitor for Refusals<'_> {
+    fn visit<B: Backend>(&mut self, be: &B) {
+        let rep = self.reports.entry(be.name().to_string()).or_default();
+        if let Err(why) = be.available() {
+            rep.skipped = Some(why);
+            return;
+        }
+        for (name, spec) in [
+            (
+                "padded-f16",
+                "kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=NHD page=4160",
+            ),
+            (
+                "separate-f32",
+                "kv L=1 B=3 N=16 H=2 D=8 dtype=f32 legacy=separate-hnd",
+            ),
+            (
+                "vllm-x-split-f32",
+                "kv L=1 B=3 N=16 H=2 D=32 dtype=f32 legacy=vllm-paged-v1",
+            ),
+            (
+                "inline-int8",
+                "kv-scaled L=2 B=3 N=16 H=4 D=8 dtype=int8 order=HND base=64",
+            ),
+            (
+                "mla-bf16",
+                "mla L=1 B=3 N=16 rank=32 rope=8 dtype=bf16 order=BLNHC page=1088",
+            ),
+            (
+                "h1-fp8",
+                "kv L=2 B=2 N=16 H=1 D=16 dtype=fp8_e5m2 order=HND",
+            ),
+        ] {
+            let case = case_from_spec(name, spec, DType::F32);
+            match guarded(name, || refusals_for(be, rep, &case)) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) | Err(e) => rep.failures.push(format!("refusal: {name}: {e}")),
+            }
+        }
+        if let Err(e) = odd_address_accepted(be, rep) {
+            rep.failures.push(format!("refusal: odd address: {e}"));
+        }
+    }
+}
+
+#[test]
+fn refusals_on_every_backend() {
+    let backends = Backends::default();
+    let mut reports = BTreeMap::new();
+    backends.for_each(&mut Refusals {
+        reports: &mut reports,
+    });
+    let names = backend_names(&backends);
+    let order: Vec<&str> = names.iter().map(String::as_str).collect();
+    let failures = print_reports("refusals", &reports, &order);
+    assert_eq!(failures, 0, "refusal failures (listed above)");
+}
+
+#[test]
+fn the_table_covers_what_the_suite_promises() {
+    let cases = all_cases();
+    let names: Vec<&str> = cases.iter().map(|c| c.name.as_str()).collect();
+    let specs: Vec<&str> = cases.iter().map(|c| c.spec.as_str()).collect();
+    for order in kvlayout_conformance::cases::ALL_ORDERS {
+        assert!(
+            specs.iter().any(|s| s.contains(&format!("order={order}"))),
+            "{order}"
+        );
+    }
+    for needle in [
+        "order=NHD",
+        "order=HND",
+        "page=",
+        "base=",
+        "legacy=vllm-paged-v1",
+        "legacy=flash-attn-nhd",
+        "legacy=flash-attn-hnd",
+        "legacy=flashinfer-nhd",
+        "legacy=flashinfer-hnd",
+        "legacy=separate-nhd",
+        "legacy=separate-hnd",
+        "D=192 Dv=128",
+        "rank=512 rope=64",
+        "kv-scaled",
+        "B=3 N=16 H=4 D=8",
+        "B=2",
+        "H=1",
+        "N=4 H=4",
+        "k_scale=",
+    ] {
+        assert!(
+            specs.iter().any(|s| s.contains(needle)),
+            "no case with {needle}"
+        );
+    }
+    for dtype in ["f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8"] {
+        assert!(
+            names.iter().any(|n| n.ends_with(&format!("/{dtype}"))),
+            "{dtype}"
+        );
+    }
+    let groups: BTreeSet<&str> = cases.iter().map(|c| c.group.as_str()).collect();
+    assert!(
+        groups.len() < cases.len(),
+        "some layouts share content (convert pairs)"
+    );
 }

@@ -175,22 +175,25 @@ impl Plan<'_> {
         }
     }
 
-    /// Online softmax of the group of `kv_head` over tokens `range` of sequence `seq`.
-    /// Writes `[max; group][sum; group][acc; group * v_width]` into `state`.
+    /// Online softmax of the groups of KV heads `heads` over tokens `range` of sequence `seq`,
+    /// tile by tile, every head of the range on each tile (so a token-major page is read in
+    /// address order). Writes per head `[max; group][sum; group][acc; group * v_width]` into
+    /// consecutive records of `states`.
     fn run(
         &self,
         seq: usize,
-        kv_head: usize,
+        heads: std::ops::Range<usize>,
         range: std::ops::Range<u64>,
-        state: &mut [f32],
+        states: &mut [f32],
         s: &mut Scratch,
     ) {
         let (g, qk, vw) = (self.shape.group, self.shape.qk_width, self.shape.v_width);
-        let (stats, acc) = state.split_at_mut(2 * g);
-        let (maxes, sums) = stats.split_at_mut(g);
-        maxes.fill(f32::NEG_INFINITY);
-        sums.fill(0.0);
-        acc[..g * vw].fill(0.0);
+        let sw = g * (2 + vw);
+        let nh = heads.len();
+        for state in states[..nh * sw].chunks_exact_mut(sw) {
+            state[..g].fill(f32::NEG_INFINITY);
+            state[g..].fill(0.0);
+        }
         if range.is_empty() {
             return;
         }
@@ -203,18 +206,17 @@ impl Plan<'_> {
             tmp,
             ..
         } = s;
-        grow(q, g * qk);
+        grow(q, nh * g * qk);
         grow(logits, g * TILE);
         grow(weights, g * TILE);
         grow(dots, g);
         grow(row, qk.max(vw));
         grow(tmp, qk.max(vw));
-        let q0 = (seq * self.shape.q_heads + kv_head * g) * qk;
-        self.d.query.read_into(q0, &mut q[..g * qk]);
-        for x in &mut q[..g * qk] {
+        let q0 = (seq * self.shape.q_heads + heads.start * g) * qk;
+        self.d.query.read_into(q0, &mut q[..nh * g * qk]);
+        for x in &mut q[..nh * g * qk] {
             *x *= self.q_scale;
         }
-        let h = kv_head as u64;
         let cap = self.d.params.soft_cap;
         let tiles = simd::has_tile_kernels(self.isa);
         let mut t0 = range.start;
@@ -226,105 +228,111 @@ impl Plan<'_> {
                 .min((bi + 1) * self.block_size);
             let nt = (t1 - t0) as usize;
             let b = self.d.block_table[seq * self.d.blocks_per_seq + bi as usize] as u64;
-            let (kb, vb) = (self.base(&self.k, b, h), self.base(&self.v, b, h));
-            let ksb = self.k_inline.as_ref().map_or(0, |m| self.base(m, b, h));
-            let vsb = self.v_inline.as_ref().map_or(0, |m| self.base(m, b, h));
-            self.prefetch_next(seq, t1, range.end, h);
-            // Logits of the tile: logits[j * TILE + i].
-            if let (Some((kind, stride)), true) = (tile_rows(&self.k, self.k_rows), tiles) {
-                let tile = self.tile_bytes(&self.k, kind, kb + n0 * stride as u64, nt);
-                simd::dots_tile(
-                    self.isa,
-                    kind,
-                    tile,
-                    stride,
-                    nt,
-                    qk,
-                    &q[..g * qk],
-                    g,
-                    logits,
-                    TILE,
-                );
-            } else {
-                for i in 0..nt {
-                    let n = n0 + i as u64;
-                    let (kind, bytes) =
-                        self.row(&self.k, self.k_rows, kb + n * self.k.strides.slot, row);
-                    simd::dots(self.isa, kind, bytes, qk, &q[..g * qk], &mut dots[..g], tmp);
-                    for (j, x) in dots[..g].iter().enumerate() {
-                        logits[j * TILE + i] = *x;
-                    }
-                }
-            }
-            if self.k_inline.is_some() || cap.is_some() {
-                for i in 0..nt {
-                    let ks = self.scale_at(&self.k_inline, ksb, n0 + i as u64);
-                    for j in 0..g {
-                        let mut l = logits[j * TILE + i] * ks;
-                        if let Some(c) = cap {
-                            l = c * (l / c).tanh();
-                        }
-                        logits[j * TILE + i] = l;
-                    }
-                }
-            }
-            // Rescale the running state to the tile's new maxima; logits become weights.
-            for j in 0..g {
-                let tile = &mut logits[j * TILE..j * TILE + nt];
-                let tile_max = tile.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                let new_max = maxes[j].max(tile_max);
-                if new_max > maxes[j] {
-                    let c = (maxes[j] - new_max).exp();
-                    sums[j] *= c;
-                    for a in &mut acc[j * vw..(j + 1) * vw] {
-                        *a *= c;
-                    }
-                    maxes[j] = new_max;
-                }
-                for l in tile.iter_mut() {
-                    *l -= new_max;
-                }
-                simd::exp_inplace(self.isa, tile);
-                sums[j] += tile.iter().sum::<f32>();
-            }
-            // Values: weights[j * TILE + i] = p * v_scale * inline scale of token i.
-            for i in 0..nt {
-                let vs = self.v_scale * self.scale_at(&self.v_inline, vsb, n0 + i as u64);
-                for j in 0..g {
-                    weights[j * TILE + i] = logits[j * TILE + i] * vs;
-                }
-            }
-            if let (Some((kind, stride)), true) = (tile_rows(&self.v, self.v_rows), tiles) {
-                let tile = self.tile_bytes(&self.v, kind, vb + n0 * stride as u64, nt);
-                simd::axpys_tile(
-                    self.isa,
-                    kind,
-                    tile,
-                    stride,
-                    nt,
-                    vw,
-                    weights,
-                    g,
-                    TILE,
-                    &mut acc[..g * vw],
-                );
-            } else {
-                for i in 0..nt {
-                    let n = n0 + i as u64;
-                    for j in 0..g {
-                        dots[j] = weights[j * TILE + i];
-                    }
-                    let (kind, bytes) =
-                        self.row(&self.v, self.v_rows, vb + n * self.v.strides.slot, row);
-                    simd::axpys(
+            for (hh, state) in heads.clone().zip(states[..nh * sw].chunks_exact_mut(sw)) {
+                let h = hh as u64;
+                let q = &q[(hh - heads.start) * g * qk..(hh - heads.start + 1) * g * qk];
+                let (stats, acc) = state.split_at_mut(2 * g);
+                let (maxes, sums) = stats.split_at_mut(g);
+                let (kb, vb) = (self.base(&self.k, b, h), self.base(&self.v, b, h));
+                let ksb = self.k_inline.as_ref().map_or(0, |m| self.base(m, b, h));
+                let vsb = self.v_inline.as_ref().map_or(0, |m| self.base(m, b, h));
+                self.prefetch_next(seq, t1, range.end, h);
+                // Logits of the tile: logits[j * TILE + i].
+                if let (Some((kind, stride)), true) = (tile_rows(&self.k, self.k_rows), tiles) {
+                    let tile = self.tile_bytes(&self.k, kind, kb + n0 * stride as u64, nt);
+                    simd::dots_tile(
                         self.isa,
                         kind,
-                        bytes,
-                        vw,
-                        &dots[..g],
-                        &mut acc[..g * vw],
-                        tmp,
+                        tile,
+                        stride,
+                        nt,
+                        qk,
+                        &q[..g * qk],
+                        g,
+                        logits,
+                        TILE,
                     );
+                } else {
+                    for i in 0..nt {
+                        let n = n0 + i as u64;
+                        let (kind, bytes) =
+                            self.row(&self.k, self.k_rows, kb + n * self.k.strides.slot, row);
+                        simd::dots(self.isa, kind, bytes, qk, &q[..g * qk], &mut dots[..g], tmp);
+                        for (j, x) in dots[..g].iter().enumerate() {
+                            logits[j * TILE + i] = *x;
+                        }
+                    }
+                }
+                if self.k_inline.is_some() || cap.is_some() {
+                    for i in 0..nt {
+                        let ks = self.scale_at(&self.k_inline, ksb, n0 + i as u64);
+                        for j in 0..g {
+                            let mut l = logits[j * TILE + i] * ks;
+                            if let Some(c) = cap {
+                                l = c * (l / c).tanh();
+                            }
+                            logits[j * TILE + i] = l;
+                        }
+                    }
+                }
+                // Rescale the running state to the tile's new maxima; logits become weights.
+                for j in 0..g {
+                    let tile = &mut logits[j * TILE..j * TILE + nt];
+                    let tile_max = tile.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                    let new_max = maxes[j].max(tile_max);
+                    if new_max > maxes[j] {
+                        let c = (maxes[j] - new_max).exp();
+                        sums[j] *= c;
+                        for a in &mut acc[j * vw..(j + 1) * vw] {
+                            *a *= c;
+                        }
+                        maxes[j] = new_max;
+                    }
+                    for l in tile.iter_mut() {
+                        *l -= new_max;
+                    }
+                    simd::exp_inplace(self.isa, tile);
+                    sums[j] += tile.iter().sum::<f32>();
+                }
+                // Values: weights[j * TILE + i] = p * v_scale * inline scale of token i.
+                for i in 0..nt {
+                    let vs = self.v_scale * self.scale_at(&self.v_inline, vsb, n0 + i as u64);
+                    for j in 0..g {
+                        weights[j * TILE + i] = logits[j * TILE + i] * vs;
+                    }
+                }
+                if let (Some((kind, stride)), true) = (tile_rows(&self.v, self.v_rows), tiles) {
+                    let tile = self.tile_bytes(&self.v, kind, vb + n0 * stride as u64, nt);
+                    simd::axpys_tile(
+                        self.isa,
+                        kind,
+                        tile,
+                        stride,
+                        nt,
+                        vw,
+                        weights,
+                        g,
+                        TILE,
+                        &mut acc[..g * vw],
+                    );
+                } else {
+                    for i in 0..nt {
+                        let n = n0 + i as u64;
+                        for j in 0..g {
+                            dots[j] = weights[j * TILE + i];
+                        }
+                        let (kind, bytes) =
+                            self.row(&self.v, self.v_rows, vb + n * self.v.strides.slot, row);
+                        simd::axpys(
+                            self.isa,
+                            kind,
+                            bytes,
+                            vw,
+                            &dots[..g],
+                            &mut acc[..g * vw],
+                            tmp,
+                        );
+                    }
                 }
             }
             t0 = t1;
@@ -344,6 +352,34 @@ fn finish(state: &[f32], g: usize, vw: usize, out: &mut [f32]) {
             }
         } else {
             o.fill(0.0);
+        }
+    }
+}
+
+/// Combines the partial states of `parts` partitions of one KV head: each rescaled to the
+/// global maximum, then normalized.
+fn combine<'p>(parts: usize, g: usize, vw: usize, rec: impl Fn(usize) -> &'p [f32], o: &mut [f32]) {
+    o.fill(0.0);
+    for j in 0..g {
+        let m = (0..parts)
+            .map(|p| rec(p)[j])
+            .fold(f32::NEG_INFINITY, f32::max);
+        let o = &mut o[j * vw..(j + 1) * vw];
+        let mut sum = 0.0;
+        for p in 0..parts {
+            let r = rec(p);
+            if r[g + j] > 0.0 {
+                let c = (r[j] - m).exp();
+                sum += r[g + j] * c;
+                for (x, a) in o.iter_mut().zip(&r[2 * g + j * vw..2 * g + (j + 1) * vw]) {
+                    *x += a * c;
+                }
+            }
+        }
+        if sum > 0.0 {
+            for x in o.iter_mut() {
+                *x /= sum;
+            }
         }
     }
 }
@@ -395,12 +431,25 @@ pub(crate) fn decode_with(
     };
     let kv_heads = layout.geometry().num_kv_heads as usize;
     let (g, vw) = (shape.group, shape.v_width);
-    let sw = 2 + vw;
-    let items = shape.seqs * kv_heads;
+    // Per head: [max; g][sum; g][acc; g * vw].
+    let rec = g * (2 + vw);
+    // Token-major pages keep the heads of a token together: one item takes all heads of a
+    // sequence so the page is read in address order. Head-major pages: one head per item.
+    let hpi = if k.strides.head < k.strides.slot {
+        kv_heads
+    } else {
+        1
+    };
+    let items = shape.seqs * (kv_heads / hpi);
     let range_of = |seq: usize| {
         let len = u64::from(d.seq_lens[seq]);
         d.params.sliding_window.map_or(0, |w| len.saturating_sub(w))..len
     };
+    let head_range = |item: usize| {
+        let h0 = (item % (kv_heads / hpi)) * hpi;
+        h0..h0 + hpi
+    };
+    let seq_of = |item: usize| item / (kv_heads / hpi);
     let longest = (0..shape.seqs)
         .map(|s| range_of(s).end - range_of(s).start)
         .max()
@@ -417,73 +466,65 @@ pub(crate) fn decode_with(
     });
     be.pool.install(|| {
         if parts <= 1 {
-            out.par_chunks_mut(g * vw).enumerate().for_each(|(i, o)| {
-                SCRATCH.with(|s| {
-                    let s = &mut *s.borrow_mut();
-                    let mut state = std::mem::take(&mut s.state);
-                    grow(&mut state, g * sw);
-                    let (seq, kv_head) = (i / kv_heads, i % kv_heads);
-                    plan.run(seq, kv_head, range_of(seq), &mut state[..g * sw], s);
-                    finish(&state[..g * sw], g, vw, o);
-                    s.state = state;
+            out.par_chunks_mut(hpi * g * vw)
+                .enumerate()
+                .for_each(|(item, o)| {
+                    SCRATCH.with(|s| {
+                        let s = &mut *s.borrow_mut();
+                        let mut state = std::mem::take(&mut s.state);
+                        grow(&mut state, hpi * rec);
+                        let seq = seq_of(item);
+                        plan.run(
+                            seq,
+                            head_range(item),
+                            range_of(seq),
+                            &mut state[..hpi * rec],
+                            s,
+                        );
+                        for (st, o) in state[..hpi * rec]
+                            .chunks_exact(rec)
+                            .zip(o.chunks_exact_mut(g * vw))
+                        {
+                            finish(st, g, vw, o);
+                        }
+                        s.state = state;
+                    });
                 });
-            });
         } else {
             let mut partials = be.decode_partials.lock().unwrap_or_else(|e| e.into_inner());
-            grow(&mut partials, items * parts * g * sw);
-            partials[..items * parts * g * sw]
-                .par_chunks_mut(g * sw)
+            let n = items * parts * hpi * rec;
+            grow(&mut partials, n);
+            partials[..n]
+                .par_chunks_mut(hpi * rec)
                 .enumerate()
                 .for_each(|(i, st)| {
                     let (item, part) = (i / parts, i % parts);
-                    let r = range_of(item / kv_heads);
-                    let len = r.end - r.start;
-                    let per = len.div_ceil(parts as u64);
+                    let r = range_of(seq_of(item));
+                    let per = (r.end - r.start).div_ceil(parts as u64);
                     let a = (r.start + part as u64 * per).min(r.end);
                     let b = (a + per).min(r.end);
                     SCRATCH.with(|s| {
                         plan.run(
-                            item / kv_heads,
-                            item % kv_heads,
+                            seq_of(item),
+                            head_range(item),
                             a..b,
                             st,
                             &mut s.borrow_mut(),
                         )
                     });
                 });
-            let partials = &partials[..items * parts * g * sw];
+            let partials = &partials[..n];
             out.par_chunks_mut(g * vw)
                 .enumerate()
-                .for_each(|(item, o)| {
-                    // Combine the partitions' states: rescale each to the global max.
-                    let rec = |p: usize| {
-                        &partials[(item * parts + p) * g * sw..(item * parts + p + 1) * g * sw]
+                .for_each(|(head_item, o)| {
+                    // Output chunk `head_item` is KV head `head_item % kv_heads` of its sequence:
+                    // item `head_item / hpi`, head `head_item % hpi` within the item.
+                    let (item, hh) = (head_item / hpi, head_item % hpi);
+                    let rec_of = |p: usize| {
+                        let at = ((item * parts + p) * hpi + hh) * rec;
+                        &partials[at..at + rec]
                     };
-                    o.fill(0.0);
-                    for j in 0..g {
-                        let m = (0..parts)
-                            .map(|p| rec(p)[j])
-                            .fold(f32::NEG_INFINITY, f32::max);
-                        let o = &mut o[j * vw..(j + 1) * vw];
-                        let mut sum = 0.0;
-                        for p in 0..parts {
-                            let r = rec(p);
-                            if r[g + j] > 0.0 {
-                                let c = (r[j] - m).exp();
-                                sum += r[g + j] * c;
-                                for (x, a) in
-                                    o.iter_mut().zip(&r[2 * g + j * vw..2 * g + (j + 1) * vw])
-                                {
-                                    *x += a * c;
-                                }
-                            }
-                        }
-                        if sum > 0.0 {
-                            for x in o.iter_mut() {
-                                *x /= sum;
-                            }
-                        }
-                    }
+                    combine(parts, g, vw, rec_of, o);
                 });
         }
     });
