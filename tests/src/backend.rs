@@ -379,11 +379,16 @@ impl HostOps for ScalarReference {
     }
 }
 
-/// One host allocation: 8-byte aligned storage, viewed from `start` for `len` bytes (a
+/// 64 bytes, 64-byte aligned (a cache line, as device allocations are at least this aligned).
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Line([u8; 64]);
+
+/// One host allocation: 64-byte aligned storage, viewed from `start` for `len` bytes (a
 /// non-zero `start` makes a misaligned buffer).
 #[derive(Debug, Clone)]
 pub struct HostMem {
-    words: Vec<u64>,
+    lines: Vec<Line>,
     start: usize,
     len: usize,
 }
@@ -391,9 +396,9 @@ pub struct HostMem {
 impl HostMem {
     fn new(shape: BufferShape) -> Result<Self, String> {
         let len = usize::try_from(shape.len).map_err(|_| "buffer too large".to_string())?;
-        let start = usize::try_from(shape.misalign % 8).expect("< 8");
+        let start = usize::try_from(shape.misalign % 64).expect("< 64");
         Ok(HostMem {
-            words: vec![0; (start + len).div_ceil(8)],
+            lines: vec![Line([0; 64]); (start + len).div_ceil(64)],
             start,
             len,
         })
@@ -401,12 +406,12 @@ impl HostMem {
 
     /// The bytes.
     pub fn bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice(&self.words)[self.start..self.start + self.len]
+        &bytemuck::cast_slice(&self.lines)[self.start..self.start + self.len]
     }
 
     /// The bytes, mutable.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut bytemuck::cast_slice_mut(&mut self.words)[self.start..self.start + self.len]
+        &mut bytemuck::cast_slice_mut(&mut self.lines)[self.start..self.start + self.len]
     }
 }
 

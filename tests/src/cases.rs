@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | `std` | L=2 B=3 N=16 H=4 D=8 | sizes that expose swapped strides; the five named orders, padded pages, base offsets, every FlashAttention / FlashInfer / separate-K/V layout |
 //! | `orders` | L=2 B=3 N=5 H=4 D=8 | all 24 physical orders (every axis a different size) |
-//! | `b2` | B=2 | "shape[0] == 2" ambiguity |
+//! | `b2` | B=2 | `shape[0] == 2` ambiguity |
 //! | `h1` | H=1 | single KV head (MQA), and H=1 with a non-canonical head stride |
 //! | `hn` | H=N=4 | heads and tokens interchangeable by shape |
 //! | `b2h2n2` | B=H=N=2 | all of them at once |
@@ -17,6 +17,8 @@
 //! | `scaled` / `scaled-dv` | int8 / fp8 rows with inline f32 scales | scales at their byte offsets |
 //! | `scales` | per-tensor k_scale / v_scale | dequantization by the tensor scales |
 //! | `long` | B=24 H=1 | sequences long enough for split-context decode |
+//! | `tiles`, `tiles-vllm` | B=12 H=4 D=72 Dv=40 | sequences of several decode tiles, GQA groups of 1-8, SIMD tails |
+//! | `big` | 8.4 MB caches | block movers only: the large-copy (streaming) paths |
 //! | `opaque`, `mamba-*`, `mla-c4` | per-block states, opaque rows, tokens_per_state=4 | block movers only (write/decode refuse) |
 //! | derived | TP head slices, kernel-block splits | explicit-stride layouts, printed and re-parsed |
 //!
@@ -35,8 +37,12 @@ use crate::backend::HostTensor;
 pub enum Ops {
     /// Every op (K/V, inline-scale and MLA content).
     All,
-    /// Block movers only; `write_kv` and `paged_decode` must refuse with `Unsupported`.
-    MoversOnly,
+    /// Block movers only: caches too large for the scalar reference's decode, there to take
+    /// the movers' large-copy paths (the CPU backend streams copies of 8 MiB and more).
+    Movers,
+    /// Block movers; `write_kv` and `paged_decode` must refuse with `Unsupported` (content
+    /// without keys and values: opaque rows, Mamba states, compressed tokens).
+    NoKeys,
 }
 
 /// One layout of the table.
@@ -77,15 +83,6 @@ struct Family {
     placements: &'static [&'static str],
     ops: Ops,
 }
-
-const LEGACY_STD: &[&str] = &[
-    "legacy=flash-attn-nhd",
-    "legacy=flash-attn-hnd",
-    "legacy=flashinfer-nhd",
-    "legacy=flashinfer-hnd",
-    "legacy=separate-nhd",
-    "legacy=separate-hnd",
-];
 
 const FAMILIES: &[Family] = &[
     Family {
@@ -250,32 +247,53 @@ const FAMILIES: &[Family] = &[
         ops: Ops::All,
     },
     Family {
+        id: "tiles",
+        head: "kv L=1 B=12 N=16 H=4 D=72 Dv=40",
+        dtypes: &["f32", "bf16", "fp8_e4m3"],
+        placements: &["order=NHD", "order=HND", "legacy=separate-nhd"],
+        ops: Ops::All,
+    },
+    Family {
+        id: "tiles-vllm",
+        head: "kv L=1 B=12 N=16 H=2 D=64",
+        dtypes: &["f16"],
+        placements: &["legacy=vllm-paged-v1", "order=NHD"],
+        ops: Ops::All,
+    },
+    Family {
+        id: "big",
+        head: "kv L=1 B=128 N=16 H=8 D=64",
+        dtypes: &["f32"],
+        placements: &["order=NHD", "order=HND", "order=NHD page=65600"],
+        ops: Ops::Movers,
+    },
+    Family {
         id: "opaque",
         head: "bytes L=2 B=3 N=16 row=656",
         dtypes: &["u8"],
         placements: &["order=NHD", "order=BLNHC", "order=HND page=10560"],
-        ops: Ops::MoversOnly,
+        ops: Ops::NoKeys,
     },
     Family {
         id: "mamba-ssm",
         head: "mamba-ssm L=2 B=3 N=16 H=4 head_dim=8 state=4",
         dtypes: &["f32", "bf16"],
         placements: &["order=LBHNC", "order=BHLNC", "order=BLNHC"],
-        ops: Ops::MoversOnly,
+        ops: Ops::NoKeys,
     },
     Family {
         id: "mamba-conv",
         head: "mamba-conv L=2 B=3 N=16 conv_dim=12 conv_width=3",
         dtypes: &["bf16"],
         placements: &["order=LBHNC", "order=BLHNC"],
-        ops: Ops::MoversOnly,
+        ops: Ops::NoKeys,
     },
     Family {
         id: "mla-c4",
         head: "mla L=1 B=3 N=16 tps=4 rank=32 rope=8",
         dtypes: &["bf16"],
         placements: &["order=NHD", "order=BLNHC"],
-        ops: Ops::MoversOnly,
+        ops: Ops::NoKeys,
     },
 ];
 
@@ -434,8 +452,8 @@ pub fn all_cases() -> Vec<LayoutCase> {
         1,
     ));
     out.push(derived(
-        "split/BLNHC-ratio4/fp8_e4m3",
-        std("fp8_e4m3", "BLNHC").split_blocks(4),
+        "split/NHD-ratio4/fp8_e4m3",
+        std("fp8_e4m3", "NHD").split_blocks(4),
         2,
     ));
     out
@@ -536,7 +554,7 @@ pub struct Workload {
     pub key: HostTensor,
     /// `[tokens, heads, v_width]`; `None` for MLA.
     pub value: Option<HostTensor>,
-    /// Slot per token, shuffled, with padding tokens (-1) between real ones.
+    /// Slot per token, shuffled, with padding tokens (negative slots) between real ones.
     pub slot_mapping: Vec<i64>,
     /// `(sequence, position)` of each token; `None` for padding.
     pub token_pos: Vec<Option<(usize, usize)>>,
@@ -585,11 +603,14 @@ pub fn workload(case: &LayoutCase) -> Option<Workload> {
         token_pos.push(Some(p));
     }
     token_pos.push(None);
+    // Padding is any negative slot: mostly vLLM's -1, sometimes -2 or i64::MIN.
+    let pads = [-1, -1, -2, i64::MIN];
     let slot_mapping: Vec<i64> = token_pos
         .iter()
-        .map(|p| match *p {
+        .enumerate()
+        .map(|(i, p)| match *p {
             Some((s, t)) => i64::from(table[s * per + t / bs]) * bs as i64 + (t % bs) as i64,
-            None => -1,
+            None => pads[i % pads.len()],
         })
         .collect();
     let tokens = token_pos.len();
@@ -598,28 +619,26 @@ pub fn workload(case: &LayoutCase) -> Option<Workload> {
     let key = HostTensor::from_f32(act, &rng.values(tokens * h * kw));
     let value = (!mla).then(|| HostTensor::from_f32(act, &rng.values(tokens * h * vw)));
     let scale = 1.0 / (kw as f32).sqrt();
-    let configs: [(&str, u64, f32, Option<u64>, Option<f32>); 4] = [
-        ("mha", 1, scale, None, None),
-        ("gqa4+window", 4, scale, Some(bs as u64 + 3), None),
-        ("gqa2+softcap", 2, 2.0 * scale, None, Some(1.0)),
-        ("gqa8+window1+softcap", 8, scale, Some(1), Some(0.5)),
+    // (name, query heads per KV head, scale, window, soft-cap)
+    let mut step = |name, group: u64, scale, sliding_window, soft_cap| {
+        let num_q_heads = group * heads;
+        DecodeCase {
+            name,
+            query: HostTensor::from_f32(act, &rng.values(3 * num_q_heads as usize * kw)),
+            params: DecodeParams {
+                num_q_heads,
+                scale,
+                sliding_window,
+                soft_cap,
+            },
+        }
+    };
+    let decodes = vec![
+        step("mha", 1, scale, None, None),
+        step("gqa4+window", 4, scale, Some(bs as u64 + 3), None),
+        step("gqa2+softcap", 2, 2.0 * scale, None, Some(1.0)),
+        step("gqa8+window1+softcap", 8, scale, Some(1), Some(0.5)),
     ];
-    let decodes = configs
-        .iter()
-        .map(|&(name, group, scale, sliding_window, soft_cap)| {
-            let q_heads = group * heads;
-            DecodeCase {
-                name,
-                query: HostTensor::from_f32(act, &rng.values(3 * q_heads as usize * kw)),
-                params: DecodeParams {
-                    num_q_heads: q_heads,
-                    scale,
-                    sliding_window,
-                    soft_cap,
-                },
-            }
-        })
-        .collect();
     Some(Workload {
         layer: g.num_layers - 1,
         key,
