@@ -1,13 +1,16 @@
 //! Fast path of `paged_decode`.
 //!
-//! Work is one (sequence, KV head) item — the whole GQA group of query heads that share the
-//! KV head, so every K and V row is read once — or, when there are too few items to keep every
-//! thread busy, one (sequence, KV head, context partition) item whose partial softmax state is
-//! reduced afterwards (flash-decoding). Each item runs an online softmax over tiles of tokens:
-//! logits of the tile for all heads of the group (SIMD dot products on the stored row), one
-//! max/exp pass, then the value rows (SIMD axpy). Rows are addressed through the layout's field
-//! maps only; contiguous f32/f16/bf16 rows are widened in registers, other rows (fp8, int8,
-//! x-split or transposed legacy rows) are first decoded into an f32 row.
+//! A work item is a sequence and a range of KV heads — all of them when the page is token-major
+//! (so the page is read in address order), one when it is head-major — each with the whole
+//! GQA group of query heads sharing it, so every K and V row is read once. When there are too
+//! few items to keep every thread busy, each item's context is also split into partitions
+//! whose partial softmax states are reduced afterwards (flash-decoding). An item runs an online
+//! softmax over tiles of tokens that never cross a block: the tile's logits in one kernel call
+//! (4 rows x 4 query heads per block of registers, one transposed reduction), one vectorized
+//! exp pass, then the tile's value rows with the accumulators held in registers. Rows are
+//! addressed through the layout's field maps only; contiguous rows (f32, f16, bf16, fp8, int8)
+//! are widened in registers, other rows (x-split or transposed legacy rows) are first decoded
+//! into an f32 row. The next tile's rows are prefetched into L2.
 //!
 //! Scratch lives in per-thread buffers and a partials buffer kept by the backend, so a decode
 //! step allocates nothing once they have grown.
@@ -32,7 +35,7 @@ const MIN_PARTITION: u64 = 128;
 /// How a field's rows are read.
 #[derive(Debug, Clone, Copy)]
 enum Rows {
-    /// Contiguous f32 / f16 / bf16 rows, widened in the kernel.
+    /// Contiguous rows of a dtype the kernels widen in registers.
     Direct(RowKind),
     /// Anything else: decoded element by element into an f32 row.
     Decoded(DType),
