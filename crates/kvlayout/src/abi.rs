@@ -108,7 +108,7 @@ impl KvCacheLayout {
         let s = m.strides;
         let g = self.geometry();
         let scale = match field {
-            Field::K => self.scales().k_scale,
+            Field::K | Field::Latent => self.scales().k_scale,
             Field::V => self.scales().v_scale,
             _ => 1.0,
         };

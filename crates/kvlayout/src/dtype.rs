@@ -97,6 +97,7 @@ impl DType {
 ///
 /// They belong to the description: two caches with different scales hold different values.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TensorScales {
     /// Multiplier applied to stored K values.
     pub k_scale: f32,

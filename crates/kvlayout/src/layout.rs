@@ -128,6 +128,11 @@ fn check_content(content: &Content, dtype: DType, heads: u64) -> Result<()> {
             mul_ok(head_dim, state_size, "SSM state size")?;
         }
     }
+    if matches!(content, Content::Opaque { .. }) && dtype != DType::U8 {
+        return Err(LayoutError::Invalid(format!(
+            "opaque rows are bytes: dtype must be u8, got {dtype}"
+        )));
+    }
     if dtype == DType::U8 && !matches!(content, Content::Opaque { .. }) {
         return Err(LayoutError::Invalid(
             "dtype u8 is only for opaque byte rows".into(),
@@ -239,15 +244,29 @@ impl KvCacheLayout {
         let (lowered, extents) = lower(&spec.placement, &rows, ext)?;
         let fields: Vec<FieldMap> = lowered
             .into_iter()
-            .map(|(r, strides)| FieldMap {
-                field: r.field,
-                dtype: r.dtype,
-                num_layers: g.num_layers,
-                num_blocks: g.num_blocks,
-                num_heads: g.num_kv_heads,
-                num_slots: slots,
-                width: r.width,
-                strides,
+            .map(|(r, mut strides)| {
+                // A split whose chunks abut (chunk stride = split x element stride) addresses
+                // exactly like no split: normalize it, so views and comparisons see one form.
+                let chunks = r.width / strides.dim_split.max(1);
+                if strides.dim_split != r.width
+                    && (chunks <= 1
+                        || strides.dim_chunk == strides.dim_split.saturating_mul(strides.dim))
+                    && strides.dim_split > 0
+                    && r.width % strides.dim_split == 0
+                {
+                    strides.dim_chunk = strides.dim.saturating_mul(r.width);
+                    strides.dim_split = r.width;
+                }
+                FieldMap {
+                    field: r.field,
+                    dtype: r.dtype,
+                    num_layers: g.num_layers,
+                    num_blocks: g.num_blocks,
+                    num_heads: g.num_kv_heads,
+                    num_slots: slots,
+                    width: r.width,
+                    strides,
+                }
             })
             .collect();
         for map in &fields {

@@ -124,7 +124,9 @@ fn lower_paged(p: &Paged, rows: &[RowField], ext: Extents) -> Result<Lowered> {
                     }
                     page = padded;
                 }
-                page = page.div_ceil(p.alignment) * p.alignment;
+                page = mul(page.div_ceil(p.alignment), p.alignment, || {
+                    "page size rounded up to the alignment".into()
+                })?;
                 running = page;
             } else if p.page_size_padded.is_some() || p.alignment > 1 {
                 return Err(LayoutError::Invalid(format!(

@@ -9,14 +9,36 @@ use crate::spec::LayoutSpec;
 /// Version written by this crate and the only one it reads.
 pub const JSON_VERSION: u32 = 1;
 
-/// The on-disk document: a version number and the spec, flattened.
+/// The on-disk document: a version number and the spec's parts. Unknown keys are refused
+/// (a misspelt `page_size_padded` must not silently give a dense page).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LayoutDocument {
     /// Format version; must be [`JSON_VERSION`].
     pub version: u32,
-    /// The layout.
-    #[serde(flatten)]
-    pub spec: LayoutSpec,
+    /// Axis extents.
+    pub geometry: crate::Geometry,
+    /// Content row.
+    pub content: crate::Content,
+    /// Element type.
+    pub dtype: crate::DType,
+    /// Per-tensor scales.
+    #[serde(default)]
+    pub scales: crate::TensorScales,
+    /// Placement.
+    pub placement: crate::Placement,
+}
+
+impl LayoutDocument {
+    fn spec(self) -> LayoutSpec {
+        LayoutSpec {
+            geometry: self.geometry,
+            content: self.content,
+            dtype: self.dtype,
+            scales: self.scales,
+            placement: self.placement,
+        }
+    }
 }
 
 impl TryFrom<LayoutDocument> for KvCacheLayout {
@@ -28,15 +50,20 @@ impl TryFrom<LayoutDocument> for KvCacheLayout {
                 doc.version
             )));
         }
-        KvCacheLayout::new(doc.spec)
+        KvCacheLayout::new(doc.spec())
     }
 }
 
 impl From<KvCacheLayout> for LayoutDocument {
     fn from(layout: KvCacheLayout) -> Self {
+        let s = layout.spec().clone();
         LayoutDocument {
             version: JSON_VERSION,
-            spec: layout.spec().clone(),
+            geometry: s.geometry,
+            content: s.content,
+            dtype: s.dtype,
+            scales: s.scales,
+            placement: s.placement,
         }
     }
 }
@@ -61,5 +88,27 @@ impl KvCacheLayout {
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(&LayoutDocument::from(self.clone()))
             .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_are_refused_and_aliases_accepted() {
+        let l = crate::preset("llama-3-8b").unwrap();
+        let json = l.to_json();
+        assert_eq!(KvCacheLayout::from_json(&json).unwrap(), l);
+        let typo = json.replace("\"base_offset\"", "\"base_ofset\"");
+        assert!(
+            matches!(KvCacheLayout::from_json(&typo), Err(LayoutError::Json(m)) if m.contains("base_ofset"))
+        );
+        let top = json.replacen("\"version\"", "\"extra\": 1, \"version\"", 1);
+        assert!(KvCacheLayout::from_json(&top).is_err());
+        let content = json.replace("\"head_size_v\"", "\"head_size_w\"");
+        assert!(KvCacheLayout::from_json(&content).is_err());
+        let nhd = json.replace("\"LBNHC\"", "\"NHD\"");
+        assert_eq!(KvCacheLayout::from_json(&nhd).unwrap(), l);
     }
 }

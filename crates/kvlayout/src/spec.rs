@@ -10,6 +10,7 @@ use crate::dtype::{DType, TensorScales};
 
 /// Extents of the logical axes `[L, B, H, N]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Geometry {
     /// Layer slots sharing the allocation (1 for a per-layer tensor).
     pub num_layers: u64,
@@ -30,7 +31,7 @@ fn one() -> u64 {
 
 /// What one row of content (the innermost axis C) holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Content {
     /// `[K: head_size][V: head_size_v]` packed in one row.
     Kv {
@@ -156,7 +157,7 @@ macro_rules! orders {
         pub enum AxisOrder {
             $(
                 #[allow(missing_docs)]
-                $(#[strum(to_string = $disp, serialize = $alias)])?
+                $(#[strum(to_string = $disp, serialize = $alias)] #[serde(alias = $alias)])?
                 $name,
             )*
         }
@@ -248,6 +249,7 @@ pub enum LegacyKind {
 
 /// The standardized paged placement: a permutation of `[L, B, H, N]`, content innermost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Paged {
     /// Physical order.
     pub order: AxisOrder,
@@ -284,6 +286,7 @@ impl Paged {
 
 /// Fully explicit strides of one stored field; what transformations produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FieldStrides {
     /// Which buffer (allocation) the field lives in.
     pub buffer: u32,
@@ -308,6 +311,7 @@ pub struct FieldStrides {
 
 /// Byte range `[start, end)` of one buffer that the layout owns (its registered span).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BufferExtent {
     /// First byte.
     pub start: u64,
@@ -317,17 +321,17 @@ pub struct BufferExtent {
 
 /// One explicitly placed field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StridedField {
     /// The field.
     pub field: Field,
     /// Its strides.
-    #[serde(flatten)]
     pub strides: FieldStrides,
 }
 
 /// Where the fields live.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Placement {
     /// Standardized pages.
     Paged(Paged),

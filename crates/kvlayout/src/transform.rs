@@ -139,9 +139,12 @@ impl KvCacheLayout {
         if ratio == 0 {
             return Err(LayoutError::ZeroSize { what: "ratio" });
         }
+        if ratio == 1 {
+            return Ok(self.clone());
+        }
         let g = *self.geometry();
         let slots = self.num_slots();
-        if self.content().is_per_block_state() && ratio != 1 {
+        if self.content().is_per_block_state() {
             return Err(refuse("a per-block state cannot be split".into()));
         }
         if !slots.is_multiple_of(ratio) {
