@@ -131,6 +131,29 @@ pub fn parse_spec(s: &str) -> Result<LayoutSpec> {
     let (kind_token, mut rest) = match preset_spec_string(&first.text) {
         Some(preset) => {
             let mut pt = tokens(preset, false);
+            // Errors in the preset's own keys point at the preset's name.
+            for t in &mut pt {
+                t.column = first.column;
+            }
+            // A user placement of another kind replaces the preset's placement entirely.
+            const PLACEMENT: [&str; 7] = [
+                "order",
+                "legacy",
+                "base",
+                "align",
+                "page",
+                "layer_stride",
+                "block_stride",
+            ];
+            let key = |t: &Token| t.text.split_once('=').map(|(k, _)| k.to_string());
+            let user_kind = user
+                .iter()
+                .skip(1)
+                .filter_map(key)
+                .find(|k| k == "legacy" || k.starts_with('@'));
+            if user_kind.is_some() {
+                pt.retain(|t| !key(t).is_some_and(|k| PLACEMENT.contains(&k.as_str())));
+            }
             let kind = pt.remove(0);
             (
                 Token {
@@ -441,5 +464,24 @@ impl fmt::Display for KvCacheLayout {
     /// The canonical compact spec string; it parses back to an equal layout.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.spec().fmt(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preset_placement_can_be_replaced() {
+        let l: KvCacheLayout = "llama-3-8b B=4 legacy=vllm-paged-v1".parse().unwrap();
+        assert!(matches!(l.placement(), Placement::Legacy { layout: LegacyKind::VllmPagedV1, .. }));
+        assert_eq!(l.geometry().num_layers, 32);
+        let l: KvCacheLayout = "llama-3-8b B=4 order=HND page=70000".parse().unwrap();
+        assert!(matches!(l.placement(), Placement::Paged(p) if p.page_size_padded == Some(70000)));
+        // A bad override names its own column; the preset's keys name the preset.
+        match "llama-3-8b B=x".parse::<KvCacheLayout>() {
+            Err(LayoutError::Spec { column, .. }) => assert_eq!(column, 12),
+            other => panic!("{other:?}"),
+        }
     }
 }
