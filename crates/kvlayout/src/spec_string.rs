@@ -474,7 +474,13 @@ mod tests {
     #[test]
     fn preset_placement_can_be_replaced() {
         let l: KvCacheLayout = "llama-3-8b B=4 legacy=vllm-paged-v1".parse().unwrap();
-        assert!(matches!(l.placement(), Placement::Legacy { layout: LegacyKind::VllmPagedV1, .. }));
+        assert!(matches!(
+            l.placement(),
+            Placement::Legacy {
+                layout: LegacyKind::VllmPagedV1,
+                ..
+            }
+        ));
         assert_eq!(l.geometry().num_layers, 32);
         let l: KvCacheLayout = "llama-3-8b B=4 order=HND page=70000".parse().unwrap();
         assert!(matches!(l.placement(), Placement::Paged(p) if p.page_size_padded == Some(70000)));
