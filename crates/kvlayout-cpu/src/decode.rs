@@ -1,21 +1,30 @@
 //! Fast path of `paged_decode`.
 //!
 //! A work item is a sequence and a range of KV heads — all of them when the page is token-major
-//! (so the page is read in address order), one when it is head-major — each with the whole
-//! GQA group of query heads sharing it, so every K and V row is read once. When there are too
-//! few items to keep every thread busy, each item's context is also split into partitions
-//! whose partial softmax states are reduced afterwards (flash-decoding). An item runs an online
-//! softmax over tiles of tokens that never cross a block: the tile's logits in one kernel call
-//! (4 rows x 4 query heads per block of registers, one transposed reduction), one vectorized
-//! exp pass, then the tile's value rows with the accumulators held in registers. Rows are
-//! addressed through the layout's field maps only; contiguous rows (f32, f16, bf16, fp8, int8)
-//! are widened in registers, other rows (x-split or transposed legacy rows) are first decoded
-//! into an f32 row. The next tile's rows are prefetched into L2.
+//! (so a page is consumed whole before the next), one when it is head-major — each with the
+//! whole GQA group of query heads sharing it, so every K and V row is read once. When there
+//! are too few items to keep every thread busy, each item's context is also split into
+//! partitions whose partial softmax states are reduced afterwards (flash-decoding).
 //!
-//! Scratch lives in per-thread buffers and a partials buffer kept by the backend, so a decode
-//! step allocates nothing once they have grown.
+//! An item runs an online softmax over tiles of up to [`TILE`] tokens (a tile may span blocks:
+//! its rows are located token by token through the block table and the field maps). Per tile
+//! and KV head: the logits of all rows against all query heads of the group (one kernel call),
+//! one vectorized max/exp/sum pass, then the value rows accumulated into the group's
+//! accumulators (one kernel call). Rows are addressed only through the layout's field maps.
+//! Contiguous rows of every dtype (f32, f16, bf16, fp8, int8) are read in place and widened
+//! in registers; other rows (x-split legacy keys, transposed legacy values, any non-unit
+//! element stride) are first gathered through the strides into f32 rows and go through the
+//! same kernels. The next tile's rows are prefetched into L2 while the current tile is
+//! computed.
+//!
+//! Per-tensor scales fold into the query (`k_scale`) and the final normalization (`v_scale`);
+//! inline scales multiply the logits and the weights per token; the power of two the fp8
+//! kernels leave out is folded the same way (see [`simd::fp8_fold`]). Scratch lives in
+//! per-thread buffers and a partials buffer kept by the backend, so a decode step allocates
+//! nothing once they have grown.
 
 use std::cell::RefCell;
+use std::ops::Range;
 
 use kvlayout::ops::OpError;
 use kvlayout::{Content, DType, Field, FieldMap};
@@ -25,20 +34,18 @@ use crate::args::{check_decode, Decode, DecodeShape};
 use crate::backend::CpuBackend;
 use crate::cache::CacheRef;
 use crate::elem::decode;
-use crate::simd::{self, Isa, RowKind};
+use crate::simd::{self, Isa, Order, RowKind, RowSet, TILE};
 
-/// Tokens per online-softmax tile.
-const TILE: usize = 32;
 /// Fewest tokens worth a partition of its own.
 const MIN_PARTITION: u64 = 128;
 
 /// How a field's rows are read.
 #[derive(Debug, Clone, Copy)]
 enum Rows {
-    /// Contiguous rows of a dtype the kernels widen in registers.
+    /// Contiguous rows: read in place, widened by the kernels.
     Direct(RowKind),
-    /// Anything else: decoded element by element into an f32 row.
-    Decoded(DType),
+    /// Anything else: gathered element by element through the strides into an f32 row.
+    Gathered(DType),
 }
 
 fn rows_of(m: &FieldMap) -> Rows {
@@ -50,33 +57,219 @@ fn rows_of(m: &FieldMap) -> Rows {
         (true, DType::Fp8E4m3) => Rows::Direct(RowKind::Fp8E4m3),
         (true, DType::Fp8E5m2) => Rows::Direct(RowKind::Fp8E5m2),
         (true, DType::Int8) => Rows::Direct(RowKind::I8),
-        (_, dtype) => Rows::Decoded(dtype),
+        (_, dtype) => Rows::Gathered(dtype),
     }
 }
 
-/// A field whose rows can go through the tile kernels: contiguous rows, and the slot stride.
-fn tile_rows(m: &FieldMap, rows: Rows) -> Option<(RowKind, usize)> {
-    match rows {
-        Rows::Direct(kind) => Some((kind, m.strides.slot as usize)),
-        Rows::Decoded(_) => None,
+/// One field the decode reads: its map, buffer, how its rows are read and the kernels' view
+/// of them.
+#[derive(Clone, Copy)]
+struct Src<'a> {
+    map: FieldMap,
+    buf: &'a [u8],
+    rows: Rows,
+    /// The kind the kernels see (gathered rows: f32).
+    kind: RowKind,
+    /// The kernels' element order for this field.
+    order: Order,
+    /// `width` padded to the order's blocks.
+    padded: usize,
+    /// fp8 rows read without their power of two, whose square root is this (see
+    /// `simd::fp8_fold`).
+    fold: Option<f32>,
+}
+
+impl<'a> Src<'a> {
+    fn new(cache: &CacheRef<'a>, map: FieldMap, isa: Isa) -> Self {
+        let rows = rows_of(&map);
+        let kind = match rows {
+            Rows::Direct(kind) => kind,
+            Rows::Gathered(_) => RowKind::F32,
+        };
+        let order = Order::of(isa, kind);
+        Src {
+            map,
+            buf: cache.buffers[map.strides.buffer as usize],
+            rows,
+            kind,
+            order,
+            padded: order.padded(map.width as usize),
+            fold: simd::fp8_fold(isa, kind),
+        }
+    }
+
+    /// Byte offset of `(layer, block, head 0, slot, d 0)`.
+    fn slot_offset(&self, layer: u64, block: u64, slot: u64) -> u64 {
+        let s = &self.map.strides;
+        s.base_offset + layer * s.layer + block * s.block + slot * s.slot
+    }
+
+    /// Bytes of a contiguous row.
+    fn row_len(&self) -> usize {
+        self.map.width as usize * self.map.elem_bytes() as usize
+    }
+
+    /// The f32 stored at `off` (inline scales).
+    fn f32_at(&self, off: u64) -> f32 {
+        let off = off as usize;
+        decode(DType::F32, &self.buf[off..off + 4])
+    }
+
+    /// Gathers the rows of head `head` of a tile (`offs`: head 0 of each token) through the
+    /// strides into `buf` (f32, one row after the other) and returns them.
+    fn gather_tile<'r>(
+        &self,
+        dtype: DType,
+        offs: &[u64],
+        head: u64,
+        buf: &'r mut [f32],
+    ) -> RowSet<'r> {
+        let w = self.map.width as usize;
+        let rows = &mut buf[..offs.len() * w];
+        // One loop nest per dtype, the decoding inlined.
+        match dtype {
+            DType::F32 => self.gather_with(4, offs, head, rows, |b| {
+                f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+            }),
+            DType::F16 => self.gather_with(2, offs, head, rows, |b| {
+                half::f16::from_le_bytes([b[0], b[1]]).to_f32()
+            }),
+            DType::Bf16 => self.gather_with(2, offs, head, rows, |b| {
+                f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)
+            }),
+            DType::Fp8E4m3 | DType::Fp8E5m2 => {
+                let t = crate::elem::fp8_table(dtype);
+                self.gather_with(1, offs, head, rows, |b| t[b[0] as usize])
+            }
+            _ => self.gather_with(dtype.size_bytes() as usize, offs, head, rows, |b| {
+                decode(dtype, b)
+            }),
+        }
+        let bytes: &'r [u8] = bytemuck::cast_slice(&*rows);
+        let mut set = RowSet::new(w * 4);
+        for i in 0..offs.len() {
+            set.push(bytes, i * w * 4);
+        }
+        set
+    }
+
+    /// [`Src::gather_tile`] with elements of `e` bytes decoded by `f`. Element `d` of a row
+    /// lies at `(d / split) * chunk + (d % split) * dim` from its start; the loops walk the
+    /// chunks and their elements (no division per element). When consecutive tokens of the
+    /// tile are consecutive in memory (`slot == e`: the transposed legacy value), each
+    /// element index is read across a run of tokens at once, in address order.
+    fn gather_with(
+        &self,
+        e: usize,
+        offs: &[u64],
+        head: u64,
+        rows: &mut [f32],
+        f: impl Fn(&[u8]) -> f32,
+    ) {
+        let s = &self.map.strides;
+        let w = self.map.width as usize;
+        let (split, chunk, dim) = (s.dim_split as usize, s.dim_chunk as usize, s.dim as usize);
+        let hs = (head * s.head) as usize;
+        if s.slot as usize == e && dim != e {
+            let mut i0 = 0;
+            while i0 < offs.len() {
+                let mut i1 = i0 + 1;
+                while i1 < offs.len() && offs[i1] == offs[i1 - 1] + e as u64 {
+                    i1 += 1;
+                }
+                let base = offs[i0] as usize + hs;
+                let run = i1 - i0;
+                for c in 0..w.div_ceil(split) {
+                    for j in 0..split.min(w - c * split) {
+                        let (d, p) = (c * split + j, base + c * chunk + j * dim);
+                        for (t, b) in self.buf[p..p + run * e].chunks_exact(e).enumerate() {
+                            rows[(i0 + t) * w + d] = f(b);
+                        }
+                    }
+                }
+                i0 = i1;
+            }
+            return;
+        }
+        for (&off, out) in offs.iter().zip(rows.chunks_exact_mut(w)) {
+            let base = off as usize + hs;
+            for (c, out) in out.chunks_mut(split).enumerate() {
+                let p = base + c * chunk;
+                if dim == e {
+                    let src = &self.buf[p..p + out.len() * e];
+                    for (o, b) in out.iter_mut().zip(src.chunks_exact(e)) {
+                        *o = f(b);
+                    }
+                } else {
+                    for (j, o) in out.iter_mut().enumerate() {
+                        let q = p + j * dim;
+                        *o = f(&self.buf[q..q + e]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The contiguous rows of a tile (`offs`: head 0 of each token) for the heads `heads`:
+    /// each row checked to span all of them.
+    fn direct_rows(&self, offs: &[u64], heads: &Range<usize>, rows: &mut RowSet<'a>) {
+        let hs = self.map.strides.head;
+        let first = heads.start as u64 * hs;
+        for &off in offs {
+            rows.push(self.buf, (off + first) as usize);
+        }
+    }
+
+    /// Bytes from the first head's row of an item to the end of its last head's row.
+    fn span(&self, heads: &Range<usize>) -> usize {
+        (heads.len() - 1) * self.map.strides.head as usize + self.row_len()
+    }
+}
+
+/// Where the tokens of one tile live: per token, the byte offset of head 0 of its slot in
+/// each field.
+struct Tile {
+    n: usize,
+    /// One past the tile's last token.
+    end: u64,
+    k: [u64; TILE],
+    v: [u64; TILE],
+    ks: [u64; TILE],
+    vs: [u64; TILE],
+}
+
+impl Default for Tile {
+    fn default() -> Self {
+        Tile {
+            n: 0,
+            end: 0,
+            k: [0; TILE],
+            v: [0; TILE],
+            ks: [0; TILE],
+            vs: [0; TILE],
+        }
     }
 }
 
 /// Everything an item needs, derived once per call from the layout.
 struct Plan<'a> {
-    cache: &'a CacheRef<'a>,
     d: &'a Decode<'a>,
     shape: DecodeShape,
     isa: Isa,
-    k: FieldMap,
-    v: FieldMap,
-    k_rows: Rows,
-    v_rows: Rows,
-    k_inline: Option<FieldMap>,
-    v_inline: Option<FieldMap>,
-    /// `scale * k_scale`, folded into the query.
+    k: Src<'a>,
+    v: Src<'a>,
+    k_inline: Option<Src<'a>>,
+    v_inline: Option<Src<'a>>,
+    /// `scale * k_scale` (and the keys' fp8 fold), folded into the query.
     q_scale: f32,
-    v_scale: f32,
+    /// Multiplies the logits: the keys' fp8 fold (or 1).
+    l_scale: f32,
+    /// Whether value rows are read without their fp8 power of two (no inline value scales).
+    v_raw: bool,
+    /// Multiplies the weights: the values' fp8 fold when `v_raw` (or 1).
+    w_scale: f32,
+    /// Multiplies the normalized output: `v_scale` (and the values' fp8 fold).
+    out_scale: f32,
     block_size: u64,
 }
 
@@ -84,10 +277,10 @@ struct Plan<'a> {
 struct Scratch {
     q: Vec<f32>,
     logits: Vec<f32>,
-    weights: Vec<f32>,
-    dots: Vec<f32>,
-    row: Vec<f32>,
-    tmp: Vec<f32>,
+    kscale: Vec<f32>,
+    vscale: Vec<f32>,
+    rows: Vec<f32>,
+    widen: Vec<f32>,
     state: Vec<f32>,
 }
 
@@ -101,97 +294,90 @@ fn grow(v: &mut Vec<f32>, n: usize) {
     }
 }
 
-impl Plan<'_> {
-    /// Prefetches the K and V rows of the tile starting at token `t` (contiguous rows only):
-    /// rows of random blocks are far apart, and the hardware prefetchers do not follow them.
-    fn prefetch_next(&self, seq: usize, t: u64, end: u64, h: u64) {
-        if t >= end {
-            return;
-        }
-        let (bi, n0) = (t / self.block_size, t % self.block_size);
-        let n1 = (n0 + TILE as u64).min(self.block_size).min(n0 + end - t);
-        let b = self.d.block_table[seq * self.d.blocks_per_seq + bi as usize] as u64;
-        for (m, rows) in [(&self.k, self.k_rows), (&self.v, self.v_rows)] {
-            if let Rows::Direct(kind) = rows {
-                let buf = self.cache.buffers[m.strides.buffer as usize];
-                let len = m.width as usize * simd::elem(kind);
-                let base = self.base(m, b, h);
-                for n in n0..n1 {
-                    let off = (base + n * m.strides.slot) as usize;
-                    simd::prefetch(&buf[off..off + len]);
-                }
+impl<'a> Plan<'a> {
+    /// The plan of a validated decode.
+    fn new(
+        cache: &CacheRef<'a>,
+        d: &'a Decode<'a>,
+        shape: DecodeShape,
+        isa: Isa,
+    ) -> Result<Self, OpError> {
+        let layout = cache.layout;
+        let k = Src::new(cache, layout.field_map(Field::K)?, isa);
+        let v = Src::new(cache, layout.field_map(Field::V)?, isa);
+        let scaled = matches!(layout.content(), Content::KvScaled { .. });
+        let inline = |f: Field| -> Result<Option<Src<'a>>, OpError> {
+            Ok(if scaled {
+                Some(Src::new(cache, layout.field_map(f)?, isa))
+            } else {
+                None
+            })
+        };
+        let (k_inline, v_inline) = (inline(Field::KScale)?, inline(Field::VScale)?);
+        let sc = layout.scales();
+        let kf = k.fold.unwrap_or(1.0);
+        // Folding the values' power of two into the weights keeps them in range only without
+        // inline scales (weights in (0, 1]).
+        let v_raw = v.fold.is_some() && v_inline.is_none();
+        let vf = if v_raw { v.fold.unwrap_or(1.0) } else { 1.0 };
+        Ok(Plan {
+            d,
+            shape,
+            isa,
+            k,
+            v,
+            k_inline,
+            v_inline,
+            q_scale: d.params.scale * sc.k_scale * kf,
+            l_scale: kf,
+            v_raw,
+            w_scale: vf,
+            out_scale: sc.v_scale * vf,
+            block_size: layout.geometry().block_size,
+        })
+    }
+
+    /// Offsets of tokens `tokens` (at most `TILE`, inside the sequence's validated blocks).
+    fn tile(&self, seq: usize, tokens: Range<u64>, t: &mut Tile) {
+        t.n = (tokens.end - tokens.start) as usize;
+        t.end = tokens.end;
+        let layer = self.d.layer;
+        let bps = self.d.blocks_per_seq;
+        let row = &self.d.block_table[seq * bps..(seq + 1) * bps];
+        for (i, tok) in tokens.enumerate() {
+            let b = row[(tok / self.block_size) as usize] as u64;
+            let n = tok % self.block_size;
+            t.k[i] = self.k.slot_offset(layer, b, n);
+            t.v[i] = self.v.slot_offset(layer, b, n);
+            if let Some(s) = &self.k_inline {
+                t.ks[i] = s.slot_offset(layer, b, n);
+            }
+            if let Some(s) = &self.v_inline {
+                t.vs[i] = s.slot_offset(layer, b, n);
             }
         }
     }
 
-    /// The bytes of `nt` rows from byte offset `first` at the field's slot stride.
-    fn tile_bytes(&self, m: &FieldMap, kind: RowKind, first: u64, nt: usize) -> &[u8] {
-        let buf = self.cache.buffers[m.strides.buffer as usize];
-        let first = first as usize;
-        let len = (nt - 1) * m.strides.slot as usize + m.width as usize * simd::elem(kind);
-        &buf[first..first + len]
+    /// Per-head record of the softmax state: `[max; g][sum; g][acc; g * padded v width]`.
+    fn record(&self) -> usize {
+        self.shape.group * (2 + self.v.padded)
     }
 
-    /// Byte offset of `(layer, block, head, slot 0, d 0)` of a field.
-    fn base(&self, m: &FieldMap, b: u64, h: u64) -> u64 {
-        let s = m.strides;
-        s.base_offset + self.d.layer * s.layer + b * s.block + h * s.head
-    }
-
-    /// The row at byte offset `off` (element 0), as stored bytes or decoded into `row`.
-    fn row<'s>(
-        &'s self,
-        m: &FieldMap,
-        rows: Rows,
-        off: u64,
-        row: &'s mut [f32],
-    ) -> (RowKind, &'s [u8]) {
-        let buf = self.cache.buffers[m.strides.buffer as usize];
-        let w = m.width as usize;
-        let off = off as usize;
-        match rows {
-            Rows::Direct(kind) => (kind, &buf[off..off + w * simd::elem(kind)]),
-            Rows::Decoded(dtype) => {
-                let e = dtype.size_bytes() as usize;
-                let s = m.strides;
-                for (i, o) in row[..w].iter_mut().enumerate() {
-                    let i = i as u64;
-                    let at = off
-                        + ((i / s.dim_split) * s.dim_chunk + (i % s.dim_split) * s.dim) as usize;
-                    *o = decode(dtype, &buf[at..at + e]);
-                }
-                (RowKind::F32, bytemuck::cast_slice(&row[..w]))
-            }
-        }
-    }
-
-    fn scale_at(&self, m: &Option<FieldMap>, base: u64, n: u64) -> f32 {
-        match m {
-            None => 1.0,
-            Some(m) => {
-                let off = (base + n * m.strides.slot) as usize;
-                decode(
-                    DType::F32,
-                    &self.cache.buffers[m.strides.buffer as usize][off..off + 4],
-                )
-            }
-        }
-    }
-
-    /// Online softmax of the groups of KV heads `heads` over tokens `range` of sequence `seq`,
-    /// tile by tile, every head of the range on each tile (so a token-major page is read in
-    /// address order). Writes per head `[max; group][sum; group][acc; group * v_width]` into
-    /// consecutive records of `states`.
+    /// Online softmax of the KV heads `heads` over tokens `range` of sequence `seq`, tile by
+    /// tile, every head of the range on each tile (so a token-major page is consumed whole).
+    /// Writes one record (see [`Plan::record`]) per head into `states`; accumulators are in
+    /// the value kernels' order.
     fn run(
         &self,
         seq: usize,
-        heads: std::ops::Range<usize>,
-        range: std::ops::Range<u64>,
+        heads: Range<usize>,
+        range: Range<u64>,
         states: &mut [f32],
         s: &mut Scratch,
     ) {
         let (g, qk, vw) = (self.shape.group, self.shape.qk_width, self.shape.v_width);
-        let sw = g * (2 + vw);
+        let (qstride, vstride) = (self.k.padded, self.v.padded);
+        let sw = self.record();
         let nh = heads.len();
         for state in states[..nh * sw].chunks_exact_mut(sw) {
             state[..g].fill(f32::NEG_INFINITY);
@@ -203,188 +389,214 @@ impl Plan<'_> {
         let Scratch {
             q,
             logits,
-            weights,
-            dots,
-            row,
-            tmp,
+            kscale,
+            vscale,
+            rows,
+            widen,
             ..
         } = s;
-        grow(q, nh * g * qk);
+        grow(q, nh * g * qstride);
         grow(logits, g * TILE);
-        grow(weights, g * TILE);
-        grow(dots, g);
-        grow(row, qk.max(vw));
-        grow(tmp, qk.max(vw));
+        grow(kscale, TILE);
+        grow(vscale, TILE);
+        grow(rows, 2 * TILE * qk.max(vw));
+        grow(widen, qk.max(vw));
+        // Query rows of the item, scaled, in the key kernels' order.
         let q0 = (seq * self.shape.q_heads + heads.start * g) * qk;
-        self.d.query.read_into(q0, &mut q[..nh * g * qk]);
-        for x in &mut q[..nh * g * qk] {
-            *x *= self.q_scale;
+        for (r, dst) in q[..nh * g * qstride].chunks_exact_mut(qstride).enumerate() {
+            let src = &mut widen[..qk];
+            self.d.query.read_into(q0 + r * qk, src);
+            for x in src.iter_mut() {
+                *x *= self.q_scale;
+            }
+            self.k.order.arrange(src, dst);
         }
+        let (k_gathered, v_gathered) = rows.split_at_mut(TILE * qk.max(vw));
         let cap = self.d.params.soft_cap;
-        let tiles = simd::has_tile_kernels(self.isa);
-        let mut t0 = range.start;
-        while t0 < range.end {
-            // A tile never crosses a block: one block-table lookup, one base per field.
-            let (bi, n0) = (t0 / self.block_size, t0 % self.block_size);
-            let t1 = (t0 + TILE as u64)
-                .min(range.end)
-                .min((bi + 1) * self.block_size);
-            let nt = (t1 - t0) as usize;
-            let b = self.d.block_table[seq * self.d.blocks_per_seq + bi as usize] as u64;
+        let adjust = self.k_inline.is_some() || cap.is_some() || self.l_scale != 1.0;
+        let (k_span, v_span) = (self.k.span(&heads), self.v.span(&heads));
+        // The current tile and the next one (whose rows are prefetched meanwhile).
+        let mut tiles: [Tile; 2] = Default::default();
+        let mut start = range.start;
+        for t in tiles.iter_mut() {
+            let end = (start + TILE as u64).min(range.end);
+            self.tile(seq, start..end, t);
+            start = end;
+        }
+        let mut c = 0;
+        while tiles[c].n > 0 {
+            let (cur, next) = (&tiles[c], &tiles[1 - c]);
+            let nt = cur.n;
+            // Contiguous rows of this tile and the next, each checked for every head of the
+            // item; gathered rows are filled per head below.
+            let mut krows = RowSet::new(k_span);
+            let mut vrows = RowSet::new(v_span);
+            let mut knext = RowSet::new(k_span);
+            let mut vnext = RowSet::new(v_span);
+            if let Rows::Direct(_) = self.k.rows {
+                self.k.direct_rows(&cur.k[..nt], &heads, &mut krows);
+                self.k.direct_rows(&next.k[..next.n], &heads, &mut knext);
+            }
+            if let Rows::Direct(_) = self.v.rows {
+                self.v.direct_rows(&cur.v[..nt], &heads, &mut vrows);
+                self.v.direct_rows(&next.v[..next.n], &heads, &mut vnext);
+            }
             for (hh, state) in heads.clone().zip(states[..nh * sw].chunks_exact_mut(sw)) {
                 let h = hh as u64;
-                let q = &q[(hh - heads.start) * g * qk..(hh - heads.start + 1) * g * qk];
+                let q = &q[(hh - heads.start) * g * qstride..(hh - heads.start + 1) * g * qstride];
                 let (stats, acc) = state.split_at_mut(2 * g);
                 let (maxes, sums) = stats.split_at_mut(g);
-                let (kb, vb) = (self.base(&self.k, b, h), self.base(&self.v, b, h));
-                let ksb = self.k_inline.as_ref().map_or(0, |m| self.base(m, b, h));
-                let vsb = self.v_inline.as_ref().map_or(0, |m| self.base(m, b, h));
-                self.prefetch_next(seq, t1, range.end, h);
                 // Logits of the tile: logits[j * TILE + i].
-                if let (Some((kind, stride)), true) = (tile_rows(&self.k, self.k_rows), tiles) {
-                    let tile = self.tile_bytes(&self.k, kind, kb + n0 * stride as u64, nt);
-                    simd::dots_tile(
-                        self.isa,
-                        kind,
-                        tile,
-                        stride,
-                        nt,
-                        qk,
-                        &q[..g * qk],
-                        g,
-                        logits,
-                        TILE,
-                    );
-                } else {
-                    for i in 0..nt {
-                        let n = n0 + i as u64;
-                        let (kind, bytes) =
-                            self.row(&self.k, self.k_rows, kb + n * self.k.strides.slot, row);
-                        simd::dots(self.isa, kind, bytes, qk, &q[..g * qk], &mut dots[..g], tmp);
-                        for (j, x) in dots[..g].iter().enumerate() {
-                            logits[j * TILE + i] = *x;
+                let (krows, hoff) = match self.k.rows {
+                    Rows::Direct(_) => (
+                        &krows,
+                        (hh - heads.start) * self.k.map.strides.head as usize,
+                    ),
+                    Rows::Gathered(dtype) => {
+                        krows = self.k.gather_tile(dtype, &cur.k[..nt], h, k_gathered);
+                        (&krows, 0)
+                    }
+                };
+                simd::qk_tile(
+                    self.isa,
+                    self.k.kind,
+                    self.k.fold.is_some(),
+                    krows,
+                    &knext,
+                    hoff,
+                    qk,
+                    q,
+                    qstride,
+                    g,
+                    logits,
+                    TILE,
+                    widen,
+                );
+                if adjust {
+                    if let Some(src) = &self.k_inline {
+                        let hs = h * src.map.strides.head;
+                        for (x, &off) in kscale.iter_mut().zip(&cur.ks[..nt]) {
+                            *x = src.f32_at(off + hs) * self.l_scale;
                         }
+                    } else {
+                        kscale[..nt].fill(self.l_scale);
                     }
-                }
-                if self.k_inline.is_some() || cap.is_some() {
-                    for i in 0..nt {
-                        let ks = self.scale_at(&self.k_inline, ksb, n0 + i as u64);
-                        for j in 0..g {
-                            let mut l = logits[j * TILE + i] * ks;
-                            if let Some(c) = cap {
-                                l = c * (l / c).tanh();
-                            }
-                            logits[j * TILE + i] = l;
-                        }
-                    }
-                }
-                // Rescale the running state to the tile's new maxima; logits become weights.
-                for j in 0..g {
-                    let tile = &mut logits[j * TILE..j * TILE + nt];
-                    let tile_max = tile.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                    let new_max = maxes[j].max(tile_max);
-                    if new_max > maxes[j] {
-                        let c = (maxes[j] - new_max).exp();
-                        sums[j] *= c;
-                        for a in &mut acc[j * vw..(j + 1) * vw] {
-                            *a *= c;
-                        }
-                        maxes[j] = new_max;
-                    }
-                    for l in tile.iter_mut() {
-                        *l -= new_max;
-                    }
-                    simd::exp_inplace(self.isa, tile);
-                    sums[j] += tile.iter().sum::<f32>();
-                }
-                // Values: weights[j * TILE + i] = p * v_scale * inline scale of token i.
-                for i in 0..nt {
-                    let vs = self.v_scale * self.scale_at(&self.v_inline, vsb, n0 + i as u64);
                     for j in 0..g {
-                        weights[j * TILE + i] = logits[j * TILE + i] * vs;
-                    }
-                }
-                if let (Some((kind, stride)), true) = (tile_rows(&self.v, self.v_rows), tiles) {
-                    let tile = self.tile_bytes(&self.v, kind, vb + n0 * stride as u64, nt);
-                    simd::axpys_tile(
-                        self.isa,
-                        kind,
-                        tile,
-                        stride,
-                        nt,
-                        vw,
-                        weights,
-                        g,
-                        TILE,
-                        &mut acc[..g * vw],
-                    );
-                } else {
-                    for i in 0..nt {
-                        let n = n0 + i as u64;
-                        for j in 0..g {
-                            dots[j] = weights[j * TILE + i];
+                        let l = &mut logits[j * TILE..j * TILE + nt];
+                        for (l, ks) in l.iter_mut().zip(&kscale[..nt]) {
+                            *l *= ks;
+                            if let Some(c) = cap {
+                                *l = c * (*l / c).tanh();
+                            }
                         }
-                        let (kind, bytes) =
-                            self.row(&self.v, self.v_rows, vb + n * self.v.strides.slot, row);
-                        simd::axpys(
-                            self.isa,
-                            kind,
-                            bytes,
-                            vw,
-                            &dots[..g],
-                            &mut acc[..g * vw],
-                            tmp,
-                        );
                     }
                 }
+                let vs = if let Some(src) = &self.v_inline {
+                    let hs = h * src.map.strides.head;
+                    for (x, &off) in vscale.iter_mut().zip(&cur.vs[..nt]) {
+                        *x = src.f32_at(off + hs);
+                    }
+                    Some(&vscale[..nt])
+                } else {
+                    None
+                };
+                simd::softmax_tile(
+                    self.isa,
+                    nt,
+                    g,
+                    logits,
+                    TILE,
+                    self.w_scale,
+                    vs,
+                    maxes,
+                    sums,
+                    acc,
+                    vstride,
+                );
+                // Values: acc[j] += sum_i w[j * TILE + i] * v_i.
+                let (vrows, hoff) = match self.v.rows {
+                    Rows::Direct(_) => (
+                        &vrows,
+                        (hh - heads.start) * self.v.map.strides.head as usize,
+                    ),
+                    Rows::Gathered(dtype) => {
+                        vrows = self.v.gather_tile(dtype, &cur.v[..nt], h, v_gathered);
+                        (&vrows, 0)
+                    }
+                };
+                simd::pv_tile(
+                    self.isa,
+                    self.v.kind,
+                    self.v_raw,
+                    vrows,
+                    &vnext,
+                    hoff,
+                    vw,
+                    logits,
+                    TILE,
+                    g,
+                    acc,
+                    vstride,
+                    widen,
+                );
             }
-            t0 = t1;
+            let end = (start + TILE as u64).min(range.end);
+            self.tile(seq, start..end, &mut tiles[c]);
+            start = end;
+            c = 1 - c;
         }
     }
 }
 
-/// Final output of a group from its state `[max; g][sum; g][acc; g * vw]`.
-fn finish(state: &[f32], g: usize, vw: usize, out: &mut [f32]) {
+/// Final output of a group from its record `[max; g][sum; g][acc; g * s]`: each accumulator
+/// row times `f / sum`, back in natural order.
+fn finish(state: &[f32], g: usize, vw: usize, s: usize, order: Order, f: f32, out: &mut [f32]) {
     for j in 0..g {
         let sum = state[g + j];
-        let acc = &state[2 * g + j * vw..2 * g + (j + 1) * vw];
+        let acc = &state[2 * g + j * s..2 * g + (j + 1) * s];
         let o = &mut out[j * vw..(j + 1) * vw];
         if sum > 0.0 {
-            for (x, a) in o.iter_mut().zip(acc) {
-                *x = a / sum;
-            }
+            order.restore(acc, f / sum, o);
         } else {
             o.fill(0.0);
         }
     }
 }
 
-/// Combines the partial states of `parts` partitions of one KV head: each rescaled to the
-/// global maximum, then normalized.
-fn combine<'p>(parts: usize, g: usize, vw: usize, rec: impl Fn(usize) -> &'p [f32], o: &mut [f32]) {
-    o.fill(0.0);
+/// Combines the partial records of `parts` partitions of one KV head: each rescaled to the
+/// global maximum, summed, then finished as one record in `tmp` (a record long).
+#[allow(clippy::too_many_arguments)]
+fn combine<'p>(
+    parts: usize,
+    g: usize,
+    vw: usize,
+    s: usize,
+    order: Order,
+    f: f32,
+    rec: impl Fn(usize) -> &'p [f32],
+    tmp: &mut [f32],
+    o: &mut [f32],
+) {
+    tmp.fill(0.0);
     for j in 0..g {
         let m = (0..parts)
             .map(|p| rec(p)[j])
             .fold(f32::NEG_INFINITY, f32::max);
-        let o = &mut o[j * vw..(j + 1) * vw];
+        let acc = &mut tmp[2 * g + j * s..2 * g + (j + 1) * s];
         let mut sum = 0.0;
         for p in 0..parts {
             let r = rec(p);
             if r[g + j] > 0.0 {
                 let c = (r[j] - m).exp();
                 sum += r[g + j] * c;
-                for (x, a) in o.iter_mut().zip(&r[2 * g + j * vw..2 * g + (j + 1) * vw]) {
+                for (x, a) in acc.iter_mut().zip(&r[2 * g + j * s..2 * g + (j + 1) * s]) {
                     *x += a * c;
                 }
             }
         }
-        if sum > 0.0 {
-            for x in o.iter_mut() {
-                *x /= sum;
-            }
-        }
+        tmp[g + j] = sum;
     }
+    finish(tmp, g, vw, s, order, f, o);
 }
 
 pub(crate) fn paged_decode(
@@ -393,52 +605,35 @@ pub(crate) fn paged_decode(
     d: &Decode<'_>,
     out: &mut [f32],
 ) -> Result<(), OpError> {
-    decode_with(be, cache, d, out, None)
+    decode_with(be, cache, d, out, Options::default())
 }
 
-/// `partitions`: force that many context partitions per (sequence, KV head) (tests).
+/// Overrides for tests and benchmarks.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Options {
+    /// Force this many context partitions per item (split-context).
+    pub partitions: Option<usize>,
+    /// Force an instruction set (one this machine has).
+    pub isa: Option<Isa>,
+}
+
 pub(crate) fn decode_with(
     be: &CpuBackend,
     cache: &CacheRef<'_>,
     d: &Decode<'_>,
     out: &mut [f32],
-    partitions: Option<usize>,
+    opts: Options,
 ) -> Result<(), OpError> {
     let shape = check_decode(cache.layout, d, out.len())?;
     let layout = cache.layout;
-    let (k, v) = (layout.field_map(Field::K)?, layout.field_map(Field::V)?);
-    let scaled = matches!(layout.content(), Content::KvScaled { .. });
-    let sc = layout.scales();
-    let plan = Plan {
-        cache,
-        d,
-        shape,
-        isa: simd::detect(),
-        k,
-        v,
-        k_rows: rows_of(&k),
-        v_rows: rows_of(&v),
-        k_inline: if scaled {
-            Some(layout.field_map(Field::KScale)?)
-        } else {
-            None
-        },
-        v_inline: if scaled {
-            Some(layout.field_map(Field::VScale)?)
-        } else {
-            None
-        },
-        q_scale: d.params.scale * sc.k_scale,
-        v_scale: sc.v_scale,
-        block_size: layout.geometry().block_size,
-    };
+    let plan = Plan::new(cache, d, shape, opts.isa.unwrap_or_else(simd::detect))?;
     let kv_heads = layout.geometry().num_kv_heads as usize;
-    let (g, vw) = (shape.group, shape.v_width);
-    // Per head: [max; g][sum; g][acc; g * vw].
-    let rec = g * (2 + vw);
-    // Token-major pages keep the heads of a token together: one item takes all heads of a
-    // sequence so the page is read in address order. Head-major pages: one head per item.
-    let hpi = if k.strides.head < k.strides.slot {
+    let (g, vw, vs) = (shape.group, shape.v_width, plan.v.padded);
+    let rec = plan.record();
+    // When a block's page holds all its heads (token- or head-major), one item takes all
+    // heads of a sequence, so each page is read whole, in address order, head after head.
+    // Heads outside the blocks: one head per item.
+    let hpi = if plan.k.map.strides.head < plan.k.map.strides.block {
         kv_heads
     } else {
         1
@@ -457,7 +652,7 @@ pub(crate) fn decode_with(
         .map(|s| range_of(s).end - range_of(s).start)
         .max()
         .unwrap_or(0);
-    let parts = partitions.unwrap_or_else(|| {
+    let parts = opts.partitions.unwrap_or_else(|| {
         let target = 4 * be.threads();
         if items >= target {
             1
@@ -467,6 +662,7 @@ pub(crate) fn decode_with(
                 .min(longest.div_ceil(MIN_PARTITION).max(1) as usize)
         }
     });
+    let (order, f) = (plan.v.order, plan.out_scale);
     be.pool.install(|| {
         if parts <= 1 {
             out.par_chunks_mut(hpi * g * vw)
@@ -488,7 +684,7 @@ pub(crate) fn decode_with(
                             .chunks_exact(rec)
                             .zip(o.chunks_exact_mut(g * vw))
                         {
-                            finish(st, g, vw, o);
+                            finish(st, g, vw, vs, order, f, o);
                         }
                         s.state = state;
                     });
@@ -527,7 +723,11 @@ pub(crate) fn decode_with(
                         let at = ((item * parts + p) * hpi + hh) * rec;
                         &partials[at..at + rec]
                     };
-                    combine(parts, g, vw, rec_of, o);
+                    SCRATCH.with(|s| {
+                        let s = &mut *s.borrow_mut();
+                        grow(&mut s.state, rec);
+                        combine(parts, g, vw, vs, order, f, rec_of, &mut s.state[..rec], o);
+                    });
                 });
         }
     });
@@ -538,6 +738,7 @@ pub(crate) fn decode_with(
 mod tests {
     use super::*;
     use crate::{reference, Activations, DecodeParams, HostCache, WriteKv};
+    use half::{bf16, f16};
     use kvlayout::KvCacheLayout;
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
@@ -552,14 +753,37 @@ mod tests {
             .collect()
     }
 
+    #[derive(Clone)]
     struct Case {
         spec: String,
         q_heads: u64,
         lens: Vec<u32>,
         window: Option<u64>,
         cap: Option<f32>,
+        layer: u64,
+        /// Query activations: 0 f32, 1 f16, 2 bf16.
+        query: u8,
+        /// Also force this many partitions (besides none and one).
+        parts: usize,
     }
 
+    fn case(spec: &str, q_heads: u64, lens: &[u32]) -> Case {
+        Case {
+            spec: spec.into(),
+            q_heads,
+            lens: lens.to_vec(),
+            window: None,
+            cap: None,
+            layer: 0,
+            query: 0,
+            parts: 3,
+        }
+    }
+
+    /// The fast path on every instruction set of this machine, with and without forced
+    /// context partitions, against the scalar f64 reference on the same cache. The reference
+    /// reads the same stored values, so the only difference is f32 accumulation: every dtype
+    /// is held to `1e-5 * max(1, |reference|)` (tighter than a quantization step).
     fn run_case(c: &Case) {
         let l: KvCacheLayout = c.spec.parse().unwrap();
         let g = *l.geometry();
@@ -600,6 +824,7 @@ mod tests {
         let nb = seqs * per_seq;
         let table: Vec<i32> = (0..nb).map(|i| (nb - 1 - (i + 3) % nb) as i32).collect();
         let mut cache = HostCache::new(l.clone()).unwrap();
+        cache.fill(0x3c); // other layers and unused slots: finite values
         let mut slots = Vec::new();
         for (s, len) in c.lens.iter().enumerate() {
             for t in 0..*len as usize {
@@ -609,16 +834,22 @@ mod tests {
         let k = data(slots.len() * heads * kw, 1);
         let v = data(slots.len() * heads * vw, 2);
         let w = WriteKv {
-            layer: 0,
+            layer: c.layer,
             key: Activations::F32(&k),
             value: (!mla).then_some(Activations::F32(&v)),
             slot_mapping: &slots,
         };
         reference::write_kv(&mut cache.as_mut(), &w).unwrap();
         let q = data(seqs * c.q_heads as usize * kw, 3);
+        let q16: Vec<f16> = q.iter().map(|x| f16::from_f32(*x)).collect();
+        let qb16: Vec<bf16> = q.iter().map(|x| bf16::from_f32(*x)).collect();
         let d = Decode {
-            layer: 0,
-            query: Activations::F32(&q),
+            layer: c.layer,
+            query: match c.query {
+                0 => Activations::F32(&q),
+                1 => Activations::F16(&q16),
+                _ => Activations::Bf16(&qb16),
+            },
             block_table: &table,
             blocks_per_seq: per_seq,
             seq_lens: &c.lens,
@@ -633,38 +864,39 @@ mod tests {
         let mut want = vec![0f32; n];
         reference::paged_decode(&cache.as_ref(), &d, &mut want).unwrap();
         let be = CpuBackend::new(Some(2));
-        for parts in [None, Some(1), Some(3)] {
+        for (isa, parts) in simd::available()
+            .into_iter()
+            .flat_map(|isa| [(isa, None), (isa, Some(1)), (isa, Some(c.parts))])
+        {
             let mut got = vec![f32::NAN; n];
-            decode_with(&be, &cache.as_ref(), &d, &mut got, parts).unwrap();
+            let opts = Options {
+                partitions: parts,
+                isa: Some(isa),
+            };
+            decode_with(&be, &cache.as_ref(), &d, &mut got, opts).unwrap();
             for (i, (a, b)) in got.iter().zip(&want).enumerate() {
                 assert!(
                     (a - b).abs() <= 1e-5 * b.abs().max(1.0),
-                    "{} parts {parts:?}: out[{i}] = {a}, reference {b}",
+                    "{} {isa:?} parts {parts:?}: out[{i}] = {a}, reference {b}",
                     c.spec
                 );
             }
         }
     }
 
-    fn case(spec: &str, q_heads: u64, lens: &[u32]) -> Case {
-        Case {
-            spec: spec.into(),
-            q_heads,
-            lens: lens.to_vec(),
-            window: None,
-            cap: None,
-        }
-    }
+    const DTYPES: [&str; 5] = ["f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"];
 
     #[test]
     fn layouts_and_dtypes_match_reference() {
         let lens = [37, 0, 16, 70];
-        for dtype in ["f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"] {
+        for dtype in DTYPES {
             for placement in [
                 "order=NHD",
                 "order=HND",
                 "order=BLNHC page=65536",
-                "legacy=vllm-paged-v1",
+                "order=HLBNC", // heads outside the blocks: one head per item
+                "order=NHD base=192",
+                "legacy=vllm-paged-v1", // x-split keys, transposed values: gathered rows
                 "legacy=flash-attn-hnd",
                 "legacy=flashinfer-nhd",
                 "legacy=separate-nhd",
@@ -676,68 +908,164 @@ mod tests {
                 ));
             }
         }
-        run_case(&case(
-            "kv-scaled L=1 B=24 N=16 H=2 D=32 dtype=int8 order=NHD",
-            4,
-            &lens,
-        ));
-        run_case(&case(
-            "kv-scaled L=1 B=24 N=16 H=2 D=32 dtype=fp8_e4m3 order=HND",
-            4,
-            &lens,
-        ));
-        run_case(&case(
-            "kv L=1 B=24 N=16 H=2 D=32 dtype=fp8_e4m3 order=NHD k_scale=0.5 v_scale=2.0",
-            2,
-            &lens,
-        ));
     }
 
     #[test]
-    fn head_sizes_gqa_mqa_mha_and_mla() {
-        for d in [32, 64, 80, 96, 112, 120, 128, 192, 256] {
+    fn inline_and_tensor_scales() {
+        let lens = [37, 0, 16, 70];
+        for spec in [
+            "kv-scaled L=1 B=24 N=16 H=2 D=32 dtype=int8 order=NHD",
+            "kv-scaled L=1 B=24 N=16 H=2 D=96 dtype=int8 order=HND",
+            "kv-scaled L=1 B=24 N=16 H=2 D=32 dtype=fp8_e4m3 order=HND",
+            "kv-scaled L=1 B=24 N=16 H=2 D=80 dtype=fp8_e5m2 order=NHD",
+            "kv L=1 B=24 N=16 H=2 D=32 dtype=fp8_e4m3 order=NHD k_scale=0.5 v_scale=2.0",
+            "kv L=1 B=24 N=16 H=2 D=48 dtype=fp8_e5m2 order=HND k_scale=4 v_scale=0.25",
+            "kv L=1 B=24 N=16 H=2 D=32 dtype=bf16 order=NHD k_scale=0.5 v_scale=3.0",
+            "kv L=1 B=24 N=16 H=2 D=32 dtype=int8 order=NHD",
+        ] {
+            run_case(&case(spec, 4, &lens));
+        }
+    }
+
+    #[test]
+    fn head_sizes_groups_and_mla() {
+        for dtype in DTYPES {
+            for d in [32, 64, 80, 96, 112, 120, 128, 192, 256] {
+                run_case(&case(
+                    &format!("kv L=1 B=8 N=16 H=2 D={d} dtype={dtype} order=NHD"),
+                    8,
+                    &[40, 9],
+                ));
+            }
             run_case(&case(
-                &format!("kv L=1 B=8 N=16 H=2 D={d} dtype=bf16 order=NHD"),
+                &format!("kv L=1 B=8 N=16 H=2 D=192 Dv=128 dtype={dtype} order=HND"),
                 4,
                 &[40, 9],
             ));
+            for (h, q) in [(1, 8), (4, 4), (2, 6), (2, 16), (3, 6), (1, 1)] {
+                // MQA, MHA, group 3, group 8, group 2 x 3 heads, a single head
+                run_case(&case(
+                    &format!("kv L=1 B=8 N=16 H={h} D=64 dtype={dtype} order=NHD"),
+                    q,
+                    &[50, 3],
+                ));
+            }
+            run_case(&case(
+                &format!("mla L=1 B=8 N=16 rank=512 rope=64 dtype={dtype} order=NHD"),
+                16,
+                &[33, 20],
+            ));
         }
-        run_case(&case(
-            "kv L=1 B=8 N=16 H=2 D=192 Dv=128 dtype=f16 order=HND",
-            2,
-            &[40, 9],
-        ));
-        run_case(&case(
-            "kv L=1 B=8 N=16 H=1 D=64 dtype=f32 order=NHD",
-            8,
-            &[50, 3],
-        )); // MQA
-        run_case(&case(
-            "kv L=1 B=8 N=16 H=4 D=64 dtype=f32 order=NHD",
-            4,
-            &[50, 3],
-        )); // MHA
-        run_case(&case(
-            "mla L=1 B=8 N=16 rank=512 rope=64 dtype=bf16 order=NHD",
-            16,
-            &[33, 20],
-        )); // MLA
     }
 
     #[test]
-    fn window_and_soft_cap() {
-        let mut c = case(
-            "kv L=1 B=24 N=16 H=2 D=64 dtype=f32 order=NHD",
+    fn window_soft_cap_and_empty_sequences() {
+        for dtype in ["f32", "bf16", "fp8_e4m3"] {
+            let mut c = case(
+                &format!("kv L=1 B=28 N=16 H=2 D=64 dtype={dtype} order=NHD"),
+                4,
+                &[100, 7, 64, 0],
+            );
+            c.window = Some(20);
+            run_case(&c);
+            c.window = None;
+            c.cap = Some(5.0);
+            run_case(&c);
+            c.window = Some(1);
+            run_case(&c);
+            c.window = Some(1000);
+            c.cap = Some(0.5);
+            run_case(&c);
+        }
+        // Only empty sequences: zeros.
+        run_case(&case(
+            "kv L=1 B=4 N=16 H=2 D=64 dtype=f32 order=NHD",
             4,
-            &[100, 7, 64],
-        );
-        c.window = Some(20);
+            &[0, 0],
+        ));
+    }
+
+    #[test]
+    fn block_sizes_layers_and_query_dtypes() {
+        for (n, lens) in [(1, vec![40, 9]), (8, vec![70, 33]), (64, vec![130, 65])] {
+            for order in ["NHD", "HND"] {
+                let nb = lens.iter().map(|l: &u32| l.div_ceil(n)).max().unwrap_or(1) * 2;
+                run_case(&case(
+                    &format!("kv L=1 B={nb} N={n} H=2 D=64 dtype=bf16 order={order}"),
+                    8,
+                    &lens,
+                ));
+            }
+        }
+        let mut c = case("kv L=3 B=8 N=16 H=2 D=64 dtype=f16 order=NHD", 4, &[50, 3]);
+        c.layer = 2;
         run_case(&c);
-        c.window = None;
-        c.cap = Some(5.0);
+        c.query = 1;
         run_case(&c);
-        c.window = Some(1);
+        c.query = 2;
         run_case(&c);
+    }
+
+    /// One long sequence: split-context on its own (default partitions), and many forced
+    /// partitions, some of them empty.
+    #[test]
+    fn split_context() {
+        for dtype in ["f32", "bf16", "fp8_e4m3"] {
+            for order in ["NHD", "HND"] {
+                let mut c = case(
+                    &format!("kv L=1 B=80 N=16 H=2 D=128 dtype={dtype} order={order}"),
+                    8,
+                    &[1200],
+                );
+                c.parts = 7;
+                run_case(&c);
+                c.lens = vec![5];
+                c.parts = 9; // more partitions than tokens
+                run_case(&c);
+            }
+        }
+        let be = CpuBackend::new(Some(2));
+        let l: KvCacheLayout = "kv L=1 B=80 N=16 H=2 D=64 dtype=f32 order=NHD"
+            .parse()
+            .unwrap();
+        let cache = HostCache::new(l).unwrap();
+        let table: Vec<i32> = (0..80).collect();
+        let q = vec![0f32; 8 * 64];
+        let d = Decode {
+            layer: 0,
+            query: Activations::F32(&q),
+            block_table: &table,
+            blocks_per_seq: 80,
+            seq_lens: &[1200],
+            params: DecodeParams {
+                num_q_heads: 8,
+                scale: 1.0,
+                sliding_window: None,
+                soft_cap: None,
+            },
+        };
+        let mut out = vec![1f32; 8 * 64];
+        be.paged_decode(&cache.as_ref(), &d, &mut out).unwrap();
+        assert!(out.iter().all(|x| *x == 0.0), "zero cache: zero output");
+    }
+
+    #[test]
+    fn kernel_order_round_trips() {
+        for isa in simd::available() {
+            for kind in [RowKind::F32, RowKind::Bf16, RowKind::Fp8E4m3] {
+                let o = Order::of(isa, kind);
+                for w in [1, 16, 31, 32, 33, 80, 120, 576] {
+                    let src: Vec<f32> = (0..w).map(|i| i as f32 + 1.0).collect();
+                    let mut k = vec![f32::NAN; o.padded(w)];
+                    o.arrange(&src, &mut k);
+                    let mut back = vec![0f32; w];
+                    o.restore(&k, 2.0, &mut back);
+                    let twice: Vec<f32> = src.iter().map(|x| x * 2.0).collect();
+                    assert_eq!(back, twice, "{isa:?} {kind:?} width {w}");
+                    assert_eq!(k.iter().filter(|x| **x == 0.0).count(), o.padded(w) - w);
+                }
+            }
+        }
     }
 
     #[test]
@@ -785,5 +1113,11 @@ mod tests {
             be.paged_decode(&cache.as_ref(), &long, &mut out),
             Err(OpError::SequenceTooLong { .. })
         ));
+        let mut short = vec![7f32; 2 * 32 - 1];
+        assert!(matches!(
+            be.paged_decode(&cache.as_ref(), &d, &mut short),
+            Err(OpError::Shape { .. })
+        ));
+        assert!(short.iter().all(|x| *x == 7.0), "nothing written on error");
     }
 }

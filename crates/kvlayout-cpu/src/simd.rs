@@ -1,10 +1,30 @@
-//! Row kernels of the decode: `dots` (one key row against a group of query rows) and `axpys`
-//! (one value row, weighted per query head, into a group of accumulators), on rows stored as
-//! f32, f16 or bf16 bytes, or already widened to f32.
+//! Kernels of the decode, on rows stored as f32, f16, bf16, fp8 (e4m3, e5m2) or int8 bytes
+//! (contiguous rows read in place), or on rows already gathered into f32.
 //!
-//! Three builds of the same contract, chosen once at run time: AVX-512 (F, BW, VL: the row is
-//! widened in registers, tails by masked loads), AVX2 + FMA (portable loops compiled with those
-//! features; f16/bf16 rows are widened into a scratch row first), and scalar elsewhere.
+//! Per tile of up to [`TILE`] rows of one KV head: [`qk_tile`] computes the logits of every
+//! row against the whole GQA group of query rows, [`softmax_tile`] is the online-softmax step,
+//! [`pv_tile`] accumulates the value rows into the group's accumulators. Three builds of the
+//! same contract, chosen once per call at run time:
+//!
+//! - AVX-512 F/BW/VL: rows are widened in registers, once per row for all heads of the group.
+//!   `qk` works on blocks of rows x heads sharing 16 accumulators (one transposed reduction per
+//!   block); `pv` holds the accumulators of up to 4 heads x 64 elements in registers across
+//!   all rows of the tile. f16 widens by `vcvtph2ps`; bf16 by a shift (even elements) and a
+//!   mask (odd elements) of one 512-bit load, so query rows and accumulators are kept in an
+//!   even/odd order within blocks of 32 ([`Order`]); fp8 moves its bits into an f32 whose
+//!   value is the fp8 value times 2^-120 (e4m3) or 2^-112 (e5m2), exactly, subnormals
+//!   included, and that power of two is either multiplied back or folded by the caller into
+//!   the query, the logits and the weights ([`fp8_fold`]); int8 by `vcvtdq2ps`.
+//! - AVX2 + FMA: each row is widened into a scratch row, then portable loops compiled with
+//!   those features.
+//! - scalar: the same portable loops.
+//!
+//! Rows come in a [`RowSet`]: each row is bounds-checked against its buffer when it is added
+//! (for every head the kernels may read), then read through raw pointers with unaligned,
+//! width-masked loads.
+
+/// Tokens per online-softmax tile (the leading dimension of the logits and weights).
+pub(crate) const TILE: usize = 64;
 
 /// How a row's bytes encode its elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,15 +50,138 @@ pub(crate) enum Isa {
 pub(crate) fn detect() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::is_x86_feature_detected as has;
-        if has!("avx512f") && has!("avx512bw") && has!("avx512vl") {
+        if has_avx512() {
             return Isa::Avx512;
         }
-        if has!("avx2") && has!("fma") && has!("f16c") {
+        if has_avx2() {
             return Isa::Avx2;
         }
     }
     Isa::Scalar
+}
+
+/// Whether this machine runs the AVX-512 kernels (the safe wrappers check it before every
+/// call into them: `std` caches the detection).
+#[cfg(target_arch = "x86_64")]
+fn has_avx512() -> bool {
+    use std::arch::is_x86_feature_detected as has;
+    has!("avx512f") && has!("avx512bw") && has!("avx512vl")
+}
+
+/// Whether this machine runs the AVX2 + FMA builds (checked like [`has_avx512`]).
+#[cfg(target_arch = "x86_64")]
+fn has_avx2() -> bool {
+    use std::arch::is_x86_feature_detected as has;
+    has!("avx2") && has!("fma") && has!("f16c")
+}
+
+/// Every instruction set this machine can run, best first (tests run each).
+#[cfg(test)]
+pub(crate) fn available() -> Vec<Isa> {
+    let mut v = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_avx512() {
+            v.push(Isa::Avx512);
+        }
+        if has_avx2() {
+            v.push(Isa::Avx2);
+        }
+    }
+    v.push(Isa::Scalar);
+    v
+}
+
+pub(crate) fn elem(kind: RowKind) -> usize {
+    match kind {
+        RowKind::F32 => 4,
+        RowKind::F16 | RowKind::Bf16 => 2,
+        RowKind::Fp8E4m3 | RowKind::Fp8E5m2 | RowKind::I8 => 1,
+    }
+}
+
+/// The order in which the kernels of an instruction set hold the elements of a row of one
+/// kind: query rows and accumulators are kept in it, zero-padded to whole blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Order {
+    /// Elements per block (1: no padding).
+    block: usize,
+    /// Within a block of 32: even elements first, then odd (bf16 on AVX-512).
+    pairs: bool,
+}
+
+impl Order {
+    pub(crate) fn of(isa: Isa, kind: RowKind) -> Order {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => Order {
+                block: if kind == RowKind::Bf16 { 32 } else { 16 },
+                pairs: kind == RowKind::Bf16,
+            },
+            _ => {
+                let _ = kind;
+                Order {
+                    block: 1,
+                    pairs: false,
+                }
+            }
+        }
+    }
+
+    /// Elements a row of `width` takes in this order.
+    pub(crate) fn padded(&self, width: usize) -> usize {
+        width.div_ceil(self.block) * self.block
+    }
+
+    /// Position of element `d`.
+    #[inline]
+    pub(crate) fn pos(&self, d: usize) -> usize {
+        if self.pairs {
+            d / 32 * 32 + d % 32 / 2 + 16 * (d % 2)
+        } else {
+            d
+        }
+    }
+
+    /// `dst` (padded) = `src` (natural order, the row's width) in this order, zeros after.
+    pub(crate) fn arrange(&self, src: &[f32], dst: &mut [f32]) {
+        assert!(dst.len() >= self.padded(src.len()));
+        if self.pairs {
+            dst.fill(0.0);
+            for (d, x) in src.iter().enumerate() {
+                dst[self.pos(d)] = *x;
+            }
+        } else {
+            dst[..src.len()].copy_from_slice(src);
+            dst[src.len()..].fill(0.0);
+        }
+    }
+
+    /// `dst[d] = f * src[pos(d)]` for the `dst.len()` elements of a row.
+    pub(crate) fn restore(&self, src: &[f32], f: f32, dst: &mut [f32]) {
+        if self.pairs {
+            for (d, x) in dst.iter_mut().enumerate() {
+                *x = src[self.pos(d)] * f;
+            }
+        } else {
+            for (x, s) in dst.iter_mut().zip(src) {
+                *x = s * f;
+            }
+        }
+    }
+}
+
+/// For fp8 rows on AVX-512: the square root of the power of two the widened values lack
+/// (2^60 for e4m3, 2^56 for e5m2). A caller that reads fp8 rows `raw` multiplies the query
+/// and the logits by it (keys), or the weights and the final accumulators (values).
+pub(crate) fn fp8_fold(isa: Isa, kind: RowKind) -> Option<f32> {
+    match (isa, kind) {
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, RowKind::Fp8E4m3) => Some(f32::from_bits((127 + 60) << 23)),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, RowKind::Fp8E5m2) => Some(f32::from_bits((127 + 56) << 23)),
+        _ => None,
+    }
 }
 
 /// Widens a contiguous row of `kind` into `out` (f32).
@@ -71,26 +214,12 @@ pub(crate) fn widen(kind: RowKind, row: &[u8], out: &mut [f32]) {
     }
 }
 
-/// `x = exp(x)` for every element.
-pub(crate) fn exp_inplace(isa: Isa, xs: &mut [f32]) {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX-512 F/BW/VL detected.
-        Isa::Avx512 => unsafe { avx512::exp_inplace(xs) },
-        _ => {
-            for x in xs {
-                *x = x.exp();
-            }
-        }
-    }
-}
-
-/// `out[j] = sum_d q[j*w + d] * k[d]` for the `out.len()` query rows of width `w = k.len()`.
+/// `out[j] = sum_d q[j * qs + d] * k[d]` for the `out.len()` query rows.
 #[inline(always)]
-fn dots_portable(k: &[f32], q: &[f32], out: &mut [f32]) {
+fn dots_portable(k: &[f32], q: &[f32], qs: usize, out: &mut [f32]) {
     let w = k.len();
     for (j, o) in out.iter_mut().enumerate() {
-        let qr = &q[j * w..(j + 1) * w];
+        let qr = &q[j * qs..j * qs + w];
         let mut acc = [0f32; 16];
         let mut chunks_q = qr.chunks_exact(16);
         let mut chunks_k = k.chunks_exact(16);
@@ -109,12 +238,12 @@ fn dots_portable(k: &[f32], q: &[f32], out: &mut [f32]) {
     }
 }
 
-/// `acc[j*w + d] += p[j] * v[d]` for the `p.len()` accumulators of width `w = v.len()`.
+/// `acc[j * s + d] += p[j] * v[d]` for the `p.len()` accumulator rows.
 #[inline(always)]
-fn axpys_portable(v: &[f32], p: &[f32], acc: &mut [f32]) {
+fn axpys_portable(v: &[f32], p: &[f32], acc: &mut [f32], s: usize) {
     let w = v.len();
     for (j, pj) in p.iter().enumerate() {
-        for (a, x) in acc[j * w..(j + 1) * w].iter_mut().zip(v) {
+        for (a, x) in acc[j * s..j * s + w].iter_mut().zip(v) {
             *a += pj * x;
         }
     }
@@ -122,242 +251,329 @@ fn axpys_portable(v: &[f32], p: &[f32], acc: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn dots_avx2(k: &[f32], q: &[f32], out: &mut [f32]) {
-    dots_portable(k, q, out)
+fn dots_avx2(k: &[f32], q: &[f32], qs: usize, out: &mut [f32]) {
+    dots_portable(k, q, qs, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn axpys_avx2(v: &[f32], p: &[f32], acc: &mut [f32]) {
-    axpys_portable(v, p, acc)
+fn axpys_avx2(v: &[f32], p: &[f32], acc: &mut [f32], s: usize) {
+    axpys_portable(v, p, acc, s)
 }
 
-/// Dot products of one stored row (`width` elements of `kind`) with `out.len()` query rows.
-/// `scratch` holds at least `width` f32 for the paths that widen first.
-pub(crate) fn dots(
-    isa: Isa,
-    kind: RowKind,
-    row: &[u8],
-    width: usize,
-    q: &[f32],
-    out: &mut [f32],
-    scratch: &mut [f32],
-) {
-    assert!(row.len() >= width * elem(kind) && q.len() >= out.len() * width);
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX-512 F/BW/VL detected; row and q lengths asserted above.
-        Isa::Avx512 => unsafe { avx512::dots(kind, row.as_ptr(), width, q, out) },
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
-            widen(kind, &row[..width * elem(kind)], &mut scratch[..width]);
-            // SAFETY: AVX2 and FMA detected.
-            unsafe { dots_avx2(&scratch[..width], q, out) }
+/// The rows of one tile (at most [`TILE`]). Each row is bounds-checked when it is added to
+/// hold `span` bytes from its start — the rows of every head a kernel may be asked for (a
+/// head's row lies `hoff` bytes further); the kernels then read them through raw pointers.
+pub(crate) struct RowSet<'a> {
+    ptrs: [*const u8; TILE],
+    n: usize,
+    span: usize,
+    _rows: std::marker::PhantomData<&'a [u8]>,
+}
+
+impl<'a> RowSet<'a> {
+    /// An empty set of rows spanning `span` bytes each.
+    pub(crate) fn new(span: usize) -> Self {
+        RowSet {
+            ptrs: [std::ptr::null(); TILE],
+            n: 0,
+            span,
+            _rows: std::marker::PhantomData,
         }
-        Isa::Scalar => {
-            widen(kind, &row[..width * elem(kind)], &mut scratch[..width]);
-            dots_portable(&scratch[..width], q, out)
-        }
+    }
+
+    /// Adds the row at byte `off` of `buf` (bounds-checked; panics past `TILE` rows).
+    #[inline]
+    pub(crate) fn push(&mut self, buf: &'a [u8], off: usize) {
+        let row = &buf[off..off + self.span];
+        self.ptrs[self.n] = row.as_ptr();
+        self.n += 1;
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.n
+    }
+
+    /// The `len` bytes of row `i` from byte `hoff`.
+    fn row(&self, i: usize, hoff: usize, len: usize) -> &'a [u8] {
+        assert!(i < self.n && hoff + len <= self.span);
+        // SAFETY: `ptrs[i]` starts a `&'a [u8]` of `span` bytes (`push`), and
+        // `hoff + len <= span`.
+        unsafe { std::slice::from_raw_parts(self.ptrs[i].add(hoff), len) }
+    }
+
+    /// Whether every row holds `need` bytes from `hoff` (an empty set holds anything).
+    fn holds(&self, hoff: usize, need: usize) -> bool {
+        self.n == 0 || hoff + need <= self.span
     }
 }
 
-/// `acc[j] += p[j] * row` for each of the `p.len()` accumulators of width `width`.
-pub(crate) fn axpys(
-    isa: Isa,
-    kind: RowKind,
-    row: &[u8],
-    width: usize,
-    p: &[f32],
-    acc: &mut [f32],
-    scratch: &mut [f32],
-) {
-    assert!(row.len() >= width * elem(kind) && acc.len() >= p.len() * width);
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX-512 F/BW/VL detected; lengths asserted above.
-        Isa::Avx512 => unsafe { avx512::axpys(kind, row.as_ptr(), width, p, acc) },
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
-            widen(kind, &row[..width * elem(kind)], &mut scratch[..width]);
-            // SAFETY: AVX2 and FMA detected.
-            unsafe { axpys_avx2(&scratch[..width], p, acc) }
-        }
-        Isa::Scalar => {
-            widen(kind, &row[..width * elem(kind)], &mut scratch[..width]);
-            axpys_portable(&scratch[..width], p, acc)
-        }
-    }
-}
-
-/// Whether the tile kernels below are available (AVX-512).
-pub(crate) fn has_tile_kernels(isa: Isa) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        return true;
-    }
-    let _ = isa;
-    false
-}
-
-/// Tile dot products (see `avx512::dots_tile`); `tile` spans all `nt` rows at `stride` bytes.
+/// Logits of a tile: `logits[j * ld + i] = sum_d q[j * qs + d] * row_i[d]` over the rows of
+/// `rows` (at `hoff`) and the `g` query rows, which are in [`Order::of`]`(isa, kind)` and
+/// zero-padded to `qs`. With `raw`, fp8 rows are read without their power of two
+/// ([`fp8_fold`]). The rows of `next` (the next tile's, at the same `hoff`) are prefetched
+/// into L2 as the rows of this one are read. `scratch` holds `width` f32.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn dots_tile(
+pub(crate) fn qk_tile(
     isa: Isa,
     kind: RowKind,
-    tile: &[u8],
-    stride: usize,
-    nt: usize,
+    raw: bool,
+    rows: &RowSet<'_>,
+    next: &RowSet<'_>,
+    hoff: usize,
     width: usize,
     q: &[f32],
+    qs: usize,
     g: usize,
     logits: &mut [f32],
     ld: usize,
+    scratch: &mut [f32],
 ) {
-    assert!(nt >= 1 && tile.len() >= (nt - 1) * stride + width * elem(kind));
-    assert!(q.len() >= g * width && logits.len() >= (g - 1) * ld + nt && nt <= ld);
+    let nt = rows.len();
+    if nt == 0 || g == 0 {
+        return;
+    }
+    let need = width * elem(kind);
+    let padded = Order::of(isa, kind).padded(width);
+    assert!(nt <= ld && width > 0 && rows.holds(hoff, need) && next.holds(hoff, need));
+    assert!(qs >= padded && q.len() >= (g - 1) * qs + padded);
+    assert!(logits.len() >= (g - 1) * ld + nt);
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
-        // SAFETY: AVX-512 detected; lengths asserted above.
+        assert!(has_avx512(), "AVX-512 kernels on a machine without AVX-512");
+        // SAFETY: AVX-512 F/BW/VL detected (asserted above); every row holds `width` elements
+        // of `kind` from `hoff` (checked by `RowSet::push` and `holds` above); the query rows
+        // hold `padded` values at stride `qs` and the logits `(g - 1) * ld + nt` (asserted
+        // above). The rows of `next` are only prefetched.
         return unsafe {
-            avx512::dots_tile(kind, tile.as_ptr(), stride, nt, width, q, g, logits, ld)
+            avx512::qk_tile(
+                kind,
+                raw,
+                &rows.ptrs[..nt],
+                &next.ptrs[..next.n],
+                hoff,
+                width,
+                q,
+                qs,
+                g,
+                logits,
+                ld,
+            )
         };
     }
-    unreachable!("dots_tile without AVX-512 ({isa:?})");
+    let _ = raw;
+    #[cfg(target_arch = "x86_64")]
+    assert!(
+        isa != Isa::Avx2 || has_avx2(),
+        "AVX2 build on a machine without AVX2"
+    );
+    let mut out = [0f32; 16];
+    for i in 0..nt {
+        widen(kind, rows.row(i, hoff, need), &mut scratch[..width]);
+        let mut j0 = 0;
+        while j0 < g {
+            let n = (g - j0).min(16);
+            let (k, q) = (&scratch[..width], &q[j0 * qs..]);
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX2 and FMA detected (asserted above).
+                Isa::Avx2 => unsafe { dots_avx2(k, q, qs, &mut out[..n]) },
+                _ => dots_portable(k, q, qs, &mut out[..n]),
+            }
+            for (j, o) in out[..n].iter().enumerate() {
+                logits[(j0 + j) * ld + i] = *o;
+            }
+            j0 += n;
+        }
+    }
 }
 
-/// Tile value accumulation (see `avx512::axpys_tile`).
+/// Value accumulation of a tile: `acc[j * s + d] += sum_i w[j * ld + i] * row_i[d]` over the
+/// rows of `rows` (at `hoff`) and the `g` accumulator rows, which are in [`Order::of`]`(isa,
+/// kind)` and padded to `s`. `raw`, `next` and `scratch` as in [`qk_tile`].
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn axpys_tile(
+pub(crate) fn pv_tile(
     isa: Isa,
     kind: RowKind,
-    tile: &[u8],
-    stride: usize,
-    nt: usize,
+    raw: bool,
+    rows: &RowSet<'_>,
+    next: &RowSet<'_>,
+    hoff: usize,
     width: usize,
     w: &[f32],
-    g: usize,
     ld: usize,
+    g: usize,
     acc: &mut [f32],
+    s: usize,
+    scratch: &mut [f32],
 ) {
-    assert!(nt >= 1 && tile.len() >= (nt - 1) * stride + width * elem(kind));
-    assert!(acc.len() >= g * width && w.len() >= (g - 1) * ld + nt && nt <= ld);
+    let nt = rows.len();
+    if nt == 0 || g == 0 {
+        return;
+    }
+    let need = width * elem(kind);
+    let padded = Order::of(isa, kind).padded(width);
+    assert!(nt <= ld && width > 0 && rows.holds(hoff, need) && next.holds(hoff, need));
+    assert!(s >= padded && acc.len() >= (g - 1) * s + padded);
+    assert!(w.len() >= (g - 1) * ld + nt);
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
-        // SAFETY: AVX-512 detected; lengths asserted above.
+        assert!(has_avx512(), "AVX-512 kernels on a machine without AVX-512");
+        // SAFETY: AVX-512 F/BW/VL detected (asserted above); every row holds `width` elements
+        // of `kind` from `hoff` (checked by `RowSet::push` and `holds` above); the accumulator
+        // rows hold `padded` values at stride `s` and the weights `(g - 1) * ld + nt`
+        // (asserted above). The rows of `next` are only prefetched.
         return unsafe {
-            avx512::axpys_tile(kind, tile.as_ptr(), stride, nt, width, w, g, ld, acc)
+            avx512::pv_tile(
+                kind,
+                raw,
+                &rows.ptrs[..nt],
+                &next.ptrs[..next.n],
+                hoff,
+                width,
+                w,
+                ld,
+                g,
+                acc,
+                s,
+            )
         };
     }
-    unreachable!("axpys_tile without AVX-512 ({isa:?})");
-}
-
-pub(crate) fn elem(kind: RowKind) -> usize {
-    match kind {
-        RowKind::F32 => 4,
-        RowKind::F16 | RowKind::Bf16 => 2,
-        RowKind::Fp8E4m3 | RowKind::Fp8E5m2 | RowKind::I8 => 1,
+    let _ = raw;
+    #[cfg(target_arch = "x86_64")]
+    assert!(
+        isa != Isa::Avx2 || has_avx2(),
+        "AVX2 build on a machine without AVX2"
+    );
+    let mut p = [0f32; 16];
+    for i in 0..nt {
+        widen(kind, rows.row(i, hoff, need), &mut scratch[..width]);
+        let mut j0 = 0;
+        while j0 < g {
+            let n = (g - j0).min(16);
+            for (j, x) in p[..n].iter_mut().enumerate() {
+                *x = w[(j0 + j) * ld + i];
+            }
+            let acc = &mut acc[j0 * s..];
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX2 and FMA detected (asserted above).
+                Isa::Avx2 => unsafe { axpys_avx2(&scratch[..width], &p[..n], acc, s) },
+                _ => axpys_portable(&scratch[..width], &p[..n], acc, s),
+            }
+            j0 += n;
+        }
     }
 }
 
+/// One online-softmax step over a tile, for each of the `g` heads: row `j` of `logits`
+/// (`nt` values at `j * ld`) becomes the weights `exp(l - m)` where `m` is the new running
+/// maximum `maxes[j]`; `sums[j]` and the accumulator row `acc[j * s .. j * s + s]` are
+/// rescaled to it first, then `sums[j]` gains the tile's weights. The stored weights of token
+/// `i` are then multiplied by `wscale` and `vscale[i]` (not counted in the sum).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn softmax_tile(
+    isa: Isa,
+    nt: usize,
+    g: usize,
+    logits: &mut [f32],
+    ld: usize,
+    wscale: f32,
+    vscale: Option<&[f32]>,
+    maxes: &mut [f32],
+    sums: &mut [f32],
+    acc: &mut [f32],
+    s: usize,
+) {
+    assert!(nt >= 1 && nt <= ld);
+    assert!(logits.len() >= (g - 1) * ld + nt && maxes.len() >= g && sums.len() >= g);
+    assert!(acc.len() >= g * s);
+    if let Some(v) = vscale {
+        assert!(v.len() >= nt);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        assert!(has_avx512(), "AVX-512 kernels on a machine without AVX-512");
+        // SAFETY: AVX-512 F/BW/VL detected and lengths asserted above.
+        return unsafe {
+            avx512::softmax_tile(nt, g, logits, ld, wscale, vscale, maxes, sums, acc, s)
+        };
+    }
+    for j in 0..g {
+        let l = &mut logits[j * ld..j * ld + nt];
+        let tile_max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let m = maxes[j].max(tile_max);
+        if m > maxes[j] {
+            let c = (maxes[j] - m).exp();
+            sums[j] *= c;
+            for x in &mut acc[j * s..(j + 1) * s] {
+                *x *= c;
+            }
+            maxes[j] = m;
+        }
+        let mut sum = 0.0;
+        for (i, x) in l.iter_mut().enumerate() {
+            *x = (*x - m).exp();
+            sum += *x;
+            *x *= wscale * vscale.map_or(1.0, |v| v[i]);
+        }
+        sums[j] += sum;
+    }
+}
+
+// Register-blocked loops index several arrays (rows, heads, vectors) by the same counter.
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)]
 mod avx512 {
     use super::RowKind;
     use std::arch::x86_64::*;
 
-    /// Loads up to 16 elements (mask `m`) of `kind` at element `d` of `row`, widened to f32.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn load<const K: u8>(row: *const u8, d: usize, m: __mmask16) -> __m512 {
-        let kind = KINDS[K as usize];
-        // SAFETY: the callers keep d + popcount(m) <= width, inside the asserted row length;
-        // masked-off lanes are not read.
-        unsafe {
-            match kind {
-                RowKind::F32 => _mm512_maskz_loadu_ps(m, row.add(d * 4) as *const f32),
-                RowKind::F16 => {
-                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row.add(d * 2) as *const i16))
-                }
-                RowKind::Bf16 => {
-                    let h = _mm256_maskz_loadu_epi16(m, row.add(d * 2) as *const i16);
-                    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
-                }
-                RowKind::Fp8E5m2 => {
-                    // e5m2 is the high byte of an f16.
-                    let b = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, row.add(d) as *const i8));
-                    _mm512_cvtph_ps(_mm256_slli_epi16(b, 8))
-                }
-                RowKind::Fp8E4m3 => {
-                    // e4m3 (bias 7) as an f16 (bias 15): sign to bit 15, exponent and mantissa
-                    // shifted by 7, then scaled by 2^8; subnormals map to f16 subnormals.
-                    let b = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, row.add(d) as *const i8));
-                    let sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8);
-                    let mag = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7);
-                    let h = _mm256_or_si256(sign, mag);
-                    _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0))
-                }
-                RowKind::I8 => {
-                    let b = _mm_maskz_loadu_epi8(m, row.add(d) as *const i8);
-                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))
-                }
-            }
-        }
-    }
+    /// Row kinds as const parameters. fp8 `*_RAW`: the bits only (see `load`).
+    const F32: u8 = 0;
+    const F16: u8 = 1;
+    const BF16: u8 = 2;
+    const E4M3: u8 = 3;
+    const E5M2: u8 = 4;
+    const I8: u8 = 5;
+    const E4M3_RAW: u8 = 6;
+    const E5M2_RAW: u8 = 7;
 
-    const KINDS: [RowKind; 6] = [
-        RowKind::F32,
-        RowKind::F16,
-        RowKind::Bf16,
-        RowKind::Fp8E4m3,
-        RowKind::Fp8E5m2,
-        RowKind::I8,
-    ];
-
-    fn code(kind: RowKind) -> u8 {
-        KINDS.iter().position(|k| *k == kind).unwrap_or(0) as u8
-    }
-
-    /// Calls `$f::<K>` with the const code of `$kind`, so each row kind gets its own loop.
+    /// Calls `$f::<K, ...>` with the const code of `$kind` (`$raw`: fp8 without its power of
+    /// two), so each row kind gets its own loops.
     macro_rules! by_kind {
-        ($kind:expr, $f:ident ( $($arg:expr),* )) => {
-            match code($kind) {
-                0 => $f::<0>($($arg),*),
-                1 => $f::<1>($($arg),*),
-                2 => $f::<2>($($arg),*),
-                3 => $f::<3>($($arg),*),
-                4 => $f::<4>($($arg),*),
-                _ => $f::<5>($($arg),*),
+        ($kind:expr, $raw:expr, $f:ident :: <$($c:tt),*> ( $($arg:expr),* )) => {
+            match ($kind, $raw) {
+                (RowKind::F32, _) => $f::<F32, $($c),*>($($arg),*),
+                (RowKind::F16, _) => $f::<F16, $($c),*>($($arg),*),
+                (RowKind::Bf16, _) => $f::<BF16, $($c),*>($($arg),*),
+                (RowKind::Fp8E4m3, false) => $f::<E4M3, $($c),*>($($arg),*),
+                (RowKind::Fp8E4m3, true) => $f::<E4M3_RAW, $($c),*>($($arg),*),
+                (RowKind::Fp8E5m2, false) => $f::<E5M2, $($c),*>($($arg),*),
+                (RowKind::Fp8E5m2, true) => $f::<E5M2_RAW, $($c),*>($($arg),*),
+                (RowKind::I8, _) => $f::<I8, $($c),*>($($arg),*),
             }
         };
     }
 
-    /// # Safety
-    /// As [`dots_k`].
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn dots(
-        kind: RowKind,
-        row: *const u8,
-        width: usize,
-        q: &[f32],
-        out: &mut [f32],
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { by_kind!(kind, dots_k(row, width, q, out)) }
+    /// Bytes per element.
+    const fn esize(k: u8) -> usize {
+        match k {
+            F32 => 4,
+            F16 | BF16 => 2,
+            _ => 1,
+        }
     }
 
-    /// # Safety
-    /// As [`axpys_k`].
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn axpys(
-        kind: RowKind,
-        row: *const u8,
-        width: usize,
-        p: &[f32],
-        acc: &mut [f32],
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { by_kind!(kind, axpys_k(row, width, p, acc)) }
+    /// Elements per block of the kernel order (see `super::Order`).
+    const fn block(k: u8) -> usize {
+        if k == BF16 {
+            32
+        } else {
+            16
+        }
     }
 
+    #[inline]
     fn mask(rem: usize) -> __mmask16 {
         if rem >= 16 {
             0xFFFF
@@ -366,214 +582,114 @@ mod avx512 {
         }
     }
 
-    /// `x = exp(x)`: 2^(x log2 e) split into an integer power and a degree-6 polynomial on
-    /// [-0.5, 0.5] (relative error ~2e-7); inputs below -87 flush to 0 (they are softmax
-    /// weights relative to the maximum, so never positive).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn exp_inplace(xs: &mut [f32]) {
-        let mut i = 0;
-        while i < xs.len() {
-            let m = mask(xs.len() - i);
-            let p = xs[i..].as_mut_ptr();
-            // SAFETY: the masked lanes stay inside `xs`.
-            unsafe {
-                let x = _mm512_maskz_loadu_ps(m, p);
-                let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
-                let t = _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E));
-                let n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                let f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(std::f32::consts::LN_2));
-                // e^f for |f| <= ln2 / 2, Taylor to degree 6.
-                let mut y = _mm512_set1_ps(1.0 / 720.0);
-                y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0 / 120.0));
-                y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0 / 24.0));
-                y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0 / 6.0));
-                y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(0.5));
-                y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0));
-                y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0));
-                let r = _mm512_scalef_ps(y, n);
-                _mm512_mask_storeu_ps(p, m, r);
-            }
-            i += 16;
+    #[inline]
+    fn mask32(rem: usize) -> __mmask32 {
+        if rem >= 32 {
+            u32::MAX
+        } else {
+            (1u32 << rem) - 1
         }
     }
 
-    /// # Safety
-    /// AVX-512 F/BW/VL present; `row` valid for `width` elements of `kind`;
-    /// `q.len() >= out.len() * width`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn dots_k<const K: u8>(row: *const u8, width: usize, q: &[f32], out: &mut [f32]) {
-        let g = out.len();
-        let qp = q.as_ptr();
-        let full = width / 16 * 16;
-        let tail = mask(width - full);
-        let mut j0 = 0;
-        // Four query rows at a time: each widened key vector feeds four FMAs.
-        while j0 < g {
-            let n = (g - j0).min(4);
-            let mut acc = [_mm512_setzero_ps(); 4];
-            // SAFETY (whole block): rows j0 .. j0 + n of q are `width` long and inside `q`
-            // (asserted by the caller; rows past n repeat row n - 1); masked lanes are not read.
-            unsafe {
-                let rows = [0usize, 1, 2, 3].map(|j| qp.add((j0 + j.min(n - 1)) * width));
-                let mut d = 0;
-                while d < full {
-                    let x = load::<K>(row, d, 0xFFFF);
-                    acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(rows[0].add(d)), x, acc[0]);
-                    acc[1] = _mm512_fmadd_ps(_mm512_loadu_ps(rows[1].add(d)), x, acc[1]);
-                    acc[2] = _mm512_fmadd_ps(_mm512_loadu_ps(rows[2].add(d)), x, acc[2]);
-                    acc[3] = _mm512_fmadd_ps(_mm512_loadu_ps(rows[3].add(d)), x, acc[3]);
-                    d += 16;
-                }
-                if full < width {
-                    let x = load::<K>(row, full, tail);
-                    for (a, r) in acc.iter_mut().zip(rows) {
-                        *a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, r.add(full)), x, *a);
-                    }
-                }
-            }
-            for j in 0..n {
-                out[j0 + j] = _mm512_reduce_add_ps(acc[j]);
-            }
-            j0 += n;
-        }
-    }
-
-    /// # Safety
-    /// AVX-512 F/BW/VL present; `row` valid for `width` elements of `kind`;
-    /// `acc.len() >= p.len() * width`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn axpys_k<const K: u8>(row: *const u8, width: usize, p: &[f32], acc: &mut [f32]) {
-        let ap = acc.as_mut_ptr();
-        let full = width / 16 * 16;
-        let tail = mask(width - full);
-        let mut j0 = 0;
-        // Up to eight accumulator rows per pass over the value row, weights broadcast once.
-        while j0 < p.len() {
-            let n = (p.len() - j0).min(8);
-            let mut w = [_mm512_setzero_ps(); 8];
-            for (j, wj) in w.iter_mut().enumerate().take(n) {
-                *wj = _mm512_set1_ps(p[j0 + j]);
-            }
-            // SAFETY (whole block): accumulator rows j0 .. j0 + n are `width` long and inside
-            // `acc` (asserted by the caller); masked lanes are neither read nor written.
-            unsafe {
-                let mut d = 0;
-                while d < full {
-                    let x = load::<K>(row, d, 0xFFFF);
-                    for (j, wj) in w.iter().enumerate().take(n) {
-                        let a = ap.add((j0 + j) * width + d);
-                        _mm512_storeu_ps(a, _mm512_fmadd_ps(*wj, x, _mm512_loadu_ps(a)));
-                    }
-                    d += 16;
-                }
-                if full < width {
-                    let x = load::<K>(row, full, tail);
-                    for (j, wj) in w.iter().enumerate().take(n) {
-                        let a = ap.add((j0 + j) * width + full);
-                        let y = _mm512_fmadd_ps(*wj, x, _mm512_maskz_loadu_ps(tail, a));
-                        _mm512_mask_storeu_ps(a, tail, y);
-                    }
-                }
-            }
-            j0 += n;
-        }
-    }
-
-    /// Dot products of the `nt` rows of a tile (row `i` at `tile + i * stride`) with the `g`
-    /// query rows: `logits[j * ld + i]`.
+    /// Block `b` of a row of kind `K` (elements `b * block(K) ..`), its first `n` elements
+    /// (at most a block) widened to f32 in the kernel order: one vector (16 elements), or two
+    /// for bf16 (the 16 even elements, then the 16 odd ones). Lanes past `n` are zero and
+    /// their bytes are not read.
+    ///
+    /// fp8: the 7 magnitude bits go to f32 bits 26..20 (e4m3) / 27..21 (e5m2) and the sign to
+    /// bit 31, which is the value times 2^-120 / 2^-112 for normal and subnormal numbers alike
+    /// (an fp8 subnormal lands on an f32 subnormal); the plain kinds multiply it back (exact),
+    /// the `_RAW` kinds leave that to the caller.
+    ///
+    /// `FULL`: the whole block (`n` is the block size), read without masks.
     ///
     /// # Safety
-    /// AVX-512 F/BW/VL present; every row valid for `width` elements of `kind`;
-    /// `q.len() >= g * width`; `logits.len() >= (g - 1) * ld + nt`.
+    /// AVX-512 F/BW/VL present; the first `n` elements of the block lie inside the row.
+    #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn dots_tile(
-        kind: RowKind,
-        tile: *const u8,
-        stride: usize,
-        nt: usize,
-        width: usize,
-        q: &[f32],
-        g: usize,
-        logits: &mut [f32],
-        ld: usize,
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { by_kind!(kind, dots_tile_k(tile, stride, nt, width, q, g, logits, ld)) }
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn dots_tile_k<const K: u8>(
-        tile: *const u8,
-        stride: usize,
-        nt: usize,
-        width: usize,
-        q: &[f32],
-        g: usize,
-        logits: &mut [f32],
-        ld: usize,
-    ) {
-        let qp = q.as_ptr();
-        let mut out = [0f32; 16];
-        let rows4 = nt / 4 * 4;
-        let heads4 = g / 4 * 4;
-        // Blocks of 4 rows x 4 query heads: 16 accumulators, each key chunk loaded once per
-        // row and each query chunk once per block, then one transposed reduction of 16 sums.
-        for i0 in (0..rows4).step_by(4) {
-            for j0 in (0..heads4).step_by(4) {
-                // SAFETY: rows i0 .. i0 + 4 < nt and query rows j0 .. j0 + 4 <= g are in bounds
-                // (caller's contract); masked lanes are not read.
-                let sums = unsafe {
-                    let mut acc = [_mm512_setzero_ps(); 16];
-                    let mut d = 0;
-                    while d < width {
-                        let m = mask(width - d);
-                        let x = [0, 1, 2, 3].map(|r| load::<K>(tile.add((i0 + r) * stride), d, m));
-                        for j in 0..4 {
-                            let qv = _mm512_maskz_loadu_ps(m, qp.add((j0 + j) * width + d));
-                            for r in 0..4 {
-                                acc[j * 4 + r] = _mm512_fmadd_ps(qv, x[r], acc[j * 4 + r]);
-                            }
-                        }
-                        d += 16;
-                    }
-                    hsum16(acc)
-                };
-                // SAFETY: `out` holds 16 floats.
-                unsafe { _mm512_storeu_ps(out.as_mut_ptr(), sums) };
-                for r in 0..4 {
-                    for j in 0..4 {
-                        logits[(j0 + j) * ld + i0 + r] = out[r * 4 + j];
+    unsafe fn load<const K: u8, const FULL: bool>(
+        row: *const u8,
+        b: usize,
+        n: usize,
+    ) -> [__m512; 2] {
+        let z = _mm512_setzero_ps();
+        let p = row.wrapping_add(b * block(K) * esize(K));
+        // SAFETY: the caller keeps the first `n` elements of the block inside the row; the
+        // masks select exactly those (all of the block when `FULL`), and masked-off lanes are
+        // not read (masked loads suppress faults).
+        unsafe {
+            match K {
+                F32 if FULL => [_mm512_loadu_ps(p as *const f32), z],
+                F32 => [_mm512_maskz_loadu_ps(mask(n), p as *const f32), z],
+                F16 if FULL => [_mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)), z],
+                F16 => [
+                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask(n), p as *const i16)),
+                    z,
+                ],
+                BF16 => {
+                    let x = if FULL {
+                        _mm512_loadu_si512(p as *const __m512i)
+                    } else {
+                        _mm512_maskz_loadu_epi16(mask32(n), p as *const i16)
+                    };
+                    let even = _mm512_slli_epi32::<16>(x);
+                    let odd = _mm512_and_si512(x, _mm512_set1_epi32(0xFFFF_0000u32 as i32));
+                    [_mm512_castsi512_ps(even), _mm512_castsi512_ps(odd)]
+                }
+                E4M3 | E4M3_RAW | E5M2 | E5M2_RAW => {
+                    let b = if FULL {
+                        _mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))
+                    } else {
+                        _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask(n), p as *const i8))
+                    };
+                    let bits = if K == E4M3 || K == E4M3_RAW {
+                        _mm512_and_si512(
+                            _mm512_slli_epi32::<20>(b),
+                            _mm512_set1_epi32(0x87F0_0000u32 as i32),
+                        )
+                    } else {
+                        _mm512_and_si512(
+                            _mm512_slli_epi32::<21>(b),
+                            _mm512_set1_epi32(0x8FE0_0000u32 as i32),
+                        )
+                    };
+                    let x = _mm512_castsi512_ps(bits);
+                    match K {
+                        E4M3 => [
+                            _mm512_mul_ps(x, _mm512_set1_ps(f32::from_bits((127 + 120) << 23))),
+                            z,
+                        ],
+                        E5M2 => [
+                            _mm512_mul_ps(x, _mm512_set1_ps(f32::from_bits((127 + 112) << 23))),
+                            z,
+                        ],
+                        _ => [x, z],
                     }
                 }
-            }
-        }
-        // Remaining rows (all heads) and remaining heads (all rows), one row at a time.
-        let mut four = [0f32; 4];
-        for i in 0..nt {
-            let j_start = if i < rows4 { heads4 } else { 0 };
-            let mut j0 = j_start;
-            while j0 < g {
-                let n = (g - j0).min(4);
-                // SAFETY: row i of the tile and query rows j0 .. j0 + n (caller's contract).
-                unsafe {
-                    dots_k::<K>(
-                        tile.add(i * stride),
-                        width,
-                        &q[j0 * width..(j0 + n) * width],
-                        &mut four[..n],
-                    )
-                };
-                for (j, o) in four[..n].iter().enumerate() {
-                    logits[(j0 + j) * ld + i] = *o;
+                _ => {
+                    let b = if FULL {
+                        _mm_loadu_si128(p as *const __m128i)
+                    } else {
+                        _mm_maskz_loadu_epi8(mask(n), p as *const i8)
+                    };
+                    [_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), z]
                 }
-                j0 += n;
             }
         }
     }
 
-    /// Lane `r * 4 + j` of the result is the horizontal sum of `v[j * 4 + r]`.
+    /// Prefetches into L2 the line of `row` holding byte `at`, when `at` starts a line.
+    #[inline(always)]
+    fn prefetch_line(row: *const u8, at: usize) {
+        if at.is_multiple_of(64) {
+            // SAFETY: a prefetch is a hint that never faults and reads nothing into the
+            // program; the address stays inside the (checked) row the pointer came from.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(at) as *const i8) };
+        }
+    }
+
+    /// Lane `4 * (a % 4) + a / 4` of the result is the horizontal sum of `v[a]` (so the sum
+    /// of `v[l % 4 * 4 + l / 4]` lands in lane `l`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     fn hsum16(v: [__m512; 16]) -> __m512 {
@@ -608,85 +724,505 @@ mod avx512 {
         _mm512_add_ps(u, h)
     }
 
-    /// `acc[j] += sum_i w[j * ld + i] * row_i` over the `nt` rows of a tile, each accumulator
-    /// chunk held in a register across the whole tile.
-    ///
     /// # Safety
-    /// AVX-512 F/BW/VL present; every row valid for `width` elements of `kind`;
-    /// `acc.len() >= g * width`; `w.len() >= (g - 1) * ld + nt`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    /// AVX-512 F/BW/VL present; every row pointer plus `hoff` valid for `width` elements of
+    /// `kind`; `q` holds `g` rows of `block`-padded width at stride `qs`;
+    /// `logits.len() >= (g - 1) * ld + rows.len()`. `pf` is only prefetched.
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn axpys_tile(
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn qk_tile(
         kind: RowKind,
-        tile: *const u8,
-        stride: usize,
-        nt: usize,
+        raw: bool,
+        rows: &[*const u8],
+        pf: &[*const u8],
+        hoff: usize,
         width: usize,
-        w: &[f32],
+        q: &[f32],
+        qs: usize,
         g: usize,
+        logits: &mut [f32],
         ld: usize,
-        acc: &mut [f32],
     ) {
-        // SAFETY: the caller's contract.
-        unsafe { by_kind!(kind, axpys_tile_k(tile, stride, nt, width, w, g, ld, acc)) }
+        let a = (rows, pf, hoff, width, q, qs, g, logits, ld);
+        // SAFETY (each arm): the caller's contract.
+        unsafe {
+            match g {
+                1 => by_kind!(kind, raw, qk_k::<16, 1>(a)),
+                2 => by_kind!(kind, raw, qk_k::<8, 2>(a)),
+                _ => by_kind!(kind, raw, qk_k::<4, 4>(a)),
+            }
+        }
     }
 
+    type QkArgs<'a> = (
+        &'a [*const u8],
+        &'a [*const u8],
+        usize,
+        usize,
+        &'a [f32],
+        usize,
+        usize,
+        &'a mut [f32],
+        usize,
+    );
+
+    /// Blocks of `R` rows x `H` query heads (`R * H = 16` accumulators): per block of the
+    /// row, the `H` query vectors are loaded once and each row is widened once for the `H`
+    /// heads; one transposed reduction gives the 16 dot products. Rows past the tile repeat
+    /// the last row and heads past the group repeat the last head; their results are
+    /// dropped. While the first heads of a row block are computed, the same rows of `pf` are
+    /// prefetched.
+    ///
+    /// # Safety
+    /// As [`qk_tile`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn axpys_tile_k<const K: u8>(
-        tile: *const u8,
-        stride: usize,
-        nt: usize,
-        width: usize,
-        w: &[f32],
-        g: usize,
-        ld: usize,
-        acc: &mut [f32],
-    ) {
-        let ap = acc.as_mut_ptr();
-        let mut j0 = 0;
-        while j0 < g {
-            let n = (g - j0).min(8);
-            let mut d = 0;
-            while d < width {
-                let m = mask(width - d);
-                let mut a = [_mm512_setzero_ps(); 8];
-                // SAFETY (whole block): accumulator rows j0 .. j0 + n are inside `acc`, the
-                // tile's rows are valid (caller's contract); masked lanes are not touched.
-                unsafe {
-                    for (j, aj) in a.iter_mut().enumerate().take(n) {
-                        *aj = _mm512_maskz_loadu_ps(m, ap.add((j0 + j) * width + d));
-                    }
-                    for i in 0..nt {
-                        let x = load::<K>(tile.add(i * stride), d, m);
-                        for (j, aj) in a.iter_mut().enumerate().take(n) {
-                            *aj = _mm512_fmadd_ps(_mm512_set1_ps(w[(j0 + j) * ld + i]), x, *aj);
+    unsafe fn qk_k<const K: u8, const R: usize, const H: usize>(a: QkArgs<'_>) {
+        let (rows, pf, hoff, width, q, qs, g, logits, ld) = a;
+        let nt = rows.len();
+        let bw = block(K);
+        let nv = bw / 16;
+        let nb = width.div_ceil(bw);
+        let mut i0 = 0;
+        while i0 < nt {
+            let rp: [*const u8; R] =
+                std::array::from_fn(|r| rows[(i0 + r).min(nt - 1)].wrapping_add(hoff));
+            // Rows of the next tile to prefetch with this block (none past its end).
+            let npf = pf.len().saturating_sub(i0).min(R);
+            let mut j0 = 0;
+            while j0 < g {
+                let npf = if j0 == 0 { npf } else { 0 };
+                // SAFETY (whole block): query rows `min(j0 + h, g - 1)` hold `nb * bw` values
+                // at stride `qs`; rows `rp` hold `width` elements and `load` reads only the
+                // first `width - b * bw` of the last block (caller's contract).
+                let sums = unsafe {
+                    let qp: [*const f32; H] =
+                        std::array::from_fn(|h| q.as_ptr().add((j0 + h).min(g - 1) * qs));
+                    let mut acc = [_mm512_setzero_ps(); 16];
+                    for b in 0..nb {
+                        let n = (width - b * bw).min(bw);
+                        let qv: [[__m512; 2]; H] = std::array::from_fn(|h| {
+                            std::array::from_fn(|v| {
+                                if v < nv {
+                                    _mm512_loadu_ps(qp[h].add(b * bw + v * 16))
+                                } else {
+                                    _mm512_setzero_ps()
+                                }
+                            })
+                        });
+                        for r in 0..R {
+                            if r < npf {
+                                prefetch_line(pf[i0 + r].wrapping_add(hoff), b * bw * esize(K));
+                            }
+                            let x = if n == bw {
+                                load::<K, true>(rp[r], b, n)
+                            } else {
+                                load::<K, false>(rp[r], b, n)
+                            };
+                            for v in 0..nv {
+                                for h in 0..H {
+                                    // Accumulator of (h, r) so that the reduction puts head
+                                    // h's rows in lanes h * R .. h * R + R.
+                                    let l = h * R + r;
+                                    let a = l % 4 * 4 + l / 4;
+                                    acc[a] = _mm512_fmadd_ps(qv[h][v], x[v], acc[a]);
+                                }
+                            }
                         }
                     }
-                    for (j, aj) in a.iter().enumerate().take(n) {
-                        _mm512_mask_storeu_ps(ap.add((j0 + j) * width + d), m, *aj);
+                    hsum16(acc)
+                };
+                let nr = (nt - i0).min(R);
+                let m = mask(nr);
+                for h in 0..H.min(g - j0) {
+                    let at = (j0 + h) * ld + i0;
+                    let dst = logits[at..at + nr].as_mut_ptr();
+                    // SAFETY: `dst` starts `nr` in-bounds floats; the mask stores exactly those.
+                    unsafe {
+                        match R {
+                            16 => _mm512_mask_storeu_ps(dst, m, sums),
+                            8 => {
+                                let v = if h == 0 {
+                                    _mm512_castps512_ps256(sums)
+                                } else {
+                                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(
+                                        sums,
+                                    )))
+                                };
+                                _mm256_mask_storeu_ps(dst, m as __mmask8, v)
+                            }
+                            _ => {
+                                let v = match h {
+                                    0 => _mm512_castps512_ps128(sums),
+                                    1 => _mm512_extractf32x4_ps::<1>(sums),
+                                    2 => _mm512_extractf32x4_ps::<2>(sums),
+                                    _ => _mm512_extractf32x4_ps::<3>(sums),
+                                };
+                                _mm_mask_storeu_ps(dst, m as __mmask8, v)
+                            }
+                        }
                     }
                 }
-                d += 16;
+                j0 += H;
             }
-            j0 += n;
+            i0 += R;
         }
+    }
+
+    /// # Safety
+    /// AVX-512 F/BW/VL present; every row pointer plus `hoff` valid for `width` elements of
+    /// `kind`; `acc` holds `g` rows of `block`-padded width at stride `s`;
+    /// `w.len() >= (g - 1) * ld + rows.len()`. `pf` is only prefetched.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn pv_tile(
+        kind: RowKind,
+        raw: bool,
+        rows: &[*const u8],
+        pf: &[*const u8],
+        hoff: usize,
+        width: usize,
+        w: &[f32],
+        ld: usize,
+        g: usize,
+        acc: &mut [f32],
+        s: usize,
+    ) {
+        // Vectors of 16 accumulators per row: the block-padded width.
+        let vecs = if kind == RowKind::Bf16 {
+            width.div_ceil(32) * 2
+        } else {
+            width.div_ceil(16)
+        };
+        let mut j0 = 0;
+        while j0 < g {
+            let h = (g - j0).min(4);
+            let h = if h == 3 { 2 } else { h };
+            // The next tile's rows are prefetched along the first head block only.
+            let pf = if j0 == 0 { pf } else { &[] };
+            let mut c0 = 0;
+            while c0 < vecs {
+                let left = vecs - c0;
+                let a = (rows, pf, hoff, width, w, ld, j0, c0, &mut *acc, s);
+                // SAFETY (each arm): heads j0 .. j0 + h are inside the group; vectors from c0
+                // are masked to `width` (caller's contract for the rest).
+                let step = unsafe {
+                    match (h, left) {
+                        (4, 3..) => by_kind!(kind, raw, pv_k::<4, 4>(a)),
+                        (4, _) => by_kind!(kind, raw, pv_k::<4, 2>(a)),
+                        (2, 5..) => by_kind!(kind, raw, pv_k::<2, 8>(a)),
+                        (2, _) => by_kind!(kind, raw, pv_k::<2, 4>(a)),
+                        (_, 5..) => by_kind!(kind, raw, pv_k::<1, 8>(a)),
+                        (_, _) => by_kind!(kind, raw, pv_k::<1, 4>(a)),
+                    }
+                };
+                c0 += step;
+            }
+            j0 += h;
+        }
+    }
+
+    type PvArgs<'a> = (
+        &'a [*const u8],
+        &'a [*const u8],
+        usize,
+        usize,
+        &'a [f32],
+        usize,
+        usize,
+        usize,
+        &'a mut [f32],
+        usize,
+    );
+
+    /// Accumulators of heads `j0 .. j0 + H` x vectors `c0 .. c0 + C` (16 lanes each, in the
+    /// kernel order) held in registers across all rows of the tile; each block of a row is
+    /// widened once for the `H` heads, each weight broadcast once per row. The same blocks of
+    /// the rows of `pf` are prefetched as the rows are read. Returns `C`.
+    ///
+    /// # Safety
+    /// As [`pv_tile`], heads `j0 .. j0 + H` inside the group, `c0` a multiple of the
+    /// vectors per block.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn pv_k<const K: u8, const H: usize, const C: usize>(a: PvArgs<'_>) -> usize {
+        let (rows, pf, hoff, width, w, ld, j0, c0, acc, s) = a;
+        let bw = block(K);
+        let nv = bw / 16;
+        // Blocks of this pass: `C / nv` from block `c0 / nv`, each with its valid elements.
+        let b0 = c0 / nv;
+        let valid: [usize; C] =
+            std::array::from_fn(|bb| width.saturating_sub((b0 + bb) * bw).min(bw));
+        let nblk = C / nv;
+        // Accumulator rows are padded to whole blocks: vectors past the row's padded width
+        // (when the pass overruns it) are neither loaded nor stored.
+        let live: [bool; C] = std::array::from_fn(|c| (c0 + c) * 16 < s && valid[c / nv] > 0);
+        let ap = acc.as_mut_ptr();
+        // SAFETY (whole block): accumulator rows j0 .. j0 + H hold `s` values inside `acc`
+        // and only live vectors (inside the padded width) are touched; rows hold `width`
+        // elements from `hoff` and `load` reads only the valid ones (caller's contract).
+        unsafe {
+            let mut a = [[_mm512_setzero_ps(); C]; H];
+            for (h, ah) in a.iter_mut().enumerate() {
+                for (c, x) in ah.iter_mut().enumerate() {
+                    if live[c] {
+                        *x = _mm512_loadu_ps(ap.add((j0 + h) * s + (c0 + c) * 16));
+                    }
+                }
+            }
+            for (i, &row) in rows.iter().enumerate() {
+                let row = row.wrapping_add(hoff);
+                if i < pf.len() {
+                    for bb in 0..nblk {
+                        if valid[bb] > 0 {
+                            prefetch_line(pf[i].wrapping_add(hoff), (b0 + bb) * bw * esize(K));
+                        }
+                    }
+                }
+                let wv: [__m512; H] = std::array::from_fn(|h| _mm512_set1_ps(w[(j0 + h) * ld + i]));
+                for bb in 0..nblk {
+                    let x = if valid[bb] == bw {
+                        load::<K, true>(row, b0 + bb, bw)
+                    } else {
+                        load::<K, false>(row, b0 + bb, valid[bb])
+                    };
+                    for v in 0..nv {
+                        for h in 0..H {
+                            let c = bb * nv + v;
+                            a[h][c] = _mm512_fmadd_ps(wv[h], x[v], a[h][c]);
+                        }
+                    }
+                }
+            }
+            for (h, ah) in a.iter().enumerate() {
+                for (c, x) in ah.iter().enumerate() {
+                    if live[c] {
+                        _mm512_storeu_ps(ap.add((j0 + h) * s + (c0 + c) * 16), *x);
+                    }
+                }
+            }
+        }
+        C
+    }
+
+    /// [`super::softmax_tile`] with the heads in groups of 16: all tile maxima first, then
+    /// the rescaling of the running state, then every exponential, so that the heads'
+    /// dependency chains overlap.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL present; the lengths of [`super::softmax_tile`].
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn softmax_tile(
+        nt: usize,
+        g: usize,
+        logits: &mut [f32],
+        ld: usize,
+        wscale: f32,
+        vscale: Option<&[f32]>,
+        maxes: &mut [f32],
+        sums: &mut [f32],
+        acc: &mut [f32],
+        s: usize,
+    ) {
+        let nv = nt.div_ceil(16);
+        let scale = wscale != 1.0 || vscale.is_some();
+        for j0 in (0..g).step_by(16) {
+            let gn = (g - j0).min(16);
+            let mut tile_max = [f32::NEG_INFINITY; 16];
+            for (jj, tm) in tile_max.iter_mut().enumerate().take(gn) {
+                let l = &logits[(j0 + jj) * ld..(j0 + jj) * ld + nt];
+                let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
+                for v in 0..nv {
+                    // SAFETY: the masked lanes stay inside `l`.
+                    let x =
+                        unsafe { _mm512_mask_loadu_ps(m, mask(nt - v * 16), l[v * 16..].as_ptr()) };
+                    m = _mm512_max_ps(m, x);
+                }
+                *tm = _mm512_reduce_max_ps(m);
+            }
+            for (jj, tm) in tile_max.iter().enumerate().take(gn) {
+                let j = j0 + jj;
+                let m = maxes[j].max(*tm);
+                if m > maxes[j] {
+                    let c = (maxes[j] - m).exp();
+                    sums[j] *= c;
+                    for x in &mut acc[j * s..(j + 1) * s] {
+                        *x *= c;
+                    }
+                    maxes[j] = m;
+                }
+            }
+            for jj in 0..gn {
+                let j = j0 + jj;
+                let l = &mut logits[j * ld..j * ld + nt];
+                let mut sum = _mm512_setzero_ps();
+                for v in 0..nv {
+                    let k = mask(nt - v * 16);
+                    let p = l[v * 16..].as_mut_ptr();
+                    // SAFETY: the masked lanes stay inside `l` (and `vscale`, `nt` long).
+                    unsafe {
+                        let x =
+                            _mm512_sub_ps(_mm512_maskz_loadu_ps(k, p), _mm512_set1_ps(maxes[j]));
+                        let mut r = exp(x);
+                        sum = _mm512_mask_add_ps(sum, k, sum, r);
+                        if scale {
+                            r = _mm512_mul_ps(r, _mm512_set1_ps(wscale));
+                            if let Some(vs) = vscale {
+                                r = _mm512_mul_ps(
+                                    r,
+                                    _mm512_maskz_loadu_ps(k, vs[v * 16..].as_ptr()),
+                                );
+                            }
+                        }
+                        _mm512_mask_storeu_ps(p, k, r);
+                    }
+                }
+                sums[j] += _mm512_reduce_add_ps(sum);
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    fn exp(x: __m512) -> __m512 {
+        let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+        let t = _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+        let f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(std::f32::consts::LN_2));
+        // e^f for |f| <= ln2 / 2, Taylor to degree 6.
+        let mut y = _mm512_set1_ps(1.0 / 720.0);
+        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0 / 120.0));
+        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0 / 24.0));
+        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0 / 6.0));
+        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(0.5));
+        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0));
+        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0));
+        _mm512_scalef_ps(y, n)
+    }
+
+    #[cfg(test)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) fn hsum16_lanes(v: [[f32; 16]; 16]) -> [f32; 16] {
+        let mut out = [0f32; 16];
+        // SAFETY: each array holds 16 floats.
+        unsafe {
+            let r = hsum16(std::array::from_fn(|a| _mm512_loadu_ps(v[a].as_ptr())));
+            _mm512_storeu_ps(out.as_mut_ptr(), r);
+        }
+        out
     }
 }
 
-/// Asks the cache hierarchy for every line of `bytes` ahead of use.
-#[inline]
-pub(crate) fn prefetch(bytes: &[u8]) {
+#[cfg(test)]
+mod tests {
+    use super::*;
+
     #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-        let mut i = 0;
-        while i < bytes.len() {
-            // SAFETY: a prefetch is a hint; the address is inside `bytes`.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(bytes.as_ptr().add(i) as *const i8) };
-            i += 64;
+    #[test]
+    fn hsum16_lane_order() {
+        if detect() != Isa::Avx512 {
+            return;
+        }
+        let v: [[f32; 16]; 16] =
+            std::array::from_fn(|a| std::array::from_fn(|l| (a * 100 + l) as f32));
+        // SAFETY: AVX-512 detected.
+        let s = unsafe { avx512::hsum16_lanes(v) };
+        for a in 0..16 {
+            let want: f32 = v[a].iter().sum();
+            assert_eq!(s[4 * (a % 4) + a / 4], want, "accumulator {a}");
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
+
+    /// Every finite bit pattern of each kind (two-byte kinds: a spread of them) widened by
+    /// each build's kernels equals the element decoder, raw fp8 included; and the value
+    /// kernel puts each element where the kernel order says.
+    #[test]
+    fn widening_matches_the_element_decoder() {
+        use kvlayout::DType;
+        for (kind, dtype) in [
+            (RowKind::Fp8E4m3, DType::Fp8E4m3),
+            (RowKind::Fp8E5m2, DType::Fp8E5m2),
+            (RowKind::I8, DType::Int8),
+            (RowKind::Bf16, DType::Bf16),
+            (RowKind::F16, DType::F16),
+            (RowKind::F32, DType::F32),
+        ] {
+            let e = elem(kind);
+            let bytes: Vec<u8> = (0..=u16::MAX)
+                .step_by(if e == 1 { 257 } else { 61 })
+                .flat_map(|x| {
+                    let b = (u32::from(x) * 0x0001_0001).to_le_bytes();
+                    b[..e].to_vec()
+                })
+                .collect::<Vec<_>>()
+                .chunks_exact(e)
+                .filter(|b| crate::elem::decode(dtype, b).is_finite())
+                .flatten()
+                .copied()
+                .collect();
+            let width = bytes.len() / e;
+            let want: Vec<f32> = bytes
+                .chunks_exact(e)
+                .map(|b| crate::elem::decode(dtype, b))
+                .collect();
+            let mut rows = RowSet::new(bytes.len());
+            rows.push(&bytes, 0);
+            let none = RowSet::new(0);
+            for isa in available() {
+                let order = Order::of(isa, kind);
+                let pw = order.padded(width);
+                let mut scratch = vec![0f32; width];
+                for raw in [false, true] {
+                    let f = match (raw, fp8_fold(isa, kind)) {
+                        (true, Some(f)) => f * f,
+                        (true, None) => continue,
+                        (false, _) => 1.0,
+                    };
+                    // Keys: one query row per probed element picks that element alone.
+                    for i in (0..width).step_by(7) {
+                        let mut q = vec![0f32; width];
+                        q[i] = 1.0;
+                        let mut qk = vec![0f32; pw];
+                        order.arrange(&q, &mut qk);
+                        let mut out = [0f32; 1];
+                        qk_tile(
+                            isa,
+                            kind,
+                            raw,
+                            &rows,
+                            &none,
+                            0,
+                            width,
+                            &qk,
+                            pw,
+                            1,
+                            &mut out,
+                            1,
+                            &mut scratch,
+                        );
+                        assert_eq!(out[0] * f, want[i], "{kind:?} element {i} on {isa:?}");
+                    }
+                    // Values: weight 1 on one row.
+                    let mut acc = vec![0f32; pw];
+                    pv_tile(
+                        isa,
+                        kind,
+                        raw,
+                        &rows,
+                        &none,
+                        0,
+                        width,
+                        &[1.0],
+                        1,
+                        1,
+                        &mut acc,
+                        pw,
+                        &mut scratch,
+                    );
+                    let mut got = vec![0f32; width];
+                    order.restore(&acc, f, &mut got);
+                    assert_eq!(got, want, "{kind:?} values on {isa:?} raw {raw}");
+                }
+            }
+        }
+    }
 }

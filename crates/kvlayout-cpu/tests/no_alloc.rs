@@ -1,5 +1,7 @@
 //! `paged_decode` allocates nothing per step once warmed up (anchors case 15): a counting
-//! global allocator watches a decode step, on both the per-head and the split-context path.
+//! global allocator watches decode steps on the per-item and the split-context paths, for
+//! token- and head-major pages, heads outside the blocks, gathered (legacy) rows and inline
+//! scales.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,11 +34,10 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-fn steps(threads: usize, seqs: usize, context: u32, count: usize) -> usize {
+/// Allocations during `count` decode steps after three warm-up steps.
+fn steps(spec: &str, threads: usize, seqs: usize, context: u32, count: usize) -> usize {
     let per_seq = (context as usize).div_ceil(16);
-    let l: KvCacheLayout = format!("kv B={} N=16 H=2 D=64 dtype=bf16 order=NHD", seqs * per_seq)
-        .parse()
-        .unwrap();
+    let l: KvCacheLayout = format!("{spec} B={}", seqs * per_seq).parse().unwrap();
     let mut cache = HostCache::new(l).unwrap();
     cache.fill(0x3c);
     let table: Vec<i32> = (0..(seqs * per_seq) as i32).rev().collect();
@@ -54,7 +55,7 @@ fn steps(threads: usize, seqs: usize, context: u32, count: usize) -> usize {
             num_q_heads: 8,
             scale: 0.125,
             sliding_window: None,
-            soft_cap: None,
+            soft_cap: Some(30.0),
         },
     };
     let cache = cache.as_ref(); // held across steps, as a serving loop holds its cache
@@ -68,17 +69,35 @@ fn steps(threads: usize, seqs: usize, context: u32, count: usize) -> usize {
     ALLOCATIONS.load(Ordering::SeqCst) - before
 }
 
+const SPECS: [&str; 5] = [
+    "kv N=16 H=2 D=64 dtype=bf16 order=NHD",
+    "kv N=16 H=2 D=64 dtype=fp8_e4m3 order=HND",
+    "kv N=16 H=2 D=64 dtype=f32 order=HLBNC", // one head per item
+    "kv N=16 H=2 D=64 dtype=f16 legacy=vllm-paged-v1", // gathered rows
+    "kv-scaled N=16 H=2 D=64 dtype=int8 order=NHD", // inline scales
+];
+
 #[test]
 fn decode_steps_do_not_allocate() {
-    // One thread: the decode itself allocates nothing, on either path.
-    // 16 sequences x 2 heads: one item per (sequence, head).
-    assert_eq!(steps(1, 16, 64, 10), 0, "per-head path allocated");
-    // 1 sequence x 2 heads: split-context partitions.
-    assert_eq!(steps(1, 1, 1024, 10), 0, "split-context path allocated");
-    // Two threads: rayon's work-stealing deques (crossbeam) occasionally resize when jobs are
-    // stolen; that is the scheduler, not the step, so it must stay far below one per step.
-    let n = steps(2, 16, 64, 40);
-    assert!(n < 20, "{n} allocations in 40 two-thread steps");
-    let n = steps(2, 1, 1024, 40);
-    assert!(n < 20, "{n} allocations in 40 two-thread split steps");
+    for spec in SPECS {
+        // One thread: the decode itself allocates nothing, on either path.
+        // 16 sequences: one item per sequence (or per sequence and head).
+        assert_eq!(steps(spec, 1, 16, 64, 10), 0, "{spec}: allocated");
+        // 1 sequence: split-context partitions.
+        assert_eq!(
+            steps(spec, 1, 1, 1024, 10),
+            0,
+            "{spec}: split-context allocated"
+        );
+        // Two threads: rayon's work-stealing deques (crossbeam) occasionally resize when jobs
+        // are stolen; that is the scheduler, not the step, so it must stay far below one per
+        // step.
+        let n = steps(spec, 2, 16, 64, 40);
+        assert!(n < 20, "{spec}: {n} allocations in 40 two-thread steps");
+        let n = steps(spec, 2, 1, 1024, 40);
+        assert!(
+            n < 20,
+            "{spec}: {n} allocations in 40 two-thread split steps"
+        );
+    }
 }
