@@ -11,10 +11,11 @@
 //!   block); `pv` holds the accumulators of up to 4 heads x 64 elements in registers across
 //!   all rows of the tile. f16 widens by `vcvtph2ps`; bf16 by a shift (even elements) and a
 //!   mask (odd elements) of one 512-bit load, so query rows and accumulators are kept in an
-//!   even/odd order within blocks of 32 ([`Order`]); fp8 moves its bits into an f32 whose
-//!   value is the fp8 value times 2^-120 (e4m3) or 2^-112 (e5m2), exactly, subnormals
-//!   included, and that power of two is either multiplied back or folded by the caller into
-//!   the query, the logits and the weights ([`fp8_fold`]); int8 by `vcvtdq2ps`.
+//!   even/odd order within blocks of 32 ([`Order`]); fp8 (same order) sign-extends 32 bytes
+//!   to words and moves each element's bits into an f32 whose value is the fp8 value times
+//!   2^-120 (e4m3) or 2^-112 (e5m2), exactly, subnormals included, and that power of two is
+//!   either multiplied back or folded by the caller into the query, the logits and the
+//!   weights ([`fp8_fold`]); int8 by `vcvtdq2ps`.
 //! - AVX2 + FMA: each row is widened into a scratch row, then portable loops compiled with
 //!   those features.
 //! - scalar: the same portable loops.
@@ -106,7 +107,7 @@ pub(crate) fn elem(kind: RowKind) -> usize {
 pub(crate) struct Order {
     /// Elements per block (1: no padding).
     block: usize,
-    /// Within a block of 32: even elements first, then odd (bf16 on AVX-512).
+    /// Within a block of 32: even elements first, then odd (bf16 and fp8 on AVX-512).
     pairs: bool,
 }
 
@@ -114,10 +115,13 @@ impl Order {
     pub(crate) fn of(isa: Isa, kind: RowKind) -> Order {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => Order {
-                block: if kind == RowKind::Bf16 { 32 } else { 16 },
-                pairs: kind == RowKind::Bf16,
-            },
+            Isa::Avx512 => {
+                let pairs = matches!(kind, RowKind::Bf16 | RowKind::Fp8E4m3 | RowKind::Fp8E5m2);
+                Order {
+                    block: if pairs { 32 } else { 16 },
+                    pairs,
+                }
+            }
             _ => {
                 let _ = kind;
                 Order {
@@ -566,10 +570,9 @@ mod avx512 {
 
     /// Elements per block of the kernel order (see `super::Order`).
     const fn block(k: u8) -> usize {
-        if k == BF16 {
-            32
-        } else {
-            16
+        match k {
+            BF16 | E4M3 | E4M3_RAW | E5M2 | E5M2_RAW => 32,
+            _ => 16,
         }
     }
 
@@ -593,13 +596,13 @@ mod avx512 {
 
     /// Block `b` of a row of kind `K` (elements `b * block(K) ..`), its first `n` elements
     /// (at most a block) widened to f32 in the kernel order: one vector (16 elements), or two
-    /// for bf16 (the 16 even elements, then the 16 odd ones). Lanes past `n` are zero and
-    /// their bytes are not read.
+    /// for bf16 and fp8 (the 16 even elements, then the 16 odd ones). Lanes past `n` are zero
+    /// and their bytes are not read.
     ///
     /// fp8: the 7 magnitude bits go to f32 bits 26..20 (e4m3) / 27..21 (e5m2) and the sign to
-    /// bit 31, which is the value times 2^-120 / 2^-112 for normal and subnormal numbers alike
-    /// (an fp8 subnormal lands on an f32 subnormal); the plain kinds multiply it back (exact),
-    /// the `_RAW` kinds leave that to the caller.
+    /// bit 31 (one shift and one mask per vector), which is the value times 2^-120 / 2^-112
+    /// for normal and subnormal numbers alike (an fp8 subnormal lands on an f32 subnormal);
+    /// the plain kinds multiply it back (exact), the `_RAW` kinds leave that to the caller.
     ///
     /// `FULL`: the whole block (`n` is the block size), read without masks.
     ///
@@ -637,34 +640,31 @@ mod avx512 {
                     [_mm512_castsi512_ps(even), _mm512_castsi512_ps(odd)]
                 }
                 E4M3 | E4M3_RAW | E5M2 | E5M2_RAW => {
-                    let b = if FULL {
-                        _mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))
+                    // 32 bytes sign-extended to words: dword i holds element 2i in its low
+                    // half and 2i + 1 in its high half, each with the sign above its byte.
+                    let x = if FULL {
+                        _mm512_cvtepi8_epi16(_mm256_loadu_si256(p as *const __m256i))
                     } else {
-                        _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask(n), p as *const i8))
+                        _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask32(n), p as *const i8))
                     };
-                    let bits = if K == E4M3 || K == E4M3_RAW {
-                        _mm512_and_si512(
-                            _mm512_slli_epi32::<20>(b),
-                            _mm512_set1_epi32(0x87F0_0000u32 as i32),
-                        )
+                    let e4 = K == E4M3 || K == E4M3_RAW;
+                    let m = _mm512_set1_epi32(if e4 { 0x87F0_0000u32 } else { 0x8FE0_0000 } as i32);
+                    let (even, odd) = if e4 {
+                        (_mm512_slli_epi32::<20>(x), _mm512_slli_epi32::<4>(x))
                     } else {
-                        _mm512_and_si512(
-                            _mm512_slli_epi32::<21>(b),
-                            _mm512_set1_epi32(0x8FE0_0000u32 as i32),
-                        )
+                        (_mm512_slli_epi32::<21>(x), _mm512_slli_epi32::<5>(x))
                     };
-                    let x = _mm512_castsi512_ps(bits);
-                    match K {
-                        E4M3 => [
-                            _mm512_mul_ps(x, _mm512_set1_ps(f32::from_bits((127 + 120) << 23))),
-                            z,
-                        ],
-                        E5M2 => [
-                            _mm512_mul_ps(x, _mm512_set1_ps(f32::from_bits((127 + 112) << 23))),
-                            z,
-                        ],
-                        _ => [x, z],
-                    }
+                    let v = [
+                        _mm512_castsi512_ps(_mm512_and_si512(even, m)),
+                        _mm512_castsi512_ps(_mm512_and_si512(odd, m)),
+                    ];
+                    let scale = match K {
+                        E4M3 => f32::from_bits((127 + 120) << 23),
+                        E5M2 => f32::from_bits((127 + 112) << 23),
+                        _ => return v,
+                    };
+                    let s = _mm512_set1_ps(scale);
+                    [_mm512_mul_ps(v[0], s), _mm512_mul_ps(v[1], s)]
                 }
                 _ => {
                     let b = if FULL {

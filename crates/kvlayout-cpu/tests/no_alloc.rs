@@ -4,6 +4,7 @@
 //! scales.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kvlayout::KvCacheLayout;
@@ -13,10 +14,22 @@ struct Counting;
 
 static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
 
+thread_local! {
+    /// Whether this thread's allocations count: the test thread and the threads of the pool
+    /// under test (not, say, the threads of an earlier backend's pool still shutting down).
+    static COUNTED: Cell<bool> = const { Cell::new(false) };
+}
+
+fn count() {
+    if COUNTED.try_with(Cell::get).unwrap_or(false) {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 // SAFETY: forwards to the system allocator; only counts.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(layout) }
     }
@@ -25,7 +38,7 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: same contract as the caller's.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -62,11 +75,16 @@ fn steps(spec: &str, threads: usize, seqs: usize, context: u32, count: usize) ->
     for _ in 0..3 {
         be.paged_decode(&cache, &d, &mut out).unwrap(); // warm-up: scratch grows
     }
+    be.pool().broadcast(|_| COUNTED.with(|c| c.set(true)));
+    COUNTED.with(|c| c.set(true));
     let before = ALLOCATIONS.load(Ordering::SeqCst);
     for _ in 0..count {
         be.paged_decode(&cache, &d, &mut out).unwrap();
     }
-    ALLOCATIONS.load(Ordering::SeqCst) - before
+    let n = ALLOCATIONS.load(Ordering::SeqCst) - before;
+    COUNTED.with(|c| c.set(false));
+    be.pool().broadcast(|_| COUNTED.with(|c| c.set(false)));
+    n
 }
 
 const SPECS: [&str; 5] = [
