@@ -10,6 +10,8 @@
 //! reported both as its best run (the least disturbed) and as its median.
 //!
 //! `cargo bench -p kvlayout-cpu --bench decode` prints a markdown table (under a minute).
+//! `KVLAYOUT_BENCH_CONTEXTS=64,256` replaces the contexts, `KVLAYOUT_BENCH_ONLY="bf16 HND"`
+//! keeps the matching configurations.
 
 use std::time::Instant;
 
@@ -76,13 +78,25 @@ fn main() {
         .collect();
     let mut out = vec![0f32; SEQS * Q_HEADS as usize * HEAD];
     let mut rows = Vec::new();
-    for context in [1024u32, 4096] {
+    // `KVLAYOUT_BENCH_CONTEXTS=64,256` overrides the contexts (a cache small enough for the
+    // caches on chip shows the kernels' own speed).
+    let contexts: Vec<u32> = std::env::var("KVLAYOUT_BENCH_CONTEXTS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|c| c.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1024, 4096]);
+    for context in contexts {
         let per_seq = (context as u64).div_ceil(BLOCK) as usize;
         let blocks = SEQS * per_seq;
         let table = permutation(blocks, u64::from(context));
         let lens = vec![context; SEQS];
         for (dtype, target) in [("f32", 0.8), ("bf16", 0.8), ("fp8_e4m3", 0.5)] {
             for order in ["NHD", "HND"] {
+                // `KVLAYOUT_BENCH_ONLY="bf16 HND"` runs the matching configurations only.
+                if let Ok(only) = std::env::var("KVLAYOUT_BENCH_ONLY") {
+                    if !format!("{dtype} {order}").contains(only.as_str()) {
+                        continue;
+                    }
+                }
                 let spec = format!(
                     "kv B={blocks} N={BLOCK} H={KV_HEADS} D={HEAD} dtype={dtype} order={order}"
                 );
@@ -122,7 +136,7 @@ fn main() {
                     kv_bytes,
                     tokens,
                     best: secs[0],
-                    median: secs[REPS / 2],
+                    median: secs[secs.len() / 2],
                     read_bw,
                     target,
                 });

@@ -7,6 +7,8 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
+use crate::hostbuf::HostBuffer;
+
 /// Median wall time in seconds of `reps` runs of `f` (after one warm-up run).
 pub fn median_secs(reps: usize, mut f: impl FnMut()) -> f64 {
     f();
@@ -34,33 +36,48 @@ fn sum(x: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + rest.iter().sum::<f32>()
 }
 
+/// `n` buffers of `bytes` each, allocated as caches are (huge pages where offered), every
+/// byte `fill(i)` for buffer `i`.
+fn buffers(n: usize, bytes: usize, fill: impl Fn(usize) -> u8) -> Vec<HostBuffer> {
+    (0..n)
+        .map(|i| {
+            let mut b = HostBuffer::zeroed(bytes);
+            b.as_mut_slice().fill(fill(i));
+            b
+        })
+        .collect()
+}
+
 /// Read bandwidth in bytes/s: every thread of `pool` sums its own `bytes_per_thread` buffer.
+/// The buffers are allocated as caches are (huge pages where offered), so that the bound is
+/// the best the memory gives a cache.
 pub fn read_bandwidth(pool: &rayon::ThreadPool, bytes_per_thread: usize, reps: usize) -> f64 {
     let n = pool.current_num_threads();
-    let bufs: Vec<Vec<f32>> = (0..n)
-        .map(|i| vec![i as f32 + 1.0; bytes_per_thread / 4])
-        .collect();
+    let bytes = bytes_per_thread / 64 * 64;
+    let bufs = buffers(n, bytes, |i| 0x3c + i as u8);
     let secs = median_secs(reps, || {
         pool.install(|| {
-            let s: f32 = bufs.par_iter().map(|b| sum(black_box(b))).sum();
+            let s: f32 = bufs
+                .par_iter()
+                .map(|b| sum(black_box(bytemuck::cast_slice(b.as_slice()))))
+                .sum();
             black_box(s);
         })
     });
-    (n * bytes_per_thread) as f64 / secs
+    (n * bytes) as f64 / secs
 }
 
-/// memcpy payload bandwidth in bytes/s: every thread copies its own `bytes_per_thread`.
+/// memcpy payload bandwidth in bytes/s: every thread copies its own `bytes_per_thread`
+/// (buffers allocated as caches are).
 pub fn memcpy_bandwidth(pool: &rayon::ThreadPool, bytes_per_thread: usize, reps: usize) -> f64 {
     let n = pool.current_num_threads();
-    let src: Vec<Vec<u8>> = (0..n)
-        .map(|i| vec![i as u8 + 1; bytes_per_thread])
-        .collect();
-    let mut dst: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; bytes_per_thread]).collect();
+    let src = buffers(n, bytes_per_thread, |i| i as u8 + 1);
+    let mut dst = buffers(n, bytes_per_thread, |_| 0);
     let secs = median_secs(reps, || {
         pool.install(|| {
             dst.par_iter_mut()
                 .zip(&src)
-                .for_each(|(d, s)| d.copy_from_slice(black_box(s)));
+                .for_each(|(d, s)| d.as_mut_slice().copy_from_slice(black_box(s.as_slice())));
         })
     });
     (n * bytes_per_thread) as f64 / secs

@@ -1,8 +1,9 @@
 //! A cache in host memory: a layout plus one byte buffer per allocation, checked once.
 
-use bytemuck::{Pod, Zeroable};
 use kvlayout::ops::OpError;
 use kvlayout::KvCacheLayout;
+
+use crate::hostbuf::HostBuffer;
 
 /// Largest element alignment a field of a buffer needs.
 fn buffer_align(layout: &KvCacheLayout, buffer: usize) -> usize {
@@ -93,44 +94,34 @@ impl<'a> CacheMut<'a> {
     }
 }
 
-/// One 64-byte, 64-aligned line of an owned buffer.
-#[repr(C, align(64))]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct Line([u8; 64]);
-
-/// A cache that owns its buffers (64-byte aligned, zero-filled, each as long as its extent).
+/// A cache that owns its buffers (zero-filled, each as long as its extent, 64-byte aligned;
+/// buffers of 2 MiB or more on huge pages where the system offers them).
 #[derive(Clone)]
 pub struct HostCache {
     layout: KvCacheLayout,
-    lines: Vec<Vec<Line>>,
-    lens: Vec<usize>,
+    buffers: Vec<HostBuffer>,
 }
 
 impl std::fmt::Debug for HostCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "HostCache({}, {:?} bytes)", self.layout, self.lens)
+        let lens: Vec<usize> = self.buffers.iter().map(|b| b.as_slice().len()).collect();
+        write!(f, "HostCache({}, {lens:?} bytes)", self.layout)
     }
 }
 
 impl HostCache {
     /// Allocates zeroed buffers for a layout.
     pub fn new(layout: KvCacheLayout) -> Result<Self, OpError> {
-        let mut lines = Vec::new();
-        let mut lens = Vec::new();
+        let mut buffers = Vec::new();
         for x in layout.extents() {
             let len = usize::try_from(x.end).map_err(|_| OpError::BufferTooShort {
-                buffer: lens.len(),
+                buffer: buffers.len(),
                 len: usize::MAX as u64,
                 needed: x.end,
             })?;
-            lines.push(vec![Line([0; 64]); len.div_ceil(64)]);
-            lens.push(len);
+            buffers.push(HostBuffer::zeroed(len));
         }
-        Ok(HostCache {
-            layout,
-            lines,
-            lens,
-        })
+        Ok(HostCache { layout, buffers })
     }
 
     /// The layout.
@@ -140,19 +131,18 @@ impl HostCache {
 
     /// Buffer `i` as bytes.
     pub fn bytes(&self, i: usize) -> &[u8] {
-        &bytemuck::cast_slice(&self.lines[i])[..self.lens[i]]
+        self.buffers[i].as_slice()
     }
 
     /// Buffer `i` as mutable bytes.
     pub fn bytes_mut(&mut self, i: usize) -> &mut [u8] {
-        let n = self.lens[i];
-        &mut bytemuck::cast_slice_mut(&mut self.lines[i])[..n]
+        self.buffers[i].as_mut_slice()
     }
 
     /// Fills every byte of every buffer with `v` (sentinels for tests).
     pub fn fill(&mut self, v: u8) {
-        for i in 0..self.lines.len() {
-            self.bytes_mut(i).fill(v);
+        for b in &mut self.buffers {
+            b.as_mut_slice().fill(v);
         }
     }
 
@@ -160,20 +150,18 @@ impl HostCache {
     pub fn as_ref(&self) -> CacheRef<'_> {
         CacheRef {
             layout: &self.layout,
-            buffers: (0..self.lines.len()).map(|i| self.bytes(i)).collect(),
+            buffers: self.buffers.iter().map(HostBuffer::as_slice).collect(),
         }
     }
 
     /// Write access for ops.
     pub fn as_mut(&mut self) -> CacheMut<'_> {
-        let lens = self.lens.clone();
         CacheMut {
             layout: &self.layout,
             buffers: self
-                .lines
+                .buffers
                 .iter_mut()
-                .zip(lens)
-                .map(|(l, n)| &mut bytemuck::cast_slice_mut::<Line, u8>(l)[..n])
+                .map(HostBuffer::as_mut_slice)
                 .collect(),
         }
     }

@@ -18,6 +18,7 @@ pub mod cache;
 mod copy;
 mod decode;
 pub mod elem;
+pub(crate) mod hostbuf;
 pub mod reference;
 mod simd;
 pub mod tensor;
