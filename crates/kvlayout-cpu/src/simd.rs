@@ -405,6 +405,41 @@ impl<'a> RowSet<'a> {
     }
 }
 
+/// An AVX-512 tile kernel. Keys ([`qk_tile`]): kind, raw, rows, prefetched rows, `hoff`,
+/// `next_hoff`, width, query rows, their stride, group, logits, their stride. Values
+/// ([`pv_tile`]): the same with weights, their stride, group, accumulators, their stride.
+#[cfg(target_arch = "x86_64")]
+type TileKernel = unsafe fn(
+    RowKind,
+    bool,
+    &[*const u8],
+    &[*const u8],
+    usize,
+    usize,
+    usize,
+    &[f32],
+    usize,
+    usize,
+    &mut [f32],
+    usize,
+);
+
+/// The key and value kernels of an AVX-512 build for rows of `kind`, after checking that this
+/// machine runs them.
+#[cfg(target_arch = "x86_64")]
+fn avx512_kernels(isa: Isa, kind: RowKind) -> (TileKernel, TileKernel) {
+    if isa.bf16_operands(kind) {
+        assert!(
+            has_avx512_bf16(),
+            "AVX-512 BF16 kernels on a machine without them"
+        );
+        (avx512bf16::qk_tile, avx512bf16::pv_tile)
+    } else {
+        assert!(has_avx512(), "AVX-512 kernels on a machine without AVX-512");
+        (avx512::qk_tile, avx512::pv_tile)
+    }
+}
+
 /// Logits of a tile: `logits[j * ld + i] = sum_d q[j * qs + d] * row_i[d]` over the rows of
 /// `rows` (at `hoff`) and the `g` query rows, which are in [`Order::of`]`(isa, kind, Key)`
 /// (packed bf16 for the bf16-operand kernels) and zero-padded to `qs` slots. With `raw`, fp8 rows are read without their power of two
@@ -437,41 +472,15 @@ pub(crate) fn qk_tile(
     assert!(qs >= padded && q.len() >= (g - 1) * qs + padded);
     assert!(logits.len() >= (g - 1) * ld + nt);
     #[cfg(target_arch = "x86_64")]
-    if isa.bf16_operands(kind) {
-        assert!(
-            has_avx512_bf16(),
-            "AVX-512 BF16 kernels on a machine without them"
-        );
-        // SAFETY: AVX-512 F/BW/VL, BF16 and VBMI detected (asserted above); every row holds
-        // `width` elements of `kind` from `hoff` (checked by `RowSet::push` and `holds`
-        // above); the query rows hold `padded` packed bf16 (`padded / 2` slots) at stride `qs`
-        // slots and the logits `(g - 1) * ld + nt` (asserted above). The rows of `next` are
-        // only prefetched.
-        return unsafe {
-            avx512bf16::qk_tile(
-                kind,
-                &rows.ptrs[..nt],
-                &next.ptrs[..next.n],
-                hoff,
-                next_hoff,
-                width,
-                q,
-                qs,
-                g,
-                logits,
-                ld,
-            )
-        };
-    }
-    #[cfg(target_arch = "x86_64")]
     if isa.avx512() {
-        assert!(has_avx512(), "AVX-512 kernels on a machine without AVX-512");
-        // SAFETY: AVX-512 F/BW/VL detected (asserted above); every row holds `width` elements
-        // of `kind` from `hoff` (checked by `RowSet::push` and `holds` above); the query rows
-        // hold `padded` values at stride `qs` and the logits `(g - 1) * ld + nt` (asserted
-        // above). The rows of `next` are only prefetched.
+        let kernel = avx512_kernels(isa, kind).0;
+        // SAFETY: the kernel's instruction sets detected (`avx512_kernels`); every row holds
+        // `width` elements of `kind` from `hoff` (checked by `RowSet::push` and `holds` above);
+        // the query rows hold `padded` values (packed bf16 for the bf16-operand kernels) at
+        // stride `qs` and the logits `(g - 1) * ld + nt` (asserted above). The rows of `next`
+        // are only prefetched.
         return unsafe {
-            avx512::qk_tile(
+            kernel(
                 kind,
                 raw,
                 &rows.ptrs[..nt],
@@ -544,40 +553,14 @@ pub(crate) fn pv_tile(
     assert!(s >= padded && acc.len() >= (g - 1) * s + padded);
     assert!(w.len() >= (g - 1) * ld + nt);
     #[cfg(target_arch = "x86_64")]
-    if isa.bf16_operands(kind) {
-        assert!(
-            has_avx512_bf16(),
-            "AVX-512 BF16 kernels on a machine without them"
-        );
-        // SAFETY: AVX-512 F/BW/VL, BF16 and VBMI detected (asserted above); every row holds
-        // `width` elements of `kind` from `hoff` (checked by `RowSet::push` and `holds`
-        // above); the accumulator rows hold `padded` values at stride `s` and the weights
+    if isa.avx512() {
+        let kernel = avx512_kernels(isa, kind).1;
+        // SAFETY: the kernel's instruction sets detected (`avx512_kernels`); every row holds
+        // `width` elements of `kind` from `hoff` (checked by `RowSet::push` and `holds` above);
+        // the accumulator rows hold `padded` values at stride `s` and the weights
         // `(g - 1) * ld + nt` (asserted above). The rows of `next` are only prefetched.
         return unsafe {
-            avx512bf16::pv_tile(
-                kind,
-                &rows.ptrs[..nt],
-                &next.ptrs[..next.n],
-                hoff,
-                next_hoff,
-                width,
-                w,
-                ld,
-                g,
-                acc,
-                s,
-            )
-        };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if isa.avx512() {
-        assert!(has_avx512(), "AVX-512 kernels on a machine without AVX-512");
-        // SAFETY: AVX-512 F/BW/VL detected (asserted above); every row holds `width` elements
-        // of `kind` from `hoff` (checked by `RowSet::push` and `holds` above); the accumulator
-        // rows hold `padded` values at stride `s` and the weights `(g - 1) * ld + nt`
-        // (asserted above). The rows of `next` are only prefetched.
-        return unsafe {
-            avx512::pv_tile(
+            kernel(
                 kind,
                 raw,
                 &rows.ptrs[..nt],
@@ -918,7 +901,7 @@ mod avx512 {
         }
     }
 
-    type QkArgs<'a> = (
+    pub(super) type QkArgs<'a> = (
         &'a [*const u8],
         &'a [*const u8],
         usize,
@@ -1074,35 +1057,56 @@ mod avx512 {
         } else {
             width.div_ceil(16)
         };
-        let mut j0 = 0;
-        while j0 < g {
-            let h = (g - j0).min(4);
-            let h = if h == 3 { 2 } else { h };
+        pv_passes(g, vecs, |j0, h, c0, c| {
             // The next tile's rows are prefetched along the first head block only.
             let pf = if j0 == 0 { pf } else { &[] };
+            let a = (rows, pf, hoff, pf_hoff, width, w, ld, j0, c0, &mut *acc, s);
+            // SAFETY (each arm): heads j0 .. j0 + h are inside the group; vectors from c0
+            // are masked to `width` (caller's contract for the rest).
+            unsafe {
+                match (h, c) {
+                    (4, 4) => by_kind!(kind, raw, pv_k::<4, 4>(a)),
+                    (4, _) => by_kind!(kind, raw, pv_k::<4, 2>(a)),
+                    (2, 8) => by_kind!(kind, raw, pv_k::<2, 8>(a)),
+                    (2, _) => by_kind!(kind, raw, pv_k::<2, 4>(a)),
+                    (_, 8) => by_kind!(kind, raw, pv_k::<1, 8>(a)),
+                    (_, _) => by_kind!(kind, raw, pv_k::<1, 4>(a)),
+                }
+            }
+        });
+    }
+
+    /// Calls `pass(first head, heads, first vector, vectors)` for each pass of a value tile over
+    /// `g` accumulator rows of `vecs` vectors each: heads in blocks of 4, 2 or 1 and vectors in
+    /// chunks of 4, 2 (4 heads) or 8, 4 (fewer), so the accumulators of a pass (at most 16)
+    /// stay in registers. A chunk may run past `vecs` (the kernels skip those vectors).
+    pub(super) fn pv_passes(
+        g: usize,
+        vecs: usize,
+        mut pass: impl FnMut(usize, usize, usize, usize),
+    ) {
+        let mut j0 = 0;
+        while j0 < g {
+            let h = match (g - j0).min(4) {
+                3 => 2,
+                h => h,
+            };
             let mut c0 = 0;
             while c0 < vecs {
-                let left = vecs - c0;
-                let a = (rows, pf, hoff, pf_hoff, width, w, ld, j0, c0, &mut *acc, s);
-                // SAFETY (each arm): heads j0 .. j0 + h are inside the group; vectors from c0
-                // are masked to `width` (caller's contract for the rest).
-                let step = unsafe {
-                    match (h, left) {
-                        (4, 3..) => by_kind!(kind, raw, pv_k::<4, 4>(a)),
-                        (4, _) => by_kind!(kind, raw, pv_k::<4, 2>(a)),
-                        (2, 5..) => by_kind!(kind, raw, pv_k::<2, 8>(a)),
-                        (2, _) => by_kind!(kind, raw, pv_k::<2, 4>(a)),
-                        (_, 5..) => by_kind!(kind, raw, pv_k::<1, 8>(a)),
-                        (_, _) => by_kind!(kind, raw, pv_k::<1, 4>(a)),
-                    }
+                let c = match (h, vecs - c0) {
+                    (4, 3..) => 4,
+                    (4, _) => 2,
+                    (_, 5..) => 8,
+                    _ => 4,
                 };
-                c0 += step;
+                pass(j0, h, c0, c);
+                c0 += c;
             }
             j0 += h;
         }
     }
 
-    type PvArgs<'a> = (
+    pub(super) type PvArgs<'a> = (
         &'a [*const u8],
         &'a [*const u8],
         usize,
@@ -1119,13 +1123,13 @@ mod avx512 {
     /// Accumulators of heads `j0 .. j0 + H` x vectors `c0 .. c0 + C` (16 lanes each, in the
     /// kernel order) held in registers across all rows of the tile; each block of a row is
     /// widened once for the `H` heads, each weight broadcast once per row. The same blocks of
-    /// the rows of `pf` are prefetched as the rows are read. Returns `C`.
+    /// the rows of `pf` are prefetched as the rows are read.
     ///
     /// # Safety
     /// As [`pv_tile`], heads `j0 .. j0 + H` inside the group, `c0` a multiple of the
     /// vectors per block.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn pv_k<const K: u8, const H: usize, const C: usize>(a: PvArgs<'_>) -> usize {
+    unsafe fn pv_k<const K: u8, const H: usize, const C: usize>(a: PvArgs<'_>) {
         let (rows, pf, hoff, pf_hoff, width, w, ld, j0, c0, acc, s) = a;
         let bw = block(K);
         let nv = bw / 16;
@@ -1182,7 +1186,6 @@ mod avx512 {
                 }
             }
         }
-        C
     }
 
     /// [`super::softmax_tile`] with the heads in groups of 16: all tile maxima first, then

@@ -14,7 +14,7 @@
 //!   accumulators are in the `Dwords` order. The weights are rounded to bf16 here (the
 //!   softmax step has already rounded them when no scale multiplies them).
 
-use super::avx512::{hsum16, mask, mask32, prefetch_line, store_logits};
+use super::avx512::{hsum16, mask, mask32, prefetch_line, pv_passes, store_logits, PvArgs, QkArgs};
 use super::{RowKind, TILE};
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -218,6 +218,7 @@ fn bh(x: __m512i) -> __m512bh {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi")]
 pub(super) unsafe fn qk_tile(
     kind: RowKind,
+    raw: bool,
     rows: &[*const u8],
     pf: &[*const u8],
     hoff: usize,
@@ -229,6 +230,10 @@ pub(super) unsafe fn qk_tile(
     logits: &mut [f32],
     ld: usize,
 ) {
+    debug_assert!(
+        !raw,
+        "fp8 rows become bf16 exactly: no power of two to fold"
+    );
     let a = (rows, pf, hoff, pf_hoff, width, q, qs, g, logits, ld);
     // SAFETY (each arm): the caller's contract.
     unsafe {
@@ -239,19 +244,6 @@ pub(super) unsafe fn qk_tile(
         }
     }
 }
-
-type QkArgs<'a> = (
-    &'a [*const u8],
-    &'a [*const u8],
-    usize,
-    usize,
-    usize,
-    &'a [f32],
-    usize,
-    usize,
-    &'a mut [f32],
-    usize,
-);
 
 /// Blocks of `R` rows x `H` heads, as `avx512::qk_k`.
 ///
@@ -329,6 +321,7 @@ unsafe fn qk_k<const K: u8, const R: usize, const H: usize>(a: QkArgs<'_>) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi")]
 pub(super) unsafe fn pv_tile(
     kind: RowKind,
+    raw: bool,
     rows: &[*const u8],
     pf: &[*const u8],
     hoff: usize,
@@ -340,65 +333,76 @@ pub(super) unsafe fn pv_tile(
     acc: &mut [f32],
     s: usize,
 ) {
-    assert!(rows.len() <= TILE);
+    debug_assert!(
+        !raw,
+        "fp8 rows become bf16 exactly: no power of two to fold"
+    );
+    let nt = rows.len();
+    assert!(nt <= TILE);
     // Vectors of 16 accumulators per row: 2 per block for bf16, 4 for fp8.
     let vecs = if kind == RowKind::Bf16 {
         width.div_ceil(32) * 2
     } else {
         width.div_ceil(64) * 4
     };
-    let mut j0 = 0;
-    while j0 < g {
-        let h = (g - j0).min(4);
-        let h = if h == 3 { 2 } else { h };
-        let pf = if j0 == 0 { pf } else { &[] };
-        let mut c0 = 0;
-        while c0 < vecs {
-            let left = vecs - c0;
-            let a = (rows, pf, hoff, pf_hoff, width, w, ld, j0, c0, &mut *acc, s);
-            // SAFETY (each arm): heads j0 .. j0 + h are inside the group; `left` is a whole
-            // number of blocks (2 or 4 vectors each), so every pass takes whole blocks.
-            let step = unsafe {
-                match (h, left) {
-                    (4, 4..) => by_kind!(kind, pv_k::<4, 4>(a)),
-                    (4, _) => by_kind!(kind, pv_k::<4, 2>(a)),
-                    (2, 8..) => by_kind!(kind, pv_k::<2, 8>(a)),
-                    (2, _) => by_kind!(kind, pv_k::<2, 4>(a)),
-                    (_, 8..) => by_kind!(kind, pv_k::<1, 8>(a)),
-                    (_, _) => by_kind!(kind, pv_k::<1, 4>(a)),
-                }
-            };
-            c0 += step;
+    // The weights of the pass's heads as bf16, converted once per head block.
+    let mut wb = [[0u16; TILE]; 4];
+    let mut wb_heads = usize::MAX;
+    pv_passes(g, vecs, |j0, h, c0, c| {
+        if wb_heads != j0 {
+            bf16_weights(&w[j0 * ld..], ld, h, nt, &mut wb);
+            wb_heads = j0;
         }
-        j0 += h;
+        let pf = if j0 == 0 { pf } else { &[] };
+        let a = (rows, pf, hoff, pf_hoff, width, w, ld, j0, c0, &mut *acc, s);
+        // SAFETY (each arm): heads j0 .. j0 + h are inside the group; every pass takes whole
+        // blocks (`c` and `c0` are multiples of the 2 or 4 vectors of a block: `vecs` is).
+        unsafe {
+            match (h, c) {
+                (4, 4) => by_kind!(kind, pv_k::<4, 4>(a, &wb)),
+                (4, _) => by_kind!(kind, pv_k::<4, 2>(a, &wb)),
+                (2, 8) => by_kind!(kind, pv_k::<2, 8>(a, &wb)),
+                (2, _) => by_kind!(kind, pv_k::<2, 4>(a, &wb)),
+                (_, 8) => by_kind!(kind, pv_k::<1, 8>(a, &wb)),
+                (_, _) => by_kind!(kind, pv_k::<1, 4>(a, &wb)),
+            }
+        }
+    });
+}
+
+/// Rows `0 .. h` of the weights (`w[j * ld + i]`, `nt` each) rounded to bf16 into `wb`, zero
+/// past `nt` (an odd last row pairs with 0).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi")]
+fn bf16_weights(w: &[f32], ld: usize, h: usize, nt: usize, wb: &mut [[u16; TILE]; 4]) {
+    for (j, row) in wb.iter_mut().enumerate().take(h) {
+        let src = &w[j * ld..j * ld + nt];
+        for i in (0..TILE).step_by(16) {
+            // SAFETY: the masked lanes stay inside `src` (none past `nt`) and the 16 stored
+            // bf16 inside `row` (`i + 16 <= TILE`).
+            unsafe {
+                let x =
+                    _mm512_maskz_loadu_ps(mask(nt.saturating_sub(i)), src.as_ptr().add(i.min(nt)));
+                let b = _mm512_cvtneps_pbh(x);
+                _mm256_storeu_si256(
+                    row[i..].as_mut_ptr().cast(),
+                    std::mem::transmute::<__m256bh, __m256i>(b),
+                );
+            }
+        }
     }
 }
 
-type PvArgs<'a> = (
-    &'a [*const u8],
-    &'a [*const u8],
-    usize,
-    usize,
-    usize,
-    &'a [f32],
-    usize,
-    usize,
-    usize,
-    &'a mut [f32],
-    usize,
-);
-
 /// Accumulators of heads `j0 .. j0 + H` x vectors `c0 .. c0 + C` held in registers across
-/// all row pairs of the tile. Returns the vectors done (`C`, or the block's vectors when `C`
-/// is less than a block: never called so).
+/// all row pairs of the tile, the weights of heads `j0 ..` as bf16 in `wb`.
 ///
 /// # Safety
 /// As [`pv_tile`], heads `j0 .. j0 + H` inside the group, `c0` a multiple of the vectors per
 /// block.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi")]
-unsafe fn pv_k<const K: u8, const H: usize, const C: usize>(a: PvArgs<'_>) -> usize {
-    let (rows, pf, hoff, pf_hoff, width, w, ld, j0, c0, acc, s) = a;
+unsafe fn pv_k<const K: u8, const H: usize, const C: usize>(a: PvArgs<'_>, wb: &[[u16; TILE]; 4]) {
+    // The weights are in `wb`.
+    let (rows, pf, hoff, pf_hoff, width, _, _, j0, c0, acc, s) = a;
     let nt = rows.len();
     let bw = block(K);
     let nv = bw / 16;
@@ -408,23 +412,6 @@ unsafe fn pv_k<const K: u8, const H: usize, const C: usize>(a: PvArgs<'_>) -> us
     let valid: [usize; C] = std::array::from_fn(|bb| width.saturating_sub((b0 + bb) * bw).min(bw));
     let live: [bool; C] = std::array::from_fn(|c| (c0 + c) * 16 < s && valid[c / nv] > 0);
     let t = tables::<K>();
-    // The weights of the H heads as bf16, zero past the tile (an odd last row pairs with 0).
-    let mut wb = [[0u16; TILE]; H];
-    for h in 0..H {
-        let src = &w[(j0 + h) * ld..(j0 + h) * ld + nt];
-        for i in (0..nt).step_by(16) {
-            // SAFETY: the masked lanes stay inside `src` and the 16 stored bf16 inside `wb[h]`
-            // (`i + 16 <= TILE`: `i < nt <= TILE`, a multiple of 16).
-            unsafe {
-                let x = _mm512_maskz_loadu_ps(mask(nt - i), src[i..].as_ptr());
-                let b = _mm512_cvtneps_pbh(x);
-                _mm256_storeu_si256(
-                    wb[h][i..].as_mut_ptr().cast(),
-                    std::mem::transmute::<__m256bh, __m256i>(b),
-                );
-            }
-        }
-    }
     let ap = acc.as_mut_ptr();
     // SAFETY (whole block): accumulator rows j0 .. j0 + H hold `s` values inside `acc` and
     // only live vectors (inside the padded width) are touched; rows hold `width` elements
@@ -475,5 +462,4 @@ unsafe fn pv_k<const K: u8, const H: usize, const C: usize>(a: PvArgs<'_>) -> us
             }
         }
     }
-    C
 }
