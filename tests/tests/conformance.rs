@@ -737,26 +737,26 @@ fn print_reports(title: &str, reports: &BTreeMap<String, Report>, order: &[&str]
             continue;
         };
         if let Some(why) = &r.skipped {
-            println!("skipped: {name}: {why}");
+            kvlayout_conformance::report(&format!("skipped: {name}: {why}"));
             continue;
         }
         let per_op: Vec<String> = r.passed.iter().map(|(op, n)| format!("{op} {n}")).collect();
-        println!(
+        kvlayout_conformance::report(&format!(
             "{title}: {name}: {} cases passed, {} failed ({})",
             r.total(),
             r.failures.len(),
             per_op.join(", ")
-        );
+        ));
         if !r.worst_decode.is_empty() {
             let worst: Vec<String> = r
                 .worst_decode
                 .iter()
                 .map(|(d, x)| format!("{d} {x:.1e}"))
                 .collect();
-            println!(
+            kvlayout_conformance::report(&format!(
                 "{title}: {name}: paged_decode worst error / tolerance: {}",
                 worst.join(", ")
-            );
+            ));
         }
         for f in r.failures.iter().take(25) {
             println!("  FAIL {name}: {f}");
@@ -853,10 +853,17 @@ fn every_case_on_every_backend() {
     let names = backend_names(&backends);
     let order: Vec<&str> = names.iter().map(String::as_str).collect();
     failures += print_reports("conformance", &reports, &order);
-    println!(
+    kvlayout_conformance::report(&format!(
+        "conformance: cpu ran the {} kernels",
+        kvlayout_cpu::CpuBackend::kernels()
+    ));
+    for (build, why) in kvlayout_cpu::CpuBackend::kernels_not_run() {
+        kvlayout_conformance::report(&format!("skipped: cpu kernels {build}: {why}"));
+    }
+    kvlayout_conformance::report(&format!(
         "conformance: {n_cases} layout cases, {:.1} s",
         start.elapsed().as_secs_f64()
-    );
+    ));
     assert_eq!(failures, 0, "conformance failures (listed above)");
 }
 

@@ -211,7 +211,7 @@ fn compare(who: &str, p: &Problem, got: &[f32], want: &[f32]) -> Result<(), Stri
 fn paged_decode_agrees_with_numpy() {
     if !numpy_available() {
         let msg = "skipped: outside reference: numpy not installed (run scripts/setup.sh)";
-        println!("{msg}");
+        kvlayout_conformance::report(msg);
         assert!(
             std::env::var("KVLAYOUT_REQUIRE_NUMPY").as_deref() != Ok("1"),
             "{msg}, but KVLAYOUT_REQUIRE_NUMPY=1"
@@ -262,12 +262,12 @@ fn paged_decode_agrees_with_numpy() {
     for f in &failures {
         println!("  FAIL {f}");
     }
-    println!(
+    kvlayout_conformance::report(&format!(
         "outside reference: numpy agrees with cpu and reference on {} of {} decode steps ({} layouts)",
         agreed,
         problems.len(),
         LAYOUTS.len()
-    );
+    ));
     assert!(
         failures.is_empty(),
         "{} disagreements with numpy",

@@ -4,10 +4,11 @@
 //! `order=NHD` and `order=HND` in f32, bf16 and fp8 e4m3, 2 threads.
 //!
 //! KV bytes are counted once: tokens x KV heads x (K + V) x element size. The machine is
-//! shared and its bandwidth moves by tens of percent within minutes, so the read bandwidth
-//! (`bench::read_bandwidth`, 256 MiB per thread, median of 5) is measured right before each
-//! configuration and its ratios use that figure; each configuration is timed `REPS` times and
-//! reported both as its best run (the least disturbed) and as its median.
+//! shared and its bandwidth moves by tens of percent within seconds, so each of the `REPS`
+//! runs of a configuration is paired with a pass of the read-bandwidth bound
+//! (`bench::ReadBound`, 128 MiB per thread) timed right before it. The median ratio is the
+//! median of those paired ratios; the best ratio is the fastest decode over the fastest pass
+//! (the least disturbed of each).
 //!
 //! `cargo bench -p kvlayout-cpu --bench decode` prints a markdown table (under a minute).
 //! `KVLAYOUT_BENCH_CONTEXTS=64,256` replaces the contexts, `KVLAYOUT_BENCH_ONLY="bf16 HND"`
@@ -16,7 +17,7 @@
 use std::time::Instant;
 
 use kvlayout::KvCacheLayout;
-use kvlayout_cpu::bench::read_bandwidth;
+use kvlayout_cpu::bench::ReadBound;
 use kvlayout_cpu::{Activations, CpuBackend, Decode, DecodeParams, HostCache};
 
 const SEQS: usize = 32;
@@ -24,7 +25,7 @@ const Q_HEADS: u64 = 32;
 const KV_HEADS: u64 = 8;
 const HEAD: usize = 128;
 const BLOCK: u64 = 16;
-const REPS: usize = 15;
+const REPS: usize = 25;
 
 /// xorshift64.
 fn next(s: &mut u64) -> u64 {
@@ -64,10 +65,16 @@ struct Row {
     context: u32,
     kv_bytes: f64,
     tokens: f64,
+    /// Fastest decode, seconds.
     best: f64,
+    /// Median decode, seconds.
     median: f64,
-    /// Read bandwidth measured right before, bytes/s.
+    /// Median read bandwidth of the paired passes, bytes/s.
     read_bw: f64,
+    /// Fastest decode over fastest pass, as bandwidths.
+    ratio_best: f64,
+    /// Median of the paired ratios.
+    ratio_median: f64,
     target: f64,
 }
 
@@ -78,8 +85,10 @@ fn main() {
         .collect();
     let mut out = vec![0f32; SEQS * Q_HEADS as usize * HEAD];
     let mut rows = Vec::new();
-    // `KVLAYOUT_BENCH_CONTEXTS=64,256` overrides the contexts (a cache small enough for the
-    // caches on chip shows the kernels' own speed).
+    let bound = ReadBound::new(be.pool(), 128 << 20);
+    bound.pass(be.pool()); // first touch
+                           // `KVLAYOUT_BENCH_CONTEXTS=64,256` overrides the contexts (a cache small enough for the
+                           // caches on chip shows the kernels' own speed).
     let contexts: Vec<u32> = std::env::var("KVLAYOUT_BENCH_CONTEXTS")
         .ok()
         .map(|v| v.split(',').filter_map(|c| c.trim().parse().ok()).collect())
@@ -118,26 +127,33 @@ fn main() {
                     },
                 };
                 let cache = cache.as_ref();
-                let read_bw = read_bandwidth(be.pool(), 256 << 20, 5);
                 be.paged_decode(&cache, &d, &mut out).expect("decode"); // warm-up
-                let mut secs: Vec<f64> = (0..REPS)
-                    .map(|_| {
-                        let t = Instant::now();
-                        be.paged_decode(&cache, &d, &mut out).expect("decode");
-                        t.elapsed().as_secs_f64()
-                    })
-                    .collect();
-                secs.sort_by(f64::total_cmp);
                 let tokens = (SEQS as f64) * f64::from(context);
                 let kv_bytes = tokens * KV_HEADS as f64 * 2.0 * HEAD as f64 * elem;
+                let (mut secs, mut bound_secs, mut ratios) = (vec![], vec![], vec![]);
+                for _ in 0..REPS {
+                    let b = bound.pass(be.pool());
+                    let t = Instant::now();
+                    be.paged_decode(&cache, &d, &mut out).expect("decode");
+                    let t = t.elapsed().as_secs_f64();
+                    ratios.push((kv_bytes / t) / (bound.bytes() as f64 / b));
+                    secs.push(t);
+                    bound_secs.push(b);
+                }
+                for v in [&mut secs, &mut bound_secs, &mut ratios] {
+                    v.sort_by(f64::total_cmp);
+                }
+                let mid = REPS / 2;
                 rows.push(Row {
                     name: format!("{dtype} {order}"),
                     context,
                     kv_bytes,
                     tokens,
                     best: secs[0],
-                    median: secs[secs.len() / 2],
-                    read_bw,
+                    median: secs[mid],
+                    read_bw: bound.bytes() as f64 / bound_secs[mid],
+                    ratio_best: (kv_bytes / secs[0]) / (bound.bytes() as f64 / bound_secs[0]),
+                    ratio_median: ratios[mid],
                     target,
                 });
             }
@@ -158,8 +174,8 @@ fn main() {
             r.kv_bytes / r.median / 1e9,
             r.tokens / r.best / 1e6,
             r.read_bw / 1e9,
-            r.kv_bytes / r.best / r.read_bw,
-            r.kv_bytes / r.median / r.read_bw,
+            r.ratio_best,
+            r.ratio_median,
             r.target,
         );
     }

@@ -38,6 +38,22 @@ impl CpuBackend {
         self.pool.current_num_threads()
     }
 
+    /// The build of the SIMD kernels this backend runs here (runtime-detected): `avx512-bf16`,
+    /// `avx512`, `avx2` or `scalar`.
+    pub fn kernels() -> &'static str {
+        crate::simd::detect().name()
+    }
+
+    /// The builds of the SIMD kernels this machine cannot run, each with the features it
+    /// lacks: what neither the tests nor the benchmarks exercise here (suites report them as
+    /// skipped).
+    pub fn kernels_not_run() -> Vec<(&'static str, String)> {
+        crate::simd::Isa::all()
+            .into_iter()
+            .filter_map(|i| i.runs_here().err().map(|why| (i.name(), why)))
+            .collect()
+    }
+
     /// The pool (benchmarks measure their bounds on it).
     pub fn pool(&self) -> &rayon::ThreadPool {
         &self.pool

@@ -48,23 +48,56 @@ fn buffers(n: usize, bytes: usize, fill: impl Fn(usize) -> u8) -> Vec<HostBuffer
         .collect()
 }
 
-/// Read bandwidth in bytes/s: every thread of `pool` sums its own `bytes_per_thread` buffer.
-/// The buffers are allocated as caches are (huge pages where offered), so that the bound is
-/// the best the memory gives a cache.
-pub fn read_bandwidth(pool: &rayon::ThreadPool, bytes_per_thread: usize, reps: usize) -> f64 {
-    let n = pool.current_num_threads();
-    let bytes = bytes_per_thread / 64 * 64;
-    let bufs = buffers(n, bytes, |i| 0x3c + i as u8);
-    let secs = median_secs(reps, || {
+/// The read-bandwidth bound: every thread of a pool sums its own buffer, allocated as caches
+/// are (huge pages where offered), so the bound is the best the memory gives a cache. The
+/// buffers are kept, so a benchmark can time one pass right before or after each run of the
+/// op it bounds: on a shared machine whose bandwidth moves within seconds, a ratio of two
+/// adjacent timings is steadier than a ratio of two medians taken minutes apart.
+pub struct ReadBound {
+    bufs: Vec<HostBuffer>,
+}
+
+impl ReadBound {
+    /// One buffer of `bytes_per_thread` (rounded down to 64 bytes) per thread of `pool`.
+    pub fn new(pool: &rayon::ThreadPool, bytes_per_thread: usize) -> Self {
+        let bytes = bytes_per_thread / 64 * 64;
+        ReadBound {
+            bufs: buffers(pool.current_num_threads(), bytes, |i| 0x3c + i as u8),
+        }
+    }
+
+    /// Bytes one pass reads.
+    pub fn bytes(&self) -> usize {
+        self.bufs.iter().map(|b| b.as_slice().len()).sum()
+    }
+
+    /// Seconds of one pass over every buffer, one thread each.
+    pub fn pass(&self, pool: &rayon::ThreadPool) -> f64 {
+        let t = Instant::now();
         pool.install(|| {
-            let s: f32 = bufs
+            let s: f32 = self
+                .bufs
                 .par_iter()
                 .map(|b| sum(black_box(bytemuck::cast_slice(b.as_slice()))))
                 .sum();
             black_box(s);
-        })
-    });
-    (n * bytes) as f64 / secs
+        });
+        t.elapsed().as_secs_f64()
+    }
+
+    /// Read bandwidth in bytes/s: the median of `reps` passes after one warm-up pass.
+    pub fn bandwidth(&self, pool: &rayon::ThreadPool, reps: usize) -> f64 {
+        self.pass(pool);
+        let mut t: Vec<f64> = (0..reps.max(1)).map(|_| self.pass(pool)).collect();
+        t.sort_by(f64::total_cmp);
+        self.bytes() as f64 / t[t.len() / 2]
+    }
+}
+
+/// Read bandwidth in bytes/s: every thread of `pool` sums its own `bytes_per_thread` buffer
+/// (median of `reps` passes; see [`ReadBound`]).
+pub fn read_bandwidth(pool: &rayon::ThreadPool, bytes_per_thread: usize, reps: usize) -> f64 {
+    ReadBound::new(pool, bytes_per_thread).bandwidth(pool, reps)
 }
 
 /// memcpy payload bandwidth in bytes/s: every thread copies its own `bytes_per_thread`

@@ -84,6 +84,65 @@ fn has_avx512_bf16() -> bool {
 }
 
 impl Isa {
+    /// Every build of the kernels this target compiles, best first.
+    pub(crate) fn all() -> Vec<Isa> {
+        vec![
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Bf16,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2,
+            Isa::Scalar,
+        ]
+    }
+
+    /// The build's name, as reports print it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Bf16 => "avx512-bf16",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => "avx512",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => "avx2",
+            Isa::Scalar => "scalar",
+        }
+    }
+
+    /// Whether this machine runs the build; if not, the CPU features it lacks.
+    pub(crate) fn runs_here(self) -> Result<(), String> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let needs: &[(&str, bool)] = match self {
+                Isa::Avx512Bf16 => &[
+                    ("avx512f", has!("avx512f")),
+                    ("avx512bw", has!("avx512bw")),
+                    ("avx512vl", has!("avx512vl")),
+                    ("avx512bf16", has!("avx512bf16")),
+                    ("avx512vbmi", has!("avx512vbmi")),
+                ],
+                Isa::Avx512 => &[
+                    ("avx512f", has!("avx512f")),
+                    ("avx512bw", has!("avx512bw")),
+                    ("avx512vl", has!("avx512vl")),
+                ],
+                Isa::Avx2 => &[
+                    ("avx2", has!("avx2")),
+                    ("fma", has!("fma")),
+                    ("f16c", has!("f16c")),
+                ],
+                Isa::Scalar => &[],
+            };
+            let missing: Vec<&str> = needs.iter().filter(|n| !n.1).map(|n| n.0).collect();
+            if !missing.is_empty() {
+                return Err(format!("this machine lacks {}", missing.join(", ")));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether this is one of the AVX-512 builds.
     pub(crate) fn avx512(self) -> bool {
         match self {
@@ -115,21 +174,10 @@ fn has_avx2() -> bool {
 /// Every instruction set this machine can run, best first (tests run each).
 #[cfg(test)]
 pub(crate) fn available() -> Vec<Isa> {
-    let mut v = Vec::new();
-    #[cfg(target_arch = "x86_64")]
-    {
-        if has_avx512_bf16() {
-            v.push(Isa::Avx512Bf16);
-        }
-        if has_avx512() {
-            v.push(Isa::Avx512);
-        }
-        if has_avx2() {
-            v.push(Isa::Avx2);
-        }
-    }
-    v.push(Isa::Scalar);
-    v
+    Isa::all()
+        .into_iter()
+        .filter(|i| i.runs_here().is_ok())
+        .collect()
 }
 
 pub(crate) fn elem(kind: RowKind) -> usize {
@@ -172,6 +220,8 @@ pub(crate) struct Order {
     block: usize,
     perm: Perm,
     packed: bool,
+    /// `table[e]`: the position of element `e` of a block, for `e < block`.
+    table: [u8; 64],
 }
 
 impl Order {
@@ -191,12 +241,17 @@ impl Order {
         } else {
             (1, Perm::Natural, false)
         };
-        debug_assert!(block.is_power_of_two());
-        Order {
+        debug_assert!(block.is_power_of_two() && block <= 64);
+        let mut order = Order {
             block,
             perm,
             packed,
-        }
+            table: [0; 64],
+        };
+        let mut table = [0u8; 64];
+        order.each(block, |e, p| table[e] = p as u8);
+        order.table = table;
+        order
     }
 
     /// Elements a row of `width` takes in this order.
@@ -217,22 +272,42 @@ impl Order {
     }
 
     /// Position of element `d`.
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn pos(&self, d: usize) -> usize {
-        // Blocks are powers of two (1, 16, 32, 64): masks, no division.
-        let e = d & (self.block - 1);
-        (d - e)
-            + match self.perm {
-                Perm::Natural => e,
-                Perm::EvenOdd => (e >> 1) + 16 * (e & 1),
-                Perm::Words => 32 * ((e >> 3) & 1) + 8 * (e >> 4) + (e & 7),
-                Perm::Dwords => {
-                    // (block / 4) l + 4 m + k, block / 4 = 2^(log2 block - 2).
-                    let sh = self.block.trailing_zeros() - 2;
-                    let r = e & ((1 << sh) - 1);
-                    16 * (r >> 2) + 4 * (e >> sh) + (e & 3)
-                }
+        let mut p = 0;
+        self.each(d + 1, |_, q| p = q);
+        p
+    }
+
+    /// Calls `f(d, pos(d))` for `d` in `0..n`, in increasing `d`. The permutation is matched
+    /// once, so each loop is a few shifts and masks per element (a query row is arranged and
+    /// an output row restored per head and item: at short contexts that is not negligible).
+    #[inline(always)]
+    fn each(&self, n: usize, mut f: impl FnMut(usize, usize)) {
+        // Blocks are powers of two (1, 16, 32, 64): masks, no division. `e`: the position
+        // of `d` in its block.
+        let m = self.block - 1;
+        match self.perm {
+            Perm::Natural => (0..n).for_each(|d| f(d, d)),
+            Perm::EvenOdd => (0..n).for_each(|d| {
+                let e = d & m;
+                f(d, (d - e) + (e >> 1) + 16 * (e & 1));
+            }),
+            Perm::Words => (0..n).for_each(|d| {
+                let e = d & m;
+                f(d, (d - e) + 32 * ((e >> 3) & 1) + 8 * (e >> 4) + (e & 7));
+            }),
+            Perm::Dwords => {
+                // (block / 4) l + 4 m + k, block / 4 = 2^(log2 block - 2).
+                let sh = self.block.trailing_zeros() - 2;
+                let low = (1 << sh) - 1;
+                (0..n).for_each(|d| {
+                    let e = d & m;
+                    let r = e & low;
+                    f(d, (d - e) + 16 * (r >> 2) + 4 * (e >> sh) + (e & 3));
+                })
             }
+        }
     }
 
     /// `dst` (padded; packed rows use its first half) = `src` (natural order, the row's
@@ -241,14 +316,20 @@ impl Order {
         assert!(dst.len() >= self.padded(src.len()));
         dst.fill(0.0);
         if self.packed {
-            for (d, x) in src.iter().enumerate() {
-                let p = self.pos(d);
-                let half = u32::from(half::bf16::from_f32(*x).to_bits()) << (16 * (p % 2));
-                dst[p / 2] = f32::from_bits(dst[p / 2].to_bits() | half);
-            }
+            let dst: &mut [u32] = bytemuck::cast_slice_mut(dst);
+            self.each(src.len(), |d, p| {
+                dst[p / 2] |= u32::from(bf16_bits(src[d])) << (16 * (p % 2));
+            });
+        } else if self.perm == Perm::Natural {
+            dst[..src.len()].copy_from_slice(src);
         } else {
-            for (d, x) in src.iter().enumerate() {
-                dst[self.pos(d)] = *x;
+            // Block by block through the block's table: no per-element permutation
+            // arithmetic, and indices the compiler sees inside the block.
+            let (b, t) = (self.block, &self.table);
+            for (s, d) in src.chunks(b).zip(dst.chunks_exact_mut(b)) {
+                for (x, &p) in s.iter().zip(&t[..b]) {
+                    d[p as usize] = *x;
+                }
             }
         }
     }
@@ -256,16 +337,31 @@ impl Order {
     /// `dst[d] = f * src[pos(d)]` for the `dst.len()` elements of a row (not packed).
     pub(crate) fn restore(&self, src: &[f32], f: f32, dst: &mut [f32]) {
         assert!(!self.packed, "packed rows are query rows, never restored");
+        assert!(src.len() >= self.padded(dst.len()));
         if self.perm == Perm::Natural {
             for (x, s) in dst.iter_mut().zip(src) {
                 *x = s * f;
             }
-        } else {
-            for (d, x) in dst.iter_mut().enumerate() {
-                *x = src[self.pos(d)] * f;
+            return;
+        }
+        let (b, t) = (self.block, &self.table);
+        for (d, s) in dst.chunks_mut(b).zip(src.chunks_exact(b)) {
+            for (x, &p) in d.iter_mut().zip(&t[..b]) {
+                *x = s[p as usize] * f;
             }
         }
     }
+}
+
+/// `x` rounded to the nearest bf16, ties to even (what `half::bf16::from_f32` gives, without
+/// its branches for finite values; NaN stays a quiet NaN of the same sign).
+#[inline]
+fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return ((b >> 16) | 0x40) as u16;
+    }
+    ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
 }
 
 /// For fp8 rows on AVX-512: the square root of the power of two the widened values lack
@@ -1317,6 +1413,28 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The query rounding equals `half`'s round-to-nearest-even: on ties, on values that
+    /// round up to infinity, on subnormals, infinities and NaN (which stays NaN).
+    #[test]
+    fn bf16_rounding_matches_half() {
+        let mut bits: Vec<u32> = (0..=0xFFFFu32).map(|h| h << 16).collect();
+        for h in (0..=0xFFFFu32).step_by(7) {
+            for low in [0x7FFF, 0x8000, 0x8001, 0x0001, 0xFFFF] {
+                bits.push(h << 16 | low);
+            }
+        }
+        for b in bits {
+            let x = f32::from_bits(b);
+            let want = half::bf16::from_f32(x);
+            let got = bf16_bits(x);
+            if x.is_nan() {
+                assert!(half::bf16::from_bits(got).is_nan(), "{b:#x}");
+            } else {
+                assert_eq!(got, want.to_bits(), "{b:#x}");
+            }
+        }
+    }
 
     #[cfg(target_arch = "x86_64")]
     #[test]
