@@ -6,9 +6,10 @@
 //! KV bytes are counted once: tokens x KV heads x (K + V) x element size. The machine is
 //! shared and its bandwidth moves by tens of percent within seconds, so each of the `REPS`
 //! runs of a configuration is paired with a pass of the read-bandwidth bound
-//! (`bench::ReadBound`, 128 MiB per thread) timed right before it. The median ratio is the
-//! median of those paired ratios; the best ratio is the fastest decode over the fastest pass
-//! (the least disturbed of each).
+//! (`bench::ReadBound`: an AVX-512 sum over 512 MiB per thread, as `shared/baselines.md`
+//! measures it; 1 GiB in all, which also evicts the cache from L3) timed right before it. The
+//! median ratio is the median of those paired ratios; the best ratio is the fastest decode
+//! over the fastest pass (the least disturbed of each).
 //!
 //! `cargo bench -p kvlayout-cpu --bench decode` prints a markdown table (under a minute).
 //! `KVLAYOUT_BENCH_CONTEXTS=64,256` replaces the contexts, `KVLAYOUT_BENCH_ONLY="bf16 HND"`
@@ -85,7 +86,7 @@ fn main() {
         .collect();
     let mut out = vec![0f32; SEQS * Q_HEADS as usize * HEAD];
     let mut rows = Vec::new();
-    let bound = ReadBound::new(be.pool(), 128 << 20);
+    let bound = ReadBound::new(be.pool(), 512 << 20);
     bound.pass(be.pool()); // first touch
                            // `KVLAYOUT_BENCH_CONTEXTS=64,256` overrides the contexts (a cache small enough for the
                            // caches on chip shows the kernels' own speed).

@@ -23,13 +23,32 @@ pub fn median_secs(reps: usize, mut f: impl FnMut()) -> f64 {
     t[t.len() / 2]
 }
 
-/// Sums a slice with 8 independent accumulators (vectorizes to full-width loads).
+/// Sums a slice with 64 independent accumulators: four full-width vector adds per 256 bytes
+/// (AVX-512 where the machine has it, as `shared/baselines.md` measures the bound), so neither
+/// the add latency nor one dependency chain limits the loads.
 fn sum(x: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let chunks = x.chunks_exact(16);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512 F detected just above.
+        return unsafe { sum_avx512(x) };
+    }
+    sum_lanes(x)
+}
+
+/// [`sum_lanes`] compiled for AVX-512.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn sum_avx512(x: &[f32]) -> f32 {
+    sum_lanes(x)
+}
+
+#[inline(always)]
+fn sum_lanes(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 64];
+    let chunks = x.chunks_exact(64);
     let rest = chunks.remainder();
     for c in chunks {
-        for i in 0..16 {
+        for i in 0..64 {
             acc[i] += c[i];
         }
     }

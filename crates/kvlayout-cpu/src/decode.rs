@@ -34,7 +34,7 @@ use crate::args::{check_decode, Decode, DecodeShape};
 use crate::backend::CpuBackend;
 use crate::cache::CacheRef;
 use crate::elem::decode;
-use crate::simd::{self, Isa, Order, Role, RowKind, RowSet, TILE};
+use crate::simd::{self, Isa, Order, Role, RowKind, RowSet, SUM_LANES, TILE};
 
 /// How many (tile, head) steps ahead the rows are prefetched: far enough to hide the memory
 /// latency, near enough that the prefetched rows are still in L1 when read (1, 3, 4 and 8
@@ -308,6 +308,8 @@ struct Scratch {
     rows: Vec<f32>,
     widen: Vec<f32>,
     state: Vec<f32>,
+    /// Partial softmax sums of the item's heads, `SUM_LANES` per query head.
+    lane_sums: Vec<f32>,
 }
 
 thread_local! {
@@ -421,8 +423,12 @@ impl<'a> Plan<'a> {
             vscale,
             rows,
             widen,
+            lane_sums,
             ..
         } = s;
+        grow(lane_sums, nh * g * SUM_LANES);
+        let lane_sums = &mut lane_sums[..nh * g * SUM_LANES];
+        lane_sums.fill(0.0);
         grow(q, nh * g * qstride);
         grow(logits, g * TILE);
         grow(kscale, TILE);
@@ -481,7 +487,10 @@ impl<'a> Plan<'a> {
                 };
                 let q = &q[(hh - heads.start) * g * qstride..(hh - heads.start + 1) * g * qstride];
                 let (stats, acc) = state.split_at_mut(2 * g);
-                let (maxes, sums) = stats.split_at_mut(g);
+                let maxes = &mut stats[..g];
+                let item_head = hh - heads.start;
+                let sums =
+                    &mut lane_sums[item_head * g * SUM_LANES..(item_head + 1) * g * SUM_LANES];
                 // Logits of the tile: logits[j * TILE + i].
                 let gathered;
                 let (krows, hoff) = match self.k.rows {
@@ -583,6 +592,18 @@ impl<'a> Plan<'a> {
             self.tile(seq, start..end, &mut tiles[c]);
             start = end;
             c = 1 - c;
+        }
+        // Each query head's running sum: the sum of its partial sums.
+        for (state, parts) in states[..nh * sw]
+            .chunks_exact_mut(sw)
+            .zip(lane_sums.chunks_exact(g * SUM_LANES))
+        {
+            for (sum, lanes) in state[g..2 * g]
+                .iter_mut()
+                .zip(parts.chunks_exact(SUM_LANES))
+            {
+                *sum = lanes.iter().sum();
+            }
         }
     }
 }

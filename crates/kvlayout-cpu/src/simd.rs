@@ -221,8 +221,40 @@ pub(crate) struct Order {
     perm: Perm,
     packed: bool,
     /// `table[e]`: the position of element `e` of a block, for `e < block`.
-    table: [u8; 64],
+    table: &'static [u8; 64],
 }
+
+/// Position of element `e` of a block of `block` elements under `perm`.
+const fn block_pos(perm: Perm, block: usize, e: usize) -> usize {
+    match perm {
+        Perm::Natural => e,
+        Perm::EvenOdd => (e >> 1) + 16 * (e & 1),
+        Perm::Words => 32 * ((e >> 3) & 1) + 8 * (e >> 4) + (e & 7),
+        Perm::Dwords => {
+            // (block / 4) l + 4 m + k, block / 4 = 2^(log2 block - 2).
+            let sh = block.trailing_zeros() - 2;
+            let r = e & ((1 << sh) - 1);
+            16 * (r >> 2) + 4 * (e >> sh) + (e & 3)
+        }
+    }
+}
+
+/// [`block_pos`] of every element of a block, computed at compile time.
+const fn block_table(perm: Perm, block: usize) -> [u8; 64] {
+    let mut t = [0u8; 64];
+    let mut e = 0;
+    while e < block {
+        t[e] = block_pos(perm, block, e) as u8;
+        e += 1;
+    }
+    t
+}
+
+static NATURAL: [u8; 64] = block_table(Perm::Natural, 64);
+static EVEN_ODD_32: [u8; 64] = block_table(Perm::EvenOdd, 32);
+static WORDS_64: [u8; 64] = block_table(Perm::Words, 64);
+static DWORDS_32: [u8; 64] = block_table(Perm::Dwords, 32);
+static DWORDS_64: [u8; 64] = block_table(Perm::Dwords, 64);
 
 impl Order {
     pub(crate) fn of(isa: Isa, kind: RowKind, role: Role) -> Order {
@@ -241,17 +273,21 @@ impl Order {
         } else {
             (1, Perm::Natural, false)
         };
+        let table = match (perm, block) {
+            (Perm::Natural, _) => &NATURAL,
+            (Perm::EvenOdd, 32) => &EVEN_ODD_32,
+            (Perm::Words, 64) => &WORDS_64,
+            (Perm::Dwords, 32) => &DWORDS_32,
+            (Perm::Dwords, 64) => &DWORDS_64,
+            _ => unreachable!("no kernel order {perm:?} in blocks of {block}"),
+        };
         debug_assert!(block.is_power_of_two() && block <= 64);
-        let mut order = Order {
+        Order {
             block,
             perm,
             packed,
-            table: [0; 64],
-        };
-        let mut table = [0u8; 64];
-        order.each(block, |e, p| table[e] = p as u8);
-        order.table = table;
-        order
+            table,
+        }
     }
 
     /// Elements a row of `width` takes in this order.
@@ -279,35 +315,12 @@ impl Order {
         p
     }
 
-    /// Calls `f(d, pos(d))` for `d` in `0..n`, in increasing `d`. The permutation is matched
-    /// once, so each loop is a few shifts and masks per element (a query row is arranged and
-    /// an output row restored per head and item: at short contexts that is not negligible).
+    /// Calls `f(d, pos(d))` for `d` in `0..n`, in increasing `d`.
     #[inline(always)]
     fn each(&self, n: usize, mut f: impl FnMut(usize, usize)) {
-        // Blocks are powers of two (1, 16, 32, 64): masks, no division. `e`: the position
-        // of `d` in its block.
+        // Blocks are powers of two (1, 16, 32, 64): masks, no division.
         let m = self.block - 1;
-        match self.perm {
-            Perm::Natural => (0..n).for_each(|d| f(d, d)),
-            Perm::EvenOdd => (0..n).for_each(|d| {
-                let e = d & m;
-                f(d, (d - e) + (e >> 1) + 16 * (e & 1));
-            }),
-            Perm::Words => (0..n).for_each(|d| {
-                let e = d & m;
-                f(d, (d - e) + 32 * ((e >> 3) & 1) + 8 * (e >> 4) + (e & 7));
-            }),
-            Perm::Dwords => {
-                // (block / 4) l + 4 m + k, block / 4 = 2^(log2 block - 2).
-                let sh = self.block.trailing_zeros() - 2;
-                let low = (1 << sh) - 1;
-                (0..n).for_each(|d| {
-                    let e = d & m;
-                    let r = e & low;
-                    f(d, (d - e) + 16 * (r >> 2) + 4 * (e >> sh) + (e & 3));
-                })
-            }
-        }
+        (0..n).for_each(|d| f(d, (d - (d & m)) + self.table[d & m] as usize));
     }
 
     /// `dst` (padded; packed rows use its first half) = `src` (natural order, the row's
@@ -325,7 +338,7 @@ impl Order {
         } else {
             // Block by block through the block's table: no per-element permutation
             // arithmetic, and indices the compiler sees inside the block.
-            let (b, t) = (self.block, &self.table);
+            let (b, t) = (self.block, self.table);
             for (s, d) in src.chunks(b).zip(dst.chunks_exact_mut(b)) {
                 for (x, &p) in s.iter().zip(&t[..b]) {
                     d[p as usize] = *x;
@@ -344,7 +357,7 @@ impl Order {
             }
             return;
         }
-        let (b, t) = (self.block, &self.table);
+        let (b, t) = (self.block, self.table);
         for (d, s) in dst.chunks_mut(b).zip(src.chunks_exact(b)) {
             for (x, &p) in d.iter_mut().zip(&t[..b]) {
                 *x = s[p as usize] * f;
@@ -699,11 +712,17 @@ pub(crate) fn pv_tile(
     }
 }
 
+/// Partial sums kept per head by [`softmax_tile`]: a head's running sum is the sum of its
+/// `SUM_LANES` partial sums (the AVX-512 step adds its weights lane by lane, so a step needs
+/// no horizontal sum; the portable step uses the first lane only).
+pub(crate) const SUM_LANES: usize = 16;
+
 /// One online-softmax step over a tile, for each of the `g` heads: row `j` of `logits`
-/// (`nt` values at `j * ld`) becomes the weights `exp(l - m)` where `m` is the new running
-/// maximum `maxes[j]`; `sums[j]` and the accumulator row `acc[j * s .. j * s + s]` are
-/// rescaled to it first, then `sums[j]` gains the tile's weights. The stored weights of token
-/// `i` are then multiplied by `wscale` and `vscale[i]` (not counted in the sum). With
+/// (`nt` values at `j * ld`) becomes the weights `exp(l - m)` where `m` is the running maximum
+/// `maxes[j]`, first raised to the tile's maximum when a logit exceeds it (then the partial
+/// sums `sums[j * SUM_LANES ..][..SUM_LANES]` and the accumulator row `acc[j * s ..][..s]`
+/// are rescaled to it); the partial sums then gain the tile's weights. The stored weights of
+/// token `i` are then multiplied by `wscale` and `vscale[i]` (not counted in the sum). With
 /// `round`, each weight is rounded to bf16 before it is summed, so that a value kernel with
 /// bf16 operands multiplies by exactly the weights the sum counts.
 #[allow(clippy::too_many_arguments)]
@@ -722,8 +741,8 @@ pub(crate) fn softmax_tile(
     s: usize,
 ) {
     assert!(nt >= 1 && nt <= ld);
-    assert!(logits.len() >= (g - 1) * ld + nt && maxes.len() >= g && sums.len() >= g);
-    assert!(acc.len() >= g * s);
+    assert!(logits.len() >= (g - 1) * ld + nt && maxes.len() >= g);
+    assert!(sums.len() >= g * SUM_LANES && acc.len() >= g * s);
     if let Some(v) = vscale {
         assert!(v.len() >= nt);
     }
@@ -741,24 +760,23 @@ pub(crate) fn softmax_tile(
         let l = &mut logits[j * ld..j * ld + nt];
         let tile_max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let m = maxes[j].max(tile_max);
+        let sum = &mut sums[j * SUM_LANES];
         if m > maxes[j] {
             let c = (maxes[j] - m).exp();
-            sums[j] *= c;
+            *sum *= c;
             for x in &mut acc[j * s..(j + 1) * s] {
                 *x *= c;
             }
             maxes[j] = m;
         }
-        let mut sum = 0.0;
         for (i, x) in l.iter_mut().enumerate() {
             *x = (*x - m).exp();
             if round {
                 *x = half::bf16::from_f32(*x).to_f32();
             }
-            sum += *x;
+            *sum += *x;
             *x *= wscale * vscale.map_or(1.0, |v| v[i]);
         }
-        sums[j] += sum;
     }
 }
 
@@ -1284,9 +1302,10 @@ mod avx512 {
         }
     }
 
-    /// [`super::softmax_tile`] with the heads in groups of 16: all tile maxima first, then
-    /// the rescaling of the running state, then every exponential, so that the heads'
-    /// dependency chains overlap.
+    /// [`super::softmax_tile`]. Once the running maximum of a head has settled, a step needs no
+    /// horizontal reduction: one comparison shows that no logit exceeds it (only then is the
+    /// tile's maximum reduced and the state rescaled), and the weights are summed lane by lane
+    /// into the head's partial sums.
     ///
     /// # Safety
     /// AVX-512 F/BW/VL present; the lengths of [`super::softmax_tile`].
@@ -1307,61 +1326,51 @@ mod avx512 {
     ) {
         let nv = nt.div_ceil(16);
         let scale = wscale != 1.0 || vscale.is_some();
-        for j0 in (0..g).step_by(16) {
-            let gn = (g - j0).min(16);
-            let mut tile_max = [f32::NEG_INFINITY; 16];
-            for (jj, tm) in tile_max.iter_mut().enumerate().take(gn) {
-                let l = &logits[(j0 + jj) * ld..(j0 + jj) * ld + nt];
-                let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
+        for j in 0..g {
+            let l = &mut logits[j * ld..j * ld + nt];
+            let sp = sums[j * super::SUM_LANES..(j + 1) * super::SUM_LANES].as_mut_ptr();
+            // SAFETY (whole block): the masked lanes stay inside `l` (and `vscale`, `nt`
+            // long); the partial sums of head `j` are `SUM_LANES` = 16 floats.
+            unsafe {
+                let mut sum = _mm512_loadu_ps(sp);
+                let old = _mm512_set1_ps(maxes[j]);
+                let mut above = 0;
                 for v in 0..nv {
-                    // SAFETY: the masked lanes stay inside `l`.
-                    let x =
-                        unsafe { _mm512_mask_loadu_ps(m, mask(nt - v * 16), l[v * 16..].as_ptr()) };
-                    m = _mm512_max_ps(m, x);
+                    let x = _mm512_maskz_loadu_ps(mask(nt - v * 16), l[v * 16..].as_ptr());
+                    above |= _mm512_mask_cmp_ps_mask::<_CMP_GT_OQ>(mask(nt - v * 16), x, old);
                 }
-                *tm = _mm512_reduce_max_ps(m);
-            }
-            for (jj, tm) in tile_max.iter().enumerate().take(gn) {
-                let j = j0 + jj;
-                let m = maxes[j].max(*tm);
-                if m > maxes[j] {
+                if above != 0 {
+                    let mut m = old;
+                    for v in 0..nv {
+                        let x = _mm512_mask_loadu_ps(m, mask(nt - v * 16), l[v * 16..].as_ptr());
+                        m = _mm512_max_ps(m, x);
+                    }
+                    let m = _mm512_reduce_max_ps(m);
                     let c = (maxes[j] - m).exp();
-                    sums[j] *= c;
+                    sum = _mm512_mul_ps(sum, _mm512_set1_ps(c));
                     for x in &mut acc[j * s..(j + 1) * s] {
                         *x *= c;
                     }
                     maxes[j] = m;
                 }
-            }
-            for jj in 0..gn {
-                let j = j0 + jj;
-                let l = &mut logits[j * ld..j * ld + nt];
-                let mut sum = _mm512_setzero_ps();
+                let m = _mm512_set1_ps(maxes[j]);
                 for v in 0..nv {
                     let k = mask(nt - v * 16);
                     let p = l[v * 16..].as_mut_ptr();
-                    // SAFETY: the masked lanes stay inside `l` (and `vscale`, `nt` long).
-                    unsafe {
-                        let x =
-                            _mm512_sub_ps(_mm512_maskz_loadu_ps(k, p), _mm512_set1_ps(maxes[j]));
-                        let mut r = exp(x);
-                        if round {
-                            r = round_bf16(r);
-                        }
-                        sum = _mm512_mask_add_ps(sum, k, sum, r);
-                        if scale {
-                            r = _mm512_mul_ps(r, _mm512_set1_ps(wscale));
-                            if let Some(vs) = vscale {
-                                r = _mm512_mul_ps(
-                                    r,
-                                    _mm512_maskz_loadu_ps(k, vs[v * 16..].as_ptr()),
-                                );
-                            }
-                        }
-                        _mm512_mask_storeu_ps(p, k, r);
+                    let mut r = exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p), m));
+                    if round {
+                        r = round_bf16(r);
                     }
+                    sum = _mm512_mask_add_ps(sum, k, sum, r);
+                    if scale {
+                        r = _mm512_mul_ps(r, _mm512_set1_ps(wscale));
+                        if let Some(vs) = vscale {
+                            r = _mm512_mul_ps(r, _mm512_maskz_loadu_ps(k, vs[v * 16..].as_ptr()));
+                        }
+                    }
+                    _mm512_mask_storeu_ps(p, k, r);
                 }
-                sums[j] += _mm512_reduce_add_ps(sum);
+                _mm512_storeu_ps(sp, sum);
             }
         }
     }
