@@ -46,11 +46,18 @@ const PREFETCH_AHEAD: usize = 2;
 /// the same sets.
 const L1_WAY: u64 = 4096;
 
-/// Tokens per tile for rows `slot` bytes apart: at most 8 rows of a (tile, head) step in any
-/// L1 set, so the step's rows and the ones prefetched for a later step stay in L1. Head-major
-/// pages (bf16: 512-byte rows) keep whole tiles of 64; token-major pages whose token rows are
-/// 4 KiB apart get tiles of 8 (measured: bf16 NHD 0.48 -> 0.7 of read bandwidth).
-fn tile_len(slot: u64) -> u64 {
+/// Tokens per tile for rows `slot` bytes apart, sized to the cache the kernels prefetch into
+/// ([`simd::PrefetchLevel`]). Into L1: at most 8 rows of a (tile, head) step in any L1 set, so
+/// the step's rows and the ones prefetched for a later step stay in L1. Head-major pages
+/// (bf16: 512-byte rows) keep whole tiles of 64; token-major pages whose token rows are 4 KiB
+/// apart get tiles of 8 (measured on Zen: bf16 NHD 0.48 -> 0.74 of read bandwidth). Into L2,
+/// whose sets repeat every 64 KiB or more, whole tiles: fewer steps, so less of the per-step
+/// work (the softmax step, the accumulators' loads and stores), which on the Xeon measured
+/// read token-major caches faster (fp8 NHD 0.35 with 16 tokens, 0.45 with 64).
+fn tile_len(slot: u64, level: simd::PrefetchLevel) -> u64 {
+    if level == simd::PrefetchLevel::L2 {
+        return TILE as u64;
+    }
     let mut a = slot % L1_WAY;
     let mut b = L1_WAY;
     while a != 0 {
@@ -348,7 +355,7 @@ impl<'a> Plan<'a> {
         // inline scales (weights in (0, 1]).
         let v_raw = v.fold.is_some() && v_inline.is_none();
         let vf = if v_raw { v.fold.unwrap_or(1.0) } else { 1.0 };
-        let tile_len = tile_len(k.map.strides.slot);
+        let tile_len = tile_len(k.map.strides.slot, simd::prefetch_level());
         Ok(Plan {
             tile_len,
             d,
