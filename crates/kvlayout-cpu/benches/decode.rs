@@ -11,14 +11,16 @@
 //! median ratio is the median of those paired ratios; the best ratio is the fastest decode
 //! over the fastest pass (the least disturbed of each).
 //!
-//! `cargo bench -p kvlayout-cpu --bench decode` prints a markdown table (under a minute).
+//! A second, informative table reads the bound's buffers in chunks taken in a random order
+//! (4 KiB to 1 MiB): what the memory gives to pages scattered by a block table, before any
+//! compute.
+//!
+//! `cargo bench -p kvlayout-cpu --bench decode` prints both tables (a few minutes).
 //! `KVLAYOUT_BENCH_CONTEXTS=64,256` replaces the contexts, `KVLAYOUT_BENCH_ONLY="bf16 HND"`
 //! keeps the matching configurations.
 
-use std::time::Instant;
-
 use kvlayout::KvCacheLayout;
-use kvlayout_cpu::bench::ReadBound;
+use kvlayout_cpu::bench::{paired, Paired, ReadBound};
 use kvlayout_cpu::{Activations, CpuBackend, Decode, DecodeParams, HostCache};
 
 const SEQS: usize = 32;
@@ -27,6 +29,8 @@ const KV_HEADS: u64 = 8;
 const HEAD: usize = 128;
 const BLOCK: u64 = 16;
 const REPS: usize = 25;
+/// Paired passes per chunk size of the informative read-pattern table.
+const PATTERN_REPS: usize = 7;
 
 /// xorshift64.
 fn next(s: &mut u64) -> u64 {
@@ -66,16 +70,8 @@ struct Row {
     context: u32,
     kv_bytes: f64,
     tokens: f64,
-    /// Fastest decode, seconds.
-    best: f64,
-    /// Median decode, seconds.
-    median: f64,
-    /// Median read bandwidth of the paired passes, bytes/s.
-    read_bw: f64,
-    /// Fastest decode over fastest pass, as bandwidths.
-    ratio_best: f64,
-    /// Median of the paired ratios.
-    ratio_median: f64,
+    /// The decode's runs against their read passes.
+    p: Paired,
     target: f64,
 }
 
@@ -128,33 +124,21 @@ fn main() {
                     },
                 };
                 let cache = cache.as_ref();
-                be.paged_decode(&cache, &d, &mut out).expect("decode"); // warm-up
                 let tokens = (SEQS as f64) * f64::from(context);
                 let kv_bytes = tokens * KV_HEADS as f64 * 2.0 * HEAD as f64 * elem;
-                let (mut secs, mut bound_secs, mut ratios) = (vec![], vec![], vec![]);
-                for _ in 0..REPS {
-                    let b = bound.pass(be.pool());
-                    let t = Instant::now();
-                    be.paged_decode(&cache, &d, &mut out).expect("decode");
-                    let t = t.elapsed().as_secs_f64();
-                    ratios.push((kv_bytes / t) / (bound.bytes() as f64 / b));
-                    secs.push(t);
-                    bound_secs.push(b);
-                }
-                for v in [&mut secs, &mut bound_secs, &mut ratios] {
-                    v.sort_by(f64::total_cmp);
-                }
-                let mid = REPS / 2;
+                let p = paired(
+                    REPS,
+                    bound.bytes() as f64,
+                    || bound.pass(be.pool()),
+                    kv_bytes,
+                    || be.paged_decode(&cache, &d, &mut out).expect("decode"),
+                );
                 rows.push(Row {
                     name: format!("{dtype} {order}"),
                     context,
                     kv_bytes,
                     tokens,
-                    best: secs[0],
-                    median: secs[mid],
-                    read_bw: bound.bytes() as f64 / bound_secs[mid],
-                    ratio_best: (kv_bytes / secs[0]) / (bound.bytes() as f64 / bound_secs[0]),
-                    ratio_median: ratios[mid],
+                    p,
                     target,
                 });
             }
@@ -171,13 +155,37 @@ fn main() {
             "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             r.name,
             r.context,
-            r.kv_bytes / r.best / 1e9,
-            r.kv_bytes / r.median / 1e9,
-            r.tokens / r.best / 1e6,
-            r.read_bw / 1e9,
-            r.ratio_best,
-            r.ratio_median,
+            r.kv_bytes / r.p.op_best / 1e9,
+            r.kv_bytes / r.p.op_median / 1e9,
+            r.tokens / r.p.op_best / 1e6,
+            r.p.bound_median / 1e9,
+            r.p.ratio_best,
+            r.p.ratio_median,
             r.target,
+        );
+    }
+    // Informative: the same read, chunk by chunk in a random order, as a block table
+    // scatters pages (bf16, 8 heads x 128, block 16: 4 KiB per head-major (block, head) page
+    // of K and V, 64 KiB per block of all heads). Each chunked pass is paired with a
+    // sequential one right before it; medians of the paired ratios.
+    println!();
+    println!("| read pattern | GB/s median | ratio to the sequential read (median) |");
+    println!("|---|---|---|");
+    for chunk in [4 << 10, 16 << 10, 64 << 10, 1 << 20] {
+        let (mut secs, mut ratios) = (vec![], vec![]);
+        for _ in 0..PATTERN_REPS {
+            let seq = bound.pass(be.pool());
+            let t = bound.chunked_pass(be.pool(), chunk);
+            ratios.push(seq / t);
+            secs.push(t);
+        }
+        secs.sort_by(f64::total_cmp);
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "| random {} KiB chunks | {:.2} | {:.2} |",
+            chunk >> 10,
+            bound.bytes() as f64 / secs[PATTERN_REPS / 2] / 1e9,
+            ratios[PATTERN_REPS / 2],
         );
     }
 }

@@ -1,11 +1,13 @@
 //! Throughput of `convert`, `write_kv`, `copy_blocks` and `gather_blocks`, each as a ratio to
-//! memcpy of the same number of bytes measured in the same run (2 threads).
+//! memcpy of the same number of bytes measured in the same run (2 threads): each of the `REPS`
+//! runs of an op is paired with a memcpy pass timed right before it (`bench::paired`); the
+//! ratio is the median of the paired ratios.
 //!
 //! `cargo bench -p kvlayout-cpu --bench movers` prints a markdown table.
 
 use half::bf16;
 use kvlayout::KvCacheLayout;
-use kvlayout_cpu::bench::{median_secs, memcpy_bandwidth};
+use kvlayout_cpu::bench::{paired, MemcpyBound};
 use kvlayout_cpu::{Activations, CpuBackend, HostCache, WriteKv};
 
 const REPS: usize = 7;
@@ -30,14 +32,23 @@ fn permutation(n: u64, seed: u64) -> Vec<u64> {
     v
 }
 
-fn row(name: &str, bytes: f64, secs: f64, memcpy: f64, target: f64) {
-    let bw = bytes / secs;
+/// Times `op` (moving `bytes`) against memcpy passes of the same bytes and prints its row.
+fn row(
+    be: &CpuBackend,
+    mc: &mut MemcpyBound,
+    name: &str,
+    bytes: f64,
+    target: f64,
+    op: impl FnMut(),
+) {
+    let pool = be.pool();
+    let p = paired(REPS, mc.bytes() as f64, || mc.pass(pool), bytes, op);
     println!(
         "| {name} | {:.0} MiB | {:.2} GB/s | {:.2} GB/s | {:.2} | {target:.2} |",
         bytes / (1 << 20) as f64,
-        bw / 1e9,
-        memcpy / 1e9,
-        bw / memcpy
+        bytes / p.op_median / 1e9,
+        p.bound_median / 1e9,
+        p.ratio_median
     );
 }
 
@@ -53,19 +64,17 @@ fn main() {
     let nhd = cache(&format!("kv B={blocks} N=16 H=8 D=128 dtype=f16 order=NHD"));
     let mut hnd = cache(&format!("kv B={blocks} N=16 H=8 D=128 dtype=f16 order=HND"));
     let bytes = nhd.bytes(0).len() as f64;
-    let mc = memcpy_bandwidth(be.pool(), bytes as usize / threads, REPS);
-    let t = median_secs(REPS, || {
+    let mut mc = MemcpyBound::new(be.pool(), bytes as usize / threads);
+    row(&be, &mut mc, "convert NHD -> HND f16", bytes, 0.9, || {
         be.convert(&nhd.as_ref(), &mut hnd.as_mut())
             .expect("convert")
     });
-    row("convert NHD -> HND f16", bytes, t, mc, 0.9);
     let mut nhd2 = cache(&format!("kv B={blocks} N=16 H=8 D=128 dtype=f16 order=NHD"));
-    let t = median_secs(REPS, || {
+    row(&be, &mut mc, "convert HND -> NHD f16", bytes, 0.9, || {
         be.convert(&hnd.as_ref(), &mut nhd2.as_mut())
             .expect("convert")
     });
-    row("convert HND -> NHD f16", bytes, t, mc, 0.9);
-    drop((nhd, hnd, nhd2));
+    drop((nhd, hnd, nhd2, mc));
 
     // write_kv: 32 sequences x 1024 prefill tokens, bf16 into a bf16 NHD cache.
     let tokens = 32 * 1024;
@@ -84,9 +93,15 @@ fn main() {
         slot_mapping: &slots,
     };
     let bytes = (tokens * 8 * 256 * 2) as f64;
-    let mc = memcpy_bandwidth(be.pool(), bytes as usize / threads, REPS);
-    let t = median_secs(REPS, || be.write_kv(&mut c.as_mut(), &w).expect("write_kv"));
-    row("write_kv 32x1024 tokens bf16", bytes, t, mc, 0.7);
+    let mut mc = MemcpyBound::new(be.pool(), bytes as usize / threads);
+    row(
+        &be,
+        &mut mc,
+        "write_kv 32x1024 tokens bf16",
+        bytes,
+        0.7,
+        || be.write_kv(&mut c.as_mut(), &w).expect("write_kv"),
+    );
 
     // copy_blocks: 1024 random pairs of 64 KiB blocks within one cache; gather them to staging.
     let pairs: Vec<(u64, u64)> = perm[..1024]
@@ -95,29 +110,41 @@ fn main() {
         .map(|(a, b)| (*a, *b))
         .collect();
     let bytes = (1024 * 65536) as f64;
-    let mc = memcpy_bandwidth(be.pool(), bytes as usize / threads, REPS);
-    let t = median_secs(REPS, || {
-        be.copy_blocks(&mut c.as_mut(), &pairs)
-            .expect("copy_blocks")
-    });
-    row("copy_blocks 1024 x 64 KiB", bytes, t, mc, 0.8);
+    let mut mc = MemcpyBound::new(be.pool(), bytes as usize / threads);
+    row(
+        &be,
+        &mut mc,
+        "copy_blocks 1024 x 64 KiB",
+        bytes,
+        0.8,
+        || {
+            be.copy_blocks(&mut c.as_mut(), &pairs)
+                .expect("copy_blocks")
+        },
+    );
     let mut staging = cache("kv B=1024 N=16 H=8 D=128 dtype=bf16 order=NHD");
     let chosen: Vec<u64> = perm[..1024].to_vec();
-    let t = median_secs(REPS, || {
-        be.gather_blocks(&c.as_ref(), &chosen, 0..8, &mut staging.as_mut())
-            .expect("gather")
-    });
-    row("gather_blocks 1024 x 64 KiB", bytes, t, mc, 0.8);
-    let mut staging_hnd = cache("kv B=1024 N=16 H=4 D=128 dtype=bf16 order=HND");
-    let t = median_secs(REPS, || {
-        be.gather_blocks(&c.as_ref(), &chosen, 4..8, &mut staging_hnd.as_mut())
-            .expect("gather")
-    });
     row(
+        &be,
+        &mut mc,
+        "gather_blocks 1024 x 64 KiB",
+        bytes,
+        0.8,
+        || {
+            be.gather_blocks(&c.as_ref(), &chosen, 0..8, &mut staging.as_mut())
+                .expect("gather")
+        },
+    );
+    let mut staging_hnd = cache("kv B=1024 N=16 H=4 D=128 dtype=bf16 order=HND");
+    row(
+        &be,
+        &mut mc,
         "gather_blocks heads 4..8 NHD -> HND",
         bytes / 2.0,
-        t,
-        mc,
         0.8,
+        || {
+            be.gather_blocks(&c.as_ref(), &chosen, 4..8, &mut staging_hnd.as_mut())
+                .expect("gather")
+        },
     );
 }

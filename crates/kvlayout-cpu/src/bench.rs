@@ -1,4 +1,5 @@
-//! Bounds measured in the same run as a benchmark: memory read bandwidth and memcpy.
+//! Bounds measured in the same run as a benchmark: memory read bandwidth and memcpy, each
+//! timed in passes next to the runs of the op it bounds ([`paired`]).
 //!
 //! Speed is reported as a ratio to one of these, never as an absolute threshold in a test.
 
@@ -8,20 +9,6 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::hostbuf::HostBuffer;
-
-/// Median wall time in seconds of `reps` runs of `f` (after one warm-up run).
-pub fn median_secs(reps: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    let mut t: Vec<f64> = (0..reps.max(1))
-        .map(|_| {
-            let s = Instant::now();
-            f();
-            s.elapsed().as_secs_f64()
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    t[t.len() / 2]
-}
 
 /// Sums a slice with 64 independent accumulators: four full-width vector adds per 256 bytes
 /// (AVX-512 where the machine has it, as `shared/baselines.md` measures the bound), so neither
@@ -104,33 +91,122 @@ impl ReadBound {
         t.elapsed().as_secs_f64()
     }
 
-    /// Read bandwidth in bytes/s: the median of `reps` passes after one warm-up pass.
-    pub fn bandwidth(&self, pool: &rayon::ThreadPool, reps: usize) -> f64 {
-        self.pass(pool);
-        let mut t: Vec<f64> = (0..reps.max(1)).map(|_| self.pass(pool)).collect();
-        t.sort_by(f64::total_cmp);
-        self.bytes() as f64 / t[t.len() / 2]
+    /// Seconds of one pass that reads each buffer in chunks of `chunk` bytes (a power of two
+    /// dividing the buffer) taken in a fixed random order: the access pattern of pages
+    /// scattered by a block table, whose bandwidth bounds any op that reads such pages whole.
+    pub fn chunked_pass(&self, pool: &rayon::ThreadPool, chunk: usize) -> f64 {
+        let floats = chunk / 4;
+        let n = self.bufs.first().map_or(0, |b| b.as_slice().len() / chunk);
+        // A fixed permutation of the chunks (xorshift Fisher-Yates), built before timing.
+        let mut order: Vec<usize> = (0..n).collect();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for i in (1..n).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            order.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        let t = Instant::now();
+        pool.install(|| {
+            let s: f32 = self
+                .bufs
+                .par_iter()
+                .map(|b| {
+                    let all: &[f32] = bytemuck::cast_slice(b.as_slice());
+                    order
+                        .iter()
+                        .map(|&c| sum(black_box(&all[c * floats..(c + 1) * floats])))
+                        .sum::<f32>()
+                })
+                .sum();
+            black_box(s);
+        });
+        t.elapsed().as_secs_f64()
     }
 }
 
-/// Read bandwidth in bytes/s: every thread of `pool` sums its own `bytes_per_thread` buffer
-/// (median of `reps` passes; see [`ReadBound`]).
-pub fn read_bandwidth(pool: &rayon::ThreadPool, bytes_per_thread: usize, reps: usize) -> f64 {
-    ReadBound::new(pool, bytes_per_thread).bandwidth(pool, reps)
+/// The memcpy bound: every thread of a pool copies its own buffer into another (buffers
+/// allocated as caches are), kept so that a pass can be timed next to each run of an op.
+pub struct MemcpyBound {
+    src: Vec<HostBuffer>,
+    dst: Vec<HostBuffer>,
 }
 
-/// memcpy payload bandwidth in bytes/s: every thread copies its own `bytes_per_thread`
-/// (buffers allocated as caches are).
-pub fn memcpy_bandwidth(pool: &rayon::ThreadPool, bytes_per_thread: usize, reps: usize) -> f64 {
-    let n = pool.current_num_threads();
-    let src = buffers(n, bytes_per_thread, |i| i as u8 + 1);
-    let mut dst = buffers(n, bytes_per_thread, |_| 0);
-    let secs = median_secs(reps, || {
+impl MemcpyBound {
+    /// One source and one destination of `bytes_per_thread` per thread of `pool`.
+    pub fn new(pool: &rayon::ThreadPool, bytes_per_thread: usize) -> Self {
+        let n = pool.current_num_threads();
+        MemcpyBound {
+            src: buffers(n, bytes_per_thread, |i| i as u8 + 1),
+            dst: buffers(n, bytes_per_thread, |_| 0),
+        }
+    }
+
+    /// Payload bytes one pass copies.
+    pub fn bytes(&self) -> usize {
+        self.src.iter().map(|b| b.as_slice().len()).sum()
+    }
+
+    /// Seconds of one pass, one thread per buffer.
+    pub fn pass(&mut self, pool: &rayon::ThreadPool) -> f64 {
+        let t = Instant::now();
+        let (src, dst) = (&self.src, &mut self.dst);
         pool.install(|| {
             dst.par_iter_mut()
-                .zip(&src)
+                .zip(src)
                 .for_each(|(d, s)| d.as_mut_slice().copy_from_slice(black_box(s.as_slice())));
-        })
-    });
-    (n * bytes_per_thread) as f64 / secs
+        });
+        t.elapsed().as_secs_f64()
+    }
+}
+
+/// An op timed `reps` times, each run paired with a pass of its bound timed right before it.
+#[derive(Debug, Clone, Copy)]
+pub struct Paired {
+    /// Fastest run of the op, seconds.
+    pub op_best: f64,
+    /// Median run of the op, seconds.
+    pub op_median: f64,
+    /// Median bandwidth of the bound's passes, bytes/s.
+    pub bound_median: f64,
+    /// Fastest op over fastest pass, as bandwidths.
+    pub ratio_best: f64,
+    /// Median of the `reps` paired ratios (op bandwidth over its pass's bandwidth).
+    pub ratio_median: f64,
+}
+
+/// Times `op` (moving `op_bytes`) `reps` times after one warm-up run, each run right after a
+/// pass of the bound (`bound()` returns its seconds; it moves `bound_bytes`). On a shared
+/// machine whose bandwidth moves within seconds, the ratio of two adjacent timings is
+/// steadier than a ratio of two medians taken apart.
+pub fn paired(
+    reps: usize,
+    bound_bytes: f64,
+    mut bound: impl FnMut() -> f64,
+    op_bytes: f64,
+    mut op: impl FnMut(),
+) -> Paired {
+    op();
+    let reps = reps.max(1);
+    let (mut ops, mut passes, mut ratios) = (vec![], vec![], vec![]);
+    for _ in 0..reps {
+        let b = bound();
+        let t = Instant::now();
+        op();
+        let t = t.elapsed().as_secs_f64();
+        ratios.push((op_bytes / t) / (bound_bytes / b));
+        ops.push(t);
+        passes.push(b);
+    }
+    for v in [&mut ops, &mut passes, &mut ratios] {
+        v.sort_by(f64::total_cmp);
+    }
+    let mid = reps / 2;
+    Paired {
+        op_best: ops[0],
+        op_median: ops[mid],
+        bound_median: bound_bytes / passes[mid],
+        ratio_best: (op_bytes / ops[0]) / (bound_bytes / passes[0]),
+        ratio_median: ratios[mid],
+    }
 }
