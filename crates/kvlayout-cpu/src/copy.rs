@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use crate::args::{convert_moves, copy_moves, gather_moves, scatter_moves, swap_moves, Moves};
 use crate::backend::CpuBackend;
 use crate::cache::{CacheMut, CacheRef};
+use crate::simd::{self, PrefetchLevel};
 
 /// One field group to move: `unit` contiguous bytes at every point of `dims` on both sides.
 #[derive(Debug, Clone)]
@@ -186,12 +187,26 @@ fn execute(
 ) {
     let src: Vec<(usize, usize)> = src.iter().map(|(p, n)| (*p as usize, *n)).collect();
     for p in pieces {
-        // Parallel over (pair, outermost dim).
-        // Iterate in source order (sequential reads; the streamed writes need no locality).
-        // Split the work by block pair when there are enough pairs, else also by the
-        // outermost dim.
+        // Stream (non-temporal stores) when the destination is far larger than the caches.
+        let moved = pairs.len() as u64 * p.dims.iter().map(|d| d.0).product::<u64>() * p.unit;
+        let unit = p.unit as usize;
+        let stream = moved >= STREAM_THRESHOLD && unit.is_multiple_of(64);
+        // Iterate in source order (sequential reads; the streamed writes need no locality),
+        // except a streamed permutation on a machine that prefetches into L2 (Intel): there
+        // it goes in destination order — one write-combining stream instead of one per
+        // destination row the source order touches — while each item's source range is
+        // prefetched during the item before it. Measured on a Xeon, convert NHD <-> HND f16:
+        // 0.73-0.77 of memcpy in source order, 0.94-1.08 in destination order with the
+        // prefetch (0.69-0.79 without it); on Zen the source order gave 1.11-1.24.
+        let dst_order = stream && !p.dims.is_empty() && simd::prefetch_level() == PrefetchLevel::L2;
         let mut dims = p.dims.clone();
-        dims.sort_by_key(|d| (d.1, d.2));
+        if dst_order {
+            dims.sort_by_key(|d| (d.2, d.1));
+        } else {
+            dims.sort_by_key(|d| (d.1, d.2));
+        }
+        // Parallel over (pair, outermost dim). Split the work by block pair when there are
+        // enough pairs, else also by the outermost dim.
         let by_pair = pairs.len() >= 8 * be.threads();
         let (outer_ext, outer_s, outer_d, inner) = match dims.split_last() {
             Some((&(e, s, d), rest)) if !by_pair => (e, s, d, rest.to_vec()),
@@ -201,20 +216,46 @@ fn execute(
         let (sp, sl) = src[p.src_buf];
         let (DstPtr(dp), dl) = dst[p.dst_buf];
         let dp = DstPtr(dp);
-        let unit = p.unit as usize;
-        // Stream (non-temporal stores) when the destination is far larger than the caches.
-        let moved = pairs.len() as u64 * outer_ext * total * p.unit;
-        let stream = moved >= STREAM_THRESHOLD && unit.is_multiple_of(64);
+        let items = pairs.len() as u64 * outer_ext;
+        let item_src = |item: u64| {
+            let (sb, _) = pairs[(item / outer_ext) as usize];
+            p.src_base + sb * p.src_block + (item % outer_ext) * outer_s
+        };
+        // Lines of an item's source range, prefetched `per_unit` at a time: only when the range
+        // is at least half data (a head-range gather reads less of each row) and fits L2.
+        let span = inner.iter().map(|d| (d.0 - 1) * d.1).sum::<u64>() + p.unit;
+        let span_lines = if dst_order && span <= 2 * total * p.unit {
+            span.div_ceil(64).min(PREFETCH_SPAN_LINES)
+        } else {
+            0
+        };
+        let per_unit = span_lines.div_ceil(total);
         be.pool.install(|| {
             (0..pairs.len() as u64 * outer_ext)
                 .into_par_iter()
                 .for_each(|item| {
-                    let (sb, db) = pairs[(item / outer_ext) as usize];
+                    let (_, db) = pairs[(item / outer_ext) as usize];
                     let o = item % outer_ext;
-                    let s0 = p.src_base + sb * p.src_block + o * outer_s;
+                    let s0 = item_src(item);
                     let d0 = p.dst_base + db * p.dst_block + o * outer_d;
+                    let next = if item + 1 < items {
+                        item_src(item + 1)
+                    } else {
+                        0
+                    };
+                    let mut line = 0;
                     let mut idx = vec![0u64; inner.len()];
                     for _ in 0..total {
+                        // The next item's source lines, a few per unit (none past the buffer).
+                        if item + 1 < items {
+                            for _ in 0..per_unit {
+                                let at = (next / 64 + line) * 64;
+                                if line < span_lines && at < sl as u64 {
+                                    simd::prefetch((sp as *const u8).wrapping_add(at as usize));
+                                }
+                                line += 1;
+                            }
+                        }
                         let (mut so, mut dof) = (s0, d0);
                         for (i, d) in idx.iter().zip(&inner) {
                             so += i * d.1;
@@ -248,6 +289,9 @@ fn execute(
 
 /// Bytes moved by one op above which destination writes bypass the caches.
 const STREAM_THRESHOLD: u64 = 8 << 20;
+
+/// Most lines of the next item's source prefetched during an item (256 KiB, within L2).
+const PREFETCH_SPAN_LINES: u64 = 4096;
 
 /// Copies `len` bytes; with `stream`, 64-byte-aligned destinations of whole 64-byte lines are
 /// written with non-temporal stores (AVX-512 or AVX), saving the read-for-ownership traffic.

@@ -803,6 +803,28 @@ pub(crate) fn prefetch_level_for(vendor: &[u8; 12]) -> PrefetchLevel {
     }
 }
 
+/// Prefetches the line holding `p` to this machine's [`PrefetchLevel`]: a hint, which never
+/// faults and reads nothing into the program (a no-op off x86_64).
+#[inline(always)]
+pub(crate) fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+        let p = p as *const i8;
+        // SAFETY (on toolchains where `_mm_prefetch` is unsafe): a prefetch never faults,
+        // whatever the address, and SSE is part of x86_64.
+        #[allow(unused_unsafe)]
+        unsafe {
+            match prefetch_level() {
+                PrefetchLevel::L1 => _mm_prefetch::<_MM_HINT_T0>(p),
+                PrefetchLevel::L2 => _mm_prefetch::<_MM_HINT_T1>(p),
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// This machine's prefetch level (detected once; `L1` off x86_64, where nothing prefetches).
 #[cfg(not(target_arch = "x86_64"))]
 pub(crate) fn prefetch_level() -> PrefetchLevel {
@@ -987,15 +1009,8 @@ mod avx512 {
     #[inline(always)]
     pub(super) fn prefetch_line(row: *const u8, at: usize) {
         if at.is_multiple_of(64) {
-            let p = row.wrapping_add(at) as *const i8;
-            // SAFETY: a prefetch is a hint that never faults and reads nothing into the
-            // program; the address stays inside the (checked) row the pointer came from.
-            unsafe {
-                match super::prefetch_level() {
-                    super::PrefetchLevel::L1 => _mm_prefetch::<_MM_HINT_T0>(p),
-                    super::PrefetchLevel::L2 => _mm_prefetch::<_MM_HINT_T1>(p),
-                }
-            }
+            // The address stays inside the (checked) row the pointer came from.
+            super::prefetch(row.wrapping_add(at));
         }
     }
 
