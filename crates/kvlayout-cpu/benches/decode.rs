@@ -11,15 +11,18 @@
 //! median ratio is the median of those paired ratios; the best ratio is the fastest decode
 //! over the fastest pass (the least disturbed of each).
 //!
-//! A second, informative table reads the bound's buffers in chunks taken in a random order
-//! (4 KiB to 1 MiB): what the memory gives to pages scattered by a block table, before any
-//! compute.
+//! Two informative tables follow. One reads the bound's buffers in chunks taken in a random
+//! order (4 KiB to 1 MiB): what the memory gives to pages scattered by a block table, before
+//! any compute. The other times the decode with its rows in L2 on one thread: what the kernels
+//! cost, before any memory.
 //!
 //! `cargo bench -p kvlayout-cpu --bench decode` prints both tables (a few minutes).
 //! `KVLAYOUT_BENCH_CONTEXTS=64,256` replaces the contexts, `KVLAYOUT_BENCH_ONLY="bf16 HND"`
 //! keeps the matching configurations.
 
 use kvlayout::KvCacheLayout;
+use std::time::Instant;
+
 use kvlayout_cpu::bench::{paired, Paired, ReadBound};
 use kvlayout_cpu::{Activations, CpuBackend, Decode, DecodeParams, HostCache};
 
@@ -84,8 +87,7 @@ fn main() {
     let mut rows = Vec::new();
     let bound = ReadBound::new(be.pool(), 512 << 20);
     bound.pass(be.pool()); // first touch
-                           // `KVLAYOUT_BENCH_CONTEXTS=64,256` overrides the contexts (a cache small enough for the
-                           // caches on chip shows the kernels' own speed).
+                           // `KVLAYOUT_BENCH_CONTEXTS=64,256` overrides the contexts.
     let contexts: Vec<u32> = std::env::var("KVLAYOUT_BENCH_CONTEXTS")
         .ok()
         .map(|v| v.split(',').filter_map(|c| c.trim().parse().ok()).collect())
@@ -171,10 +173,12 @@ fn main() {
     println!();
     println!("| read pattern | GB/s median | ratio to the sequential read (median) |");
     println!("|---|---|---|");
+    let mut sequential = vec![];
     for chunk in [4 << 10, 16 << 10, 64 << 10, 1 << 20] {
         let (mut secs, mut ratios) = (vec![], vec![]);
         for _ in 0..PATTERN_REPS {
             let seq = bound.pass(be.pool());
+            sequential.push(seq);
             let t = bound.chunked_pass(be.pool(), chunk);
             ratios.push(seq / t);
             secs.push(t);
@@ -187,5 +191,74 @@ fn main() {
             bound.bytes() as f64 / secs[PATTERN_REPS / 2] / 1e9,
             ratios[PATTERN_REPS / 2],
         );
+    }
+    sequential.sort_by(f64::total_cmp);
+    kernel_costs(bound.bytes() as f64 / sequential[sequential.len() / 2]);
+}
+
+/// Informative: the decode with its rows in L2 (one sequence of 128 tokens: 128 to 512 KiB of
+/// KV), one thread, run on the pool's own thread (no hand-off per call), the fastest of a few
+/// runs: what the kernels cost per token x KV head, and the most two such cores could read, as
+/// a fraction of the read bandwidth `read_bw` (bytes/s) measured above, were memory free.
+fn kernel_costs(read_bw: f64) {
+    const CONTEXT: u32 = 128;
+    const ITERS: usize = 400;
+    const RUNS: usize = 7;
+    let one = CpuBackend::new(Some(1));
+    let blocks = CONTEXT as usize / BLOCK as usize;
+    let table: Vec<i32> = (0..blocks as i32).collect();
+    let lens = [CONTEXT];
+    let q: Vec<f32> = (0..Q_HEADS as usize * HEAD)
+        .map(|i| ((i % 113) as f32 - 56.0) / 64.0)
+        .collect();
+    let mut out = vec![0f32; q.len()];
+    println!();
+    println!(
+        "| kernels, rows in L2 (kernels: {}) | ns per token x KV head | 2 cores, as a fraction of the read bandwidth |",
+        CpuBackend::kernels()
+    );
+    println!("|---|---|---|");
+    for dtype in ["f32", "bf16", "fp8_e4m3"] {
+        for order in ["NHD", "HND"] {
+            let spec = format!(
+                "kv B={blocks} N={BLOCK} H={KV_HEADS} D={HEAD} dtype={dtype} order={order}"
+            );
+            let layout: KvCacheLayout = spec.parse().expect("bench layout");
+            let row_bytes = 2.0 * HEAD as f64 * layout.dtype().size_bytes() as f64;
+            let mut cache = HostCache::new(layout).expect("allocation");
+            fill(&mut cache);
+            let d = Decode {
+                layer: 0,
+                query: Activations::F32(&q),
+                block_table: &table,
+                blocks_per_seq: blocks,
+                seq_lens: &lens,
+                params: DecodeParams {
+                    num_q_heads: Q_HEADS,
+                    scale: 1.0 / (HEAD as f32).sqrt(),
+                    sliding_window: None,
+                    soft_cap: None,
+                },
+            };
+            let cache = cache.as_ref();
+            // The least disturbed of `RUNS` runs: the kernels' own cost.
+            let secs = one.pool().install(|| {
+                one.paged_decode(&cache, &d, &mut out).expect("decode");
+                (0..RUNS)
+                    .map(|_| {
+                        let t = Instant::now();
+                        for _ in 0..ITERS {
+                            one.paged_decode(&cache, &d, &mut out).expect("decode");
+                        }
+                        t.elapsed().as_secs_f64()
+                    })
+                    .fold(f64::INFINITY, f64::min)
+            });
+            let ns = secs * 1e9 / ITERS as f64 / (f64::from(CONTEXT) * KV_HEADS as f64);
+            println!(
+                "| {dtype} {order} | {ns:.1} | {:.2} |",
+                2.0 * row_bytes / ns / (read_bw / 1e9)
+            );
+        }
     }
 }
