@@ -67,6 +67,32 @@ fn fill(cache: &mut HostCache) {
     }
 }
 
+/// A cache of `blocks` blocks of the bench's geometry, filled (see [`fill`]).
+fn filled_cache(blocks: usize, dtype: &str, order: &str) -> HostCache {
+    let spec = format!("kv B={blocks} N={BLOCK} H={KV_HEADS} D={HEAD} dtype={dtype} order={order}");
+    let layout: KvCacheLayout = spec.parse().expect("bench layout");
+    let mut cache = HostCache::new(layout).expect("allocation");
+    fill(&mut cache);
+    cache
+}
+
+/// The bench's decode step of layer 0: f32 queries, no window, no soft-cap.
+fn decode<'a>(q: &'a [f32], table: &'a [i32], per_seq: usize, lens: &'a [u32]) -> Decode<'a> {
+    Decode {
+        layer: 0,
+        query: Activations::F32(q),
+        block_table: table,
+        blocks_per_seq: per_seq,
+        seq_lens: lens,
+        params: DecodeParams {
+            num_q_heads: Q_HEADS,
+            scale: 1.0 / (HEAD as f32).sqrt(),
+            sliding_window: None,
+            soft_cap: None,
+        },
+    }
+}
+
 /// One configuration's measurements.
 struct Row {
     name: String,
@@ -105,26 +131,9 @@ fn main() {
                         continue;
                     }
                 }
-                let spec = format!(
-                    "kv B={blocks} N={BLOCK} H={KV_HEADS} D={HEAD} dtype={dtype} order={order}"
-                );
-                let layout: KvCacheLayout = spec.parse().expect("bench layout");
-                let elem = layout.dtype().size_bytes() as f64;
-                let mut cache = HostCache::new(layout).expect("allocation");
-                fill(&mut cache);
-                let d = Decode {
-                    layer: 0,
-                    query: Activations::F32(&q),
-                    block_table: &table,
-                    blocks_per_seq: per_seq,
-                    seq_lens: &lens,
-                    params: DecodeParams {
-                        num_q_heads: Q_HEADS,
-                        scale: 1.0 / (HEAD as f32).sqrt(),
-                        sliding_window: None,
-                        soft_cap: None,
-                    },
-                };
+                let cache = filled_cache(blocks, dtype, order);
+                let elem = cache.layout().dtype().size_bytes() as f64;
+                let d = decode(&q, &table, per_seq, &lens);
                 let cache = cache.as_ref();
                 let tokens = (SEQS as f64) * f64::from(context);
                 let kv_bytes = tokens * KV_HEADS as f64 * 2.0 * HEAD as f64 * elem;
@@ -220,26 +229,9 @@ fn kernel_costs(read_bw: f64) {
     println!("|---|---|---|");
     for dtype in ["f32", "bf16", "fp8_e4m3"] {
         for order in ["NHD", "HND"] {
-            let spec = format!(
-                "kv B={blocks} N={BLOCK} H={KV_HEADS} D={HEAD} dtype={dtype} order={order}"
-            );
-            let layout: KvCacheLayout = spec.parse().expect("bench layout");
-            let row_bytes = 2.0 * HEAD as f64 * layout.dtype().size_bytes() as f64;
-            let mut cache = HostCache::new(layout).expect("allocation");
-            fill(&mut cache);
-            let d = Decode {
-                layer: 0,
-                query: Activations::F32(&q),
-                block_table: &table,
-                blocks_per_seq: blocks,
-                seq_lens: &lens,
-                params: DecodeParams {
-                    num_q_heads: Q_HEADS,
-                    scale: 1.0 / (HEAD as f32).sqrt(),
-                    sliding_window: None,
-                    soft_cap: None,
-                },
-            };
+            let cache = filled_cache(blocks, dtype, order);
+            let row_bytes = 2.0 * HEAD as f64 * cache.layout().dtype().size_bytes() as f64;
+            let d = decode(&q, &table, blocks, &lens);
             let cache = cache.as_ref();
             // The least disturbed of `RUNS` runs: the kernels' own cost.
             let secs = one.pool().install(|| {
