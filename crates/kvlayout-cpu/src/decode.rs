@@ -682,6 +682,31 @@ pub(crate) struct Options {
     pub partitions: Option<usize>,
     /// Force an instruction set (one this machine has).
     pub isa: Option<Isa>,
+    /// Force the step onto the calling thread (`true`) or the pool (`false`); by default a
+    /// step smaller than [`INLINE_WORK`] runs on the calling thread.
+    pub inline: Option<bool>,
+}
+
+/// Token x KV-head pairs below which a decode step runs on the calling thread: handing a step
+/// to the pool and waiting for it costs tens of microseconds on the virtual machines measured
+/// (most of the step of one sequence of 128 tokens), more than splitting so little work saves.
+const INLINE_WORK: u64 = 2048;
+
+/// `f(index, chunk)` for each `size`-long chunk of `v`: one after the other on this thread when
+/// `inline`, else in parallel (on the pool the caller runs in).
+fn each_chunk<T: Send>(
+    inline: bool,
+    v: &mut [T],
+    size: usize,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
+) {
+    if inline {
+        v.chunks_mut(size).enumerate().for_each(|(i, c)| f(i, c));
+    } else {
+        v.par_chunks_mut(size)
+            .enumerate()
+            .for_each(|(i, c)| f(i, c));
+    }
 }
 
 pub(crate) fn decode_with(
@@ -719,9 +744,14 @@ pub(crate) fn decode_with(
         .map(|s| range_of(s).end - range_of(s).start)
         .max()
         .unwrap_or(0);
+    let work: u64 = (0..shape.seqs)
+        .map(|s| range_of(s).end - range_of(s).start)
+        .sum::<u64>()
+        * kv_heads as u64;
+    let inline = opts.inline.unwrap_or(work < INLINE_WORK);
     let parts = opts.partitions.unwrap_or_else(|| {
         let target = 4 * be.threads();
-        if items >= target {
+        if inline || items >= target {
             1
         } else {
             target
@@ -730,74 +760,72 @@ pub(crate) fn decode_with(
         }
     });
     let (order, f) = (plan.v.order, plan.out_scale);
-    be.pool.install(|| {
+    let mut step = || {
         if parts <= 1 {
-            out.par_chunks_mut(hpi * g * vw)
-                .enumerate()
-                .for_each(|(item, o)| {
-                    SCRATCH.with(|s| {
-                        let s = &mut *s.borrow_mut();
-                        let mut state = std::mem::take(&mut s.state);
-                        grow(&mut state, hpi * rec);
-                        let seq = seq_of(item);
-                        plan.run(
-                            seq,
-                            head_range(item),
-                            range_of(seq),
-                            &mut state[..hpi * rec],
-                            s,
-                        );
-                        for (st, o) in state[..hpi * rec]
-                            .chunks_exact(rec)
-                            .zip(o.chunks_exact_mut(g * vw))
-                        {
-                            finish(st, g, vw, vs, order, f, o);
-                        }
-                        s.state = state;
-                    });
+            each_chunk(inline, out, hpi * g * vw, |item, o| {
+                SCRATCH.with(|s| {
+                    let s = &mut *s.borrow_mut();
+                    let mut state = std::mem::take(&mut s.state);
+                    grow(&mut state, hpi * rec);
+                    let seq = seq_of(item);
+                    plan.run(
+                        seq,
+                        head_range(item),
+                        range_of(seq),
+                        &mut state[..hpi * rec],
+                        s,
+                    );
+                    for (st, o) in state[..hpi * rec]
+                        .chunks_exact(rec)
+                        .zip(o.chunks_exact_mut(g * vw))
+                    {
+                        finish(st, g, vw, vs, order, f, o);
+                    }
+                    s.state = state;
                 });
+            });
         } else {
             let mut partials = be.decode_partials.lock().unwrap_or_else(|e| e.into_inner());
             let n = items * parts * hpi * rec;
             grow(&mut partials, n);
-            partials[..n]
-                .par_chunks_mut(hpi * rec)
-                .enumerate()
-                .for_each(|(i, st)| {
-                    let (item, part) = (i / parts, i % parts);
-                    let r = range_of(seq_of(item));
-                    let per = (r.end - r.start).div_ceil(parts as u64);
-                    let a = (r.start + part as u64 * per).min(r.end);
-                    let b = (a + per).min(r.end);
-                    SCRATCH.with(|s| {
-                        plan.run(
-                            seq_of(item),
-                            head_range(item),
-                            a..b,
-                            st,
-                            &mut s.borrow_mut(),
-                        )
-                    });
+            each_chunk(inline, &mut partials[..n], hpi * rec, |i, st| {
+                let (item, part) = (i / parts, i % parts);
+                let r = range_of(seq_of(item));
+                let per = (r.end - r.start).div_ceil(parts as u64);
+                let a = (r.start + part as u64 * per).min(r.end);
+                let b = (a + per).min(r.end);
+                SCRATCH.with(|s| {
+                    plan.run(
+                        seq_of(item),
+                        head_range(item),
+                        a..b,
+                        st,
+                        &mut s.borrow_mut(),
+                    )
                 });
+            });
             let partials = &partials[..n];
-            out.par_chunks_mut(g * vw)
-                .enumerate()
-                .for_each(|(head_item, o)| {
-                    // Output chunk `head_item` is KV head `head_item % kv_heads` of its sequence:
-                    // item `head_item / hpi`, head `head_item % hpi` within the item.
-                    let (item, hh) = (head_item / hpi, head_item % hpi);
-                    let rec_of = |p: usize| {
-                        let at = ((item * parts + p) * hpi + hh) * rec;
-                        &partials[at..at + rec]
-                    };
-                    SCRATCH.with(|s| {
-                        let s = &mut *s.borrow_mut();
-                        grow(&mut s.state, rec);
-                        combine(parts, g, vw, vs, order, f, rec_of, &mut s.state[..rec], o);
-                    });
+            each_chunk(inline, out, g * vw, |head_item, o| {
+                // Output chunk `head_item` is KV head `head_item % kv_heads` of its sequence:
+                // item `head_item / hpi`, head `head_item % hpi` within the item.
+                let (item, hh) = (head_item / hpi, head_item % hpi);
+                let rec_of = |p: usize| {
+                    let at = ((item * parts + p) * hpi + hh) * rec;
+                    &partials[at..at + rec]
+                };
+                SCRATCH.with(|s| {
+                    let s = &mut *s.borrow_mut();
+                    grow(&mut s.state, rec);
+                    combine(parts, g, vw, vs, order, f, rec_of, &mut s.state[..rec], o);
                 });
+            });
         }
-    });
+    };
+    if inline {
+        step();
+    } else {
+        be.pool.install(step);
+    }
     Ok(())
 }
 
@@ -932,21 +960,31 @@ mod tests {
         let mut want = vec![0f32; n];
         reference::paged_decode(&cache.as_ref(), &d, &mut want).unwrap();
         let be = CpuBackend::new(Some(2));
-        for (isa, parts) in simd::available()
+        // Default partitions and thread; one partition and several, on the pool and on the
+        // calling thread.
+        let runs = [
+            (None, None),
+            (Some(1), Some(false)),
+            (Some(c.parts), Some(false)),
+            (Some(1), Some(true)),
+            (Some(c.parts), Some(true)),
+        ];
+        for (isa, (parts, inline)) in simd::available()
             .into_iter()
-            .flat_map(|isa| [(isa, None), (isa, Some(1)), (isa, Some(c.parts))])
+            .flat_map(|isa| runs.map(|r| (isa, r)))
         {
             let mut got = vec![f32::NAN; n];
             let opts = Options {
                 partitions: parts,
                 isa: Some(isa),
+                inline,
             };
             decode_with(&be, &cache.as_ref(), &d, &mut got, opts).unwrap();
             let tol = tolerance(isa, l.dtype());
             for (i, (a, b)) in got.iter().zip(&want).enumerate() {
                 assert!(
                     (a - b).abs() <= tol * b.abs().max(1.0),
-                    "{} {isa:?} parts {parts:?}: out[{i}] = {a}, reference {b}",
+                    "{} {isa:?} parts {parts:?} inline {inline:?}: out[{i}] = {a}, reference {b}",
                     c.spec
                 );
             }
