@@ -99,13 +99,20 @@ const SPECS: [&str; 5] = [
 fn decode_steps_do_not_allocate() {
     for spec in SPECS {
         // One thread: the decode itself allocates nothing, on either path.
-        // 16 sequences: one item per sequence (or per sequence and head).
+        // 16 sequences: one item per sequence (or per sequence and head); 16 x 64 tokens x 2
+        // heads is large enough to go to the pool, as is 1 x 1024 x 2 below.
         assert_eq!(steps(spec, 1, 16, 64, 10), 0, "{spec}: allocated");
         // 1 sequence: split-context partitions.
         assert_eq!(
             steps(spec, 1, 1, 1024, 10),
             0,
             "{spec}: split-context allocated"
+        );
+        // A step small enough to run on the calling thread (1 x 256 tokens x 2 heads).
+        assert_eq!(
+            steps(spec, 2, 1, 256, 10),
+            0,
+            "{spec}: calling-thread step allocated"
         );
         // Two threads: rayon's work-stealing deques (crossbeam) occasionally resize when jobs
         // are stolen; that is the scheduler, not the step, so it must stay far below one per
