@@ -36,10 +36,11 @@ use crate::cache::CacheRef;
 use crate::elem::decode;
 use crate::simd::{self, Isa, Order, Role, RowKind, RowSet, SUM_LANES, TILE};
 
-/// How many (tile, head) steps ahead the rows are prefetched: far enough to hide the memory
-/// latency, near enough that the prefetched rows are still in L1 when read (1, 3, 4 and 8
-/// measured slower on this machine kind; the whole next tile, the previous choice, thrashes
-/// L2 once a tile of all heads is 512 KiB).
+/// How many (tile, head) steps ahead the rows are prefetched (into L1 or L2, see
+/// [`simd::PrefetchLevel`]): far enough to hide the memory latency, near enough that the
+/// prefetched rows are still there when read (1, 3, 4 and 8 measured slower on Zen, 3 to 8
+/// on a Xeon; the whole next tile, an earlier choice, thrashes L2 once a tile of all heads is
+/// 512 KiB).
 const PREFETCH_AHEAD: usize = 2;
 
 /// Bytes of one L1 way (48 KiB 12-way and 32 KiB 8-way alike): rows this far apart share
