@@ -1,0 +1,624 @@
+//! The AVX-512 F/BW/VL kernels of the decode: rows of every kind widened to f32 in registers
+//! and multiplied with FMAs (bf16 and fp8 too, on machines without AVX-512 BF16), the
+//! online-softmax step, and the helpers the bf16-operand kernels share (`hsum16`,
+//! `store_logits`, `pv_passes`, `prefetch_line`, the argument tuples).
+
+use super::RowKind;
+use std::arch::x86_64::*;
+
+/// Row kinds as const parameters. fp8 `*_RAW`: the bits only (see `load`).
+const F32: u8 = 0;
+const F16: u8 = 1;
+const BF16: u8 = 2;
+const E4M3: u8 = 3;
+const E5M2: u8 = 4;
+const I8: u8 = 5;
+const E4M3_RAW: u8 = 6;
+const E5M2_RAW: u8 = 7;
+
+/// Calls `$f::<K, ...>` with the const code of `$kind` (`$raw`: fp8 without its power of
+/// two), so each row kind gets its own loops.
+macro_rules! by_kind {
+    ($kind:expr, $raw:expr, $f:ident :: <$($c:tt),*> ( $($arg:expr),* )) => {
+        match ($kind, $raw) {
+            (RowKind::F32, _) => $f::<F32, $($c),*>($($arg),*),
+            (RowKind::F16, _) => $f::<F16, $($c),*>($($arg),*),
+            (RowKind::Bf16, _) => $f::<BF16, $($c),*>($($arg),*),
+            (RowKind::Fp8E4m3, false) => $f::<E4M3, $($c),*>($($arg),*),
+            (RowKind::Fp8E4m3, true) => $f::<E4M3_RAW, $($c),*>($($arg),*),
+            (RowKind::Fp8E5m2, false) => $f::<E5M2, $($c),*>($($arg),*),
+            (RowKind::Fp8E5m2, true) => $f::<E5M2_RAW, $($c),*>($($arg),*),
+            (RowKind::I8, _) => $f::<I8, $($c),*>($($arg),*),
+        }
+    };
+}
+
+/// Bytes per element.
+const fn esize(k: u8) -> usize {
+    match k {
+        F32 => 4,
+        F16 | BF16 => 2,
+        _ => 1,
+    }
+}
+
+/// Elements per block of the kernel order (see `super::Order`).
+const fn block(k: u8) -> usize {
+    match k {
+        BF16 | E4M3 | E4M3_RAW | E5M2 | E5M2_RAW => 32,
+        _ => 16,
+    }
+}
+
+#[inline]
+pub(super) fn mask(rem: usize) -> __mmask16 {
+    if rem >= 16 {
+        0xFFFF
+    } else {
+        ((1u32 << rem) - 1) as __mmask16
+    }
+}
+
+#[inline]
+pub(super) fn mask32(rem: usize) -> __mmask32 {
+    if rem >= 32 {
+        u32::MAX
+    } else {
+        (1u32 << rem) - 1
+    }
+}
+
+/// Block `b` of a row of kind `K` (elements `b * block(K) ..`), its first `n` elements
+/// (at most a block) widened to f32 in the kernel order: one vector (16 elements), or two
+/// for bf16 and fp8 (the 16 even elements, then the 16 odd ones). Lanes past `n` are zero
+/// and their bytes are not read.
+///
+/// fp8: the 7 magnitude bits go to f32 bits 26..20 (e4m3) / 27..21 (e5m2) and the sign to
+/// bit 31 (one shift and one mask per vector), which is the value times 2^-120 / 2^-112
+/// for normal and subnormal numbers alike (an fp8 subnormal lands on an f32 subnormal);
+/// the plain kinds multiply it back (exact), the `_RAW` kinds leave that to the caller.
+///
+/// `FULL`: the whole block (`n` is the block size), read without masks.
+///
+/// # Safety
+/// AVX-512 F/BW/VL present; the first `n` elements of the block lie inside the row.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn load<const K: u8, const FULL: bool>(row: *const u8, b: usize, n: usize) -> [__m512; 2] {
+    let z = _mm512_setzero_ps();
+    let p = row.wrapping_add(b * block(K) * esize(K));
+    // SAFETY: the caller keeps the first `n` elements of the block inside the row; the
+    // masks select exactly those (all of the block when `FULL`), and masked-off lanes are
+    // not read (masked loads suppress faults).
+    unsafe {
+        match K {
+            F32 if FULL => [_mm512_loadu_ps(p as *const f32), z],
+            F32 => [_mm512_maskz_loadu_ps(mask(n), p as *const f32), z],
+            F16 if FULL => [_mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)), z],
+            F16 => [
+                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask(n), p as *const i16)),
+                z,
+            ],
+            BF16 => {
+                let x = if FULL {
+                    _mm512_loadu_si512(p as *const __m512i)
+                } else {
+                    _mm512_maskz_loadu_epi16(mask32(n), p as *const i16)
+                };
+                let even = _mm512_slli_epi32::<16>(x);
+                let odd = _mm512_and_si512(x, _mm512_set1_epi32(0xFFFF_0000u32 as i32));
+                [_mm512_castsi512_ps(even), _mm512_castsi512_ps(odd)]
+            }
+            E4M3 | E4M3_RAW | E5M2 | E5M2_RAW => {
+                // 32 bytes sign-extended to words: dword i holds element 2i in its low
+                // half and 2i + 1 in its high half, each with the sign above its byte.
+                let x = if FULL {
+                    _mm512_cvtepi8_epi16(_mm256_loadu_si256(p as *const __m256i))
+                } else {
+                    _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask32(n), p as *const i8))
+                };
+                let e4 = K == E4M3 || K == E4M3_RAW;
+                let m = _mm512_set1_epi32(if e4 { 0x87F0_0000u32 } else { 0x8FE0_0000 } as i32);
+                let (even, odd) = if e4 {
+                    (_mm512_slli_epi32::<20>(x), _mm512_slli_epi32::<4>(x))
+                } else {
+                    (_mm512_slli_epi32::<21>(x), _mm512_slli_epi32::<5>(x))
+                };
+                let v = [
+                    _mm512_castsi512_ps(_mm512_and_si512(even, m)),
+                    _mm512_castsi512_ps(_mm512_and_si512(odd, m)),
+                ];
+                let scale = match K {
+                    E4M3 => f32::from_bits((127 + 120) << 23),
+                    E5M2 => f32::from_bits((127 + 112) << 23),
+                    _ => return v,
+                };
+                let s = _mm512_set1_ps(scale);
+                [_mm512_mul_ps(v[0], s), _mm512_mul_ps(v[1], s)]
+            }
+            _ => {
+                let b = if FULL {
+                    _mm_loadu_si128(p as *const __m128i)
+                } else {
+                    _mm_maskz_loadu_epi8(mask(n), p as *const i8)
+                };
+                [_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), z]
+            }
+        }
+    }
+}
+
+/// Prefetches the line of `row` holding byte `at`, when `at` starts a line, to the level
+/// [`super::prefetch_level`] picks for this machine.
+#[inline(always)]
+pub(super) fn prefetch_line(row: *const u8, at: usize) {
+    if at.is_multiple_of(64) {
+        // The address stays inside the (checked) row the pointer came from.
+        super::prefetch(row.wrapping_add(at));
+    }
+}
+
+/// Lane `4 * (a % 4) + a / 4` of the result is the horizontal sum of `v[a]` (so the sum
+/// of `v[l % 4 * 4 + l / 4]` lands in lane `l`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) fn hsum16(v: [__m512; 16]) -> __m512 {
+    // Fold pairs to 256 bits, then quadruples to 128-bit lanes (lane q of x[m] is v[4m+q]).
+    let w: [__m512; 8] = std::array::from_fn(|k| {
+        let lo = _mm512_shuffle_f32x4::<0b01_00_01_00>(v[2 * k], v[2 * k + 1]);
+        let hi = _mm512_shuffle_f32x4::<0b11_10_11_10>(v[2 * k], v[2 * k + 1]);
+        _mm512_add_ps(lo, hi)
+    });
+    let x: [__m512; 4] = std::array::from_fn(|m| {
+        let lo = _mm512_shuffle_f32x4::<0b10_00_10_00>(w[2 * m], w[2 * m + 1]);
+        let hi = _mm512_shuffle_f32x4::<0b11_01_11_01>(w[2 * m], w[2 * m + 1]);
+        _mm512_add_ps(lo, hi)
+    });
+    // Within each 128-bit lane q: [sum x0, sum x1, sum x2, sum x3].
+    let t01 = _mm512_add_ps(
+        _mm512_unpacklo_ps(x[0], x[1]),
+        _mm512_unpackhi_ps(x[0], x[1]),
+    );
+    let t23 = _mm512_add_ps(
+        _mm512_unpacklo_ps(x[2], x[3]),
+        _mm512_unpackhi_ps(x[2], x[3]),
+    );
+    let u = _mm512_castpd_ps(_mm512_unpacklo_pd(
+        _mm512_castps_pd(t01),
+        _mm512_castps_pd(t23),
+    ));
+    let h = _mm512_castpd_ps(_mm512_unpackhi_pd(
+        _mm512_castps_pd(t01),
+        _mm512_castps_pd(t23),
+    ));
+    _mm512_add_ps(u, h)
+}
+
+/// # Safety
+/// AVX-512 F/BW/VL present; every row pointer plus `hoff` valid for `width` elements of
+/// `kind`; `q` holds `g` rows of `block`-padded width at stride `qs`;
+/// `logits.len() >= (g - 1) * ld + rows.len()`. `pf` is only prefetched.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn qk_tile(
+    kind: RowKind,
+    raw: bool,
+    rows: &[*const u8],
+    pf: &[*const u8],
+    hoff: usize,
+    pf_hoff: usize,
+    width: usize,
+    q: &[f32],
+    qs: usize,
+    g: usize,
+    logits: &mut [f32],
+    ld: usize,
+) {
+    let a = (rows, pf, hoff, pf_hoff, width, q, qs, g, logits, ld);
+    // SAFETY (each arm): the caller's contract.
+    unsafe {
+        match g {
+            1 => by_kind!(kind, raw, qk_k::<16, 1>(a)),
+            2 => by_kind!(kind, raw, qk_k::<8, 2>(a)),
+            _ => by_kind!(kind, raw, qk_k::<4, 4>(a)),
+        }
+    }
+}
+
+pub(super) type QkArgs<'a> = (
+    &'a [*const u8],
+    &'a [*const u8],
+    usize,
+    usize,
+    usize,
+    &'a [f32],
+    usize,
+    usize,
+    &'a mut [f32],
+    usize,
+);
+
+/// Blocks of `R` rows x `H` query heads (`R * H = 16` accumulators): per block of the
+/// row, the `H` query vectors are loaded once and each row is widened once for the `H`
+/// heads; one transposed reduction gives the 16 dot products. Rows past the tile repeat
+/// the last row and heads past the group repeat the last head; their results are
+/// dropped. While the first heads of a row block are computed, the same rows of `pf` are
+/// prefetched.
+///
+/// # Safety
+/// As [`qk_tile`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn qk_k<const K: u8, const R: usize, const H: usize>(a: QkArgs<'_>) {
+    let (rows, pf, hoff, pf_hoff, width, q, qs, g, logits, ld) = a;
+    let nt = rows.len();
+    let bw = block(K);
+    let nv = bw / 16;
+    let nb = width.div_ceil(bw);
+    let mut i0 = 0;
+    while i0 < nt {
+        let rp: [*const u8; R] =
+            std::array::from_fn(|r| rows[(i0 + r).min(nt - 1)].wrapping_add(hoff));
+        // Rows of the next tile to prefetch with this block (none past its end).
+        let npf = pf.len().saturating_sub(i0).min(R);
+        let mut j0 = 0;
+        while j0 < g {
+            let npf = if j0 == 0 { npf } else { 0 };
+            // SAFETY (whole block): query rows `min(j0 + h, g - 1)` hold `nb * bw` values
+            // at stride `qs`; rows `rp` hold `width` elements and `load` reads only the
+            // first `width - b * bw` of the last block (caller's contract).
+            let sums = unsafe {
+                let qp: [*const f32; H] =
+                    std::array::from_fn(|h| q.as_ptr().add((j0 + h).min(g - 1) * qs));
+                let mut acc = [_mm512_setzero_ps(); 16];
+                for b in 0..nb {
+                    let n = (width - b * bw).min(bw);
+                    let qv: [[__m512; 2]; H] = std::array::from_fn(|h| {
+                        std::array::from_fn(|v| {
+                            if v < nv {
+                                _mm512_loadu_ps(qp[h].add(b * bw + v * 16))
+                            } else {
+                                _mm512_setzero_ps()
+                            }
+                        })
+                    });
+                    for r in 0..R {
+                        if r < npf {
+                            prefetch_line(pf[i0 + r].wrapping_add(pf_hoff), b * bw * esize(K));
+                        }
+                        let x = if n == bw {
+                            load::<K, true>(rp[r], b, n)
+                        } else {
+                            load::<K, false>(rp[r], b, n)
+                        };
+                        for v in 0..nv {
+                            for h in 0..H {
+                                // Accumulator of (h, r) so that the reduction puts head
+                                // h's rows in lanes h * R .. h * R + R.
+                                let l = h * R + r;
+                                let a = l % 4 * 4 + l / 4;
+                                acc[a] = _mm512_fmadd_ps(qv[h][v], x[v], acc[a]);
+                            }
+                        }
+                    }
+                }
+                hsum16(acc)
+            };
+            store_logits::<R, H>(sums, logits, ld, i0, j0, nt, g);
+            j0 += H;
+        }
+        i0 += R;
+    }
+}
+
+/// Stores the reduced dot products of rows `i0 .. i0 + R` x heads `j0 .. j0 + H` (lanes
+/// `h * R + r`, as `hsum16` leaves them) into `logits[j * ld + i]`, dropping rows past `nt`
+/// and heads past `g`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) fn store_logits<const R: usize, const H: usize>(
+    sums: __m512,
+    logits: &mut [f32],
+    ld: usize,
+    i0: usize,
+    j0: usize,
+    nt: usize,
+    g: usize,
+) {
+    let nr = (nt - i0).min(R);
+    let m = mask(nr);
+    for h in 0..H.min(g - j0) {
+        let at = (j0 + h) * ld + i0;
+        let dst = logits[at..at + nr].as_mut_ptr();
+        // SAFETY: `dst` starts `nr` in-bounds floats; the mask stores exactly those.
+        unsafe {
+            match R {
+                16 => _mm512_mask_storeu_ps(dst, m, sums),
+                8 => {
+                    let v = if h == 0 {
+                        _mm512_castps512_ps256(sums)
+                    } else {
+                        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sums)))
+                    };
+                    _mm256_mask_storeu_ps(dst, m as __mmask8, v)
+                }
+                _ => {
+                    let v = match h {
+                        0 => _mm512_castps512_ps128(sums),
+                        1 => _mm512_extractf32x4_ps::<1>(sums),
+                        2 => _mm512_extractf32x4_ps::<2>(sums),
+                        _ => _mm512_extractf32x4_ps::<3>(sums),
+                    };
+                    _mm_mask_storeu_ps(dst, m as __mmask8, v)
+                }
+            }
+        }
+    }
+}
+
+/// # Safety
+/// AVX-512 F/BW/VL present; every row pointer plus `hoff` valid for `width` elements of
+/// `kind`; `acc` holds `g` rows of `block`-padded width at stride `s`;
+/// `w.len() >= (g - 1) * ld + rows.len()`. `pf` is only prefetched.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn pv_tile(
+    kind: RowKind,
+    raw: bool,
+    rows: &[*const u8],
+    pf: &[*const u8],
+    hoff: usize,
+    pf_hoff: usize,
+    width: usize,
+    w: &[f32],
+    ld: usize,
+    g: usize,
+    acc: &mut [f32],
+    s: usize,
+) {
+    // Vectors of 16 accumulators per row: the block-padded width.
+    let vecs = if kind == RowKind::Bf16 {
+        width.div_ceil(32) * 2
+    } else {
+        width.div_ceil(16)
+    };
+    pv_passes(g, vecs, |j0, h, c0, c| {
+        // The next tile's rows are prefetched along the first head block only.
+        let pf = if j0 == 0 { pf } else { &[] };
+        let a = (rows, pf, hoff, pf_hoff, width, w, ld, j0, c0, &mut *acc, s);
+        // SAFETY (each arm): heads j0 .. j0 + h are inside the group; vectors from c0
+        // are masked to `width` (caller's contract for the rest).
+        unsafe {
+            match (h, c) {
+                (4, 4) => by_kind!(kind, raw, pv_k::<4, 4>(a)),
+                (4, _) => by_kind!(kind, raw, pv_k::<4, 2>(a)),
+                (2, 8) => by_kind!(kind, raw, pv_k::<2, 8>(a)),
+                (2, _) => by_kind!(kind, raw, pv_k::<2, 4>(a)),
+                (_, 8) => by_kind!(kind, raw, pv_k::<1, 8>(a)),
+                (_, _) => by_kind!(kind, raw, pv_k::<1, 4>(a)),
+            }
+        }
+    });
+}
+
+/// Calls `pass(first head, heads, first vector, vectors)` for each pass of a value tile over
+/// `g` accumulator rows of `vecs` vectors each: heads in blocks of 4, 2 or 1 and vectors in
+/// chunks of 4, 2 (4 heads) or 8, 4 (fewer), so the accumulators of a pass (at most 16)
+/// stay in registers. A chunk may run past `vecs` (the kernels skip those vectors).
+pub(super) fn pv_passes(g: usize, vecs: usize, mut pass: impl FnMut(usize, usize, usize, usize)) {
+    let mut j0 = 0;
+    while j0 < g {
+        let h = match (g - j0).min(4) {
+            3 => 2,
+            h => h,
+        };
+        let mut c0 = 0;
+        while c0 < vecs {
+            let c = match (h, vecs - c0) {
+                (4, 3..) => 4,
+                (4, _) => 2,
+                (_, 5..) => 8,
+                _ => 4,
+            };
+            pass(j0, h, c0, c);
+            c0 += c;
+        }
+        j0 += h;
+    }
+}
+
+pub(super) type PvArgs<'a> = (
+    &'a [*const u8],
+    &'a [*const u8],
+    usize,
+    usize,
+    usize,
+    &'a [f32],
+    usize,
+    usize,
+    usize,
+    &'a mut [f32],
+    usize,
+);
+
+/// Accumulators of heads `j0 .. j0 + H` x vectors `c0 .. c0 + C` (16 lanes each, in the
+/// kernel order) held in registers across all rows of the tile; each block of a row is
+/// widened once for the `H` heads, each weight broadcast once per row. The same blocks of
+/// the rows of `pf` are prefetched as the rows are read.
+///
+/// # Safety
+/// As [`pv_tile`], heads `j0 .. j0 + H` inside the group, `c0` a multiple of the
+/// vectors per block.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn pv_k<const K: u8, const H: usize, const C: usize>(a: PvArgs<'_>) {
+    let (rows, pf, hoff, pf_hoff, width, w, ld, j0, c0, acc, s) = a;
+    let bw = block(K);
+    let nv = bw / 16;
+    // Blocks of this pass: `C / nv` from block `c0 / nv`, each with its valid elements.
+    let b0 = c0 / nv;
+    let valid: [usize; C] = std::array::from_fn(|bb| width.saturating_sub((b0 + bb) * bw).min(bw));
+    let nblk = C / nv;
+    // Accumulator rows are padded to whole blocks: vectors past the row's padded width
+    // (when the pass overruns it) are neither loaded nor stored.
+    let live: [bool; C] = std::array::from_fn(|c| (c0 + c) * 16 < s && valid[c / nv] > 0);
+    let ap = acc.as_mut_ptr();
+    // SAFETY (whole block): accumulator rows j0 .. j0 + H hold `s` values inside `acc`
+    // and only live vectors (inside the padded width) are touched; rows hold `width`
+    // elements from `hoff` and `load` reads only the valid ones (caller's contract).
+    unsafe {
+        let mut a = [[_mm512_setzero_ps(); C]; H];
+        for (h, ah) in a.iter_mut().enumerate() {
+            for (c, x) in ah.iter_mut().enumerate() {
+                if live[c] {
+                    *x = _mm512_loadu_ps(ap.add((j0 + h) * s + (c0 + c) * 16));
+                }
+            }
+        }
+        for (i, &row) in rows.iter().enumerate() {
+            let row = row.wrapping_add(hoff);
+            if i < pf.len() {
+                for bb in 0..nblk {
+                    if valid[bb] > 0 {
+                        prefetch_line(pf[i].wrapping_add(pf_hoff), (b0 + bb) * bw * esize(K));
+                    }
+                }
+            }
+            let wv: [__m512; H] = std::array::from_fn(|h| _mm512_set1_ps(w[(j0 + h) * ld + i]));
+            for bb in 0..nblk {
+                let x = if valid[bb] == bw {
+                    load::<K, true>(row, b0 + bb, bw)
+                } else {
+                    load::<K, false>(row, b0 + bb, valid[bb])
+                };
+                for v in 0..nv {
+                    for h in 0..H {
+                        let c = bb * nv + v;
+                        a[h][c] = _mm512_fmadd_ps(wv[h], x[v], a[h][c]);
+                    }
+                }
+            }
+        }
+        for (h, ah) in a.iter().enumerate() {
+            for (c, x) in ah.iter().enumerate() {
+                if live[c] {
+                    _mm512_storeu_ps(ap.add((j0 + h) * s + (c0 + c) * 16), *x);
+                }
+            }
+        }
+    }
+}
+
+/// [`super::softmax_tile`]. Once the running maximum of a head has settled, a step needs no
+/// horizontal reduction: one comparison shows that no logit exceeds it (only then is the
+/// tile's maximum reduced and the state rescaled), and the weights are summed lane by lane
+/// into the head's partial sums.
+///
+/// # Safety
+/// AVX-512 F/BW/VL present; the lengths of [`super::softmax_tile`].
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn softmax_tile(
+    round: bool,
+    nt: usize,
+    g: usize,
+    logits: &mut [f32],
+    ld: usize,
+    wscale: f32,
+    vscale: Option<&[f32]>,
+    maxes: &mut [f32],
+    sums: &mut [f32],
+    acc: &mut [f32],
+    s: usize,
+) {
+    let nv = nt.div_ceil(16);
+    let scale = wscale != 1.0 || vscale.is_some();
+    for j in 0..g {
+        let l = &mut logits[j * ld..j * ld + nt];
+        let sp = sums[j * super::SUM_LANES..(j + 1) * super::SUM_LANES].as_mut_ptr();
+        // SAFETY (whole block): the masked lanes stay inside `l` (and `vscale`, `nt`
+        // long); the partial sums of head `j` are `SUM_LANES` = 16 floats.
+        unsafe {
+            let mut sum = _mm512_loadu_ps(sp);
+            let old = _mm512_set1_ps(maxes[j]);
+            let mut above = 0;
+            for v in 0..nv {
+                let x = _mm512_maskz_loadu_ps(mask(nt - v * 16), l[v * 16..].as_ptr());
+                above |= _mm512_mask_cmp_ps_mask::<_CMP_GT_OQ>(mask(nt - v * 16), x, old);
+            }
+            if above != 0 {
+                let mut m = old;
+                for v in 0..nv {
+                    let x = _mm512_mask_loadu_ps(m, mask(nt - v * 16), l[v * 16..].as_ptr());
+                    m = _mm512_max_ps(m, x);
+                }
+                let m = _mm512_reduce_max_ps(m);
+                let c = (maxes[j] - m).exp();
+                sum = _mm512_mul_ps(sum, _mm512_set1_ps(c));
+                for x in &mut acc[j * s..(j + 1) * s] {
+                    *x *= c;
+                }
+                maxes[j] = m;
+            }
+            let m = _mm512_set1_ps(maxes[j]);
+            for v in 0..nv {
+                let k = mask(nt - v * 16);
+                let p = l[v * 16..].as_mut_ptr();
+                let mut r = exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p), m));
+                if round {
+                    r = round_bf16(r);
+                }
+                sum = _mm512_mask_add_ps(sum, k, sum, r);
+                if scale {
+                    r = _mm512_mul_ps(r, _mm512_set1_ps(wscale));
+                    if let Some(vs) = vscale {
+                        r = _mm512_mul_ps(r, _mm512_maskz_loadu_ps(k, vs[v * 16..].as_ptr()));
+                    }
+                }
+                _mm512_mask_storeu_ps(p, k, r);
+            }
+            _mm512_storeu_ps(sp, sum);
+        }
+    }
+}
+
+/// `x` rounded to the nearest bf16 (ties to even), as f32; `x` finite.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn round_bf16(x: __m512) -> __m512 {
+    let b = _mm512_castps_si512(x);
+    let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+    let r = _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)), lsb);
+    _mm512_castsi512_ps(_mm512_and_si512(
+        r,
+        _mm512_set1_epi32(0xFFFF_0000u32 as i32),
+    ))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn exp(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+    let t = _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+    let f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(std::f32::consts::LN_2));
+    // e^f for |f| <= ln2 / 2, Taylor to degree 6.
+    let mut y = _mm512_set1_ps(1.0 / 720.0);
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0 / 120.0));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0 / 24.0));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0 / 6.0));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(0.5));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0));
+    _mm512_scalef_ps(y, n)
+}
+
+#[cfg(test)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) fn hsum16_lanes(v: [[f32; 16]; 16]) -> [f32; 16] {
+    let mut out = [0f32; 16];
+    // SAFETY: each array holds 16 floats.
+    unsafe {
+        let r = hsum16(std::array::from_fn(|a| _mm512_loadu_ps(v[a].as_ptr())));
+        _mm512_storeu_ps(out.as_mut_ptr(), r);
+    }
+    out
+}

@@ -1,0 +1,221 @@
+//! The element orders of the decode kernels: how a query row or an accumulator row is held
+//! (padded to whole blocks, permuted within each block, bf16-packed for the bf16-operand
+//! kernels), with the block permutations as tables built at compile time.
+
+use super::{Isa, RowKind};
+
+/// Which rows an [`Order`] is for: query rows (read against key rows) or accumulator rows
+/// (filled from value rows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    Key,
+    Value,
+}
+
+/// How the elements of a block are permuted (see [`Order::pos`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Perm {
+    Natural,
+    /// Blocks of 32: even elements first, then odd (bf16 and fp8 widened to f32 on AVX-512).
+    EvenOdd,
+    /// Blocks of 64: element `16 l + 8 z + j` at `32 z + 8 l + j` (fp8 keys widened to bf16:
+    /// the words of a byte unpack, 128-bit lane `l`).
+    Words,
+    /// Blocks of `b`: element `(b / 4) l + 4 m + k` at `16 m + 4 l + k` (accumulators of bf16
+    /// and fp8 values read as token pairs: the dwords of an unpack, 128-bit lane `l`).
+    Dwords,
+}
+
+/// The order in which the kernels of an instruction set hold the elements of a row of one
+/// kind: query rows and accumulators are kept in it, zero-padded to whole blocks. Query rows
+/// of the bf16-operand kernels are `packed`: bf16 values, two to an f32 slot (position `p` in
+/// the low half of slot `p / 2` when even, the high half when odd).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Order {
+    /// Elements per block (1: no padding).
+    block: usize,
+    perm: Perm,
+    packed: bool,
+    /// `table[e]`: the position of element `e` of a block, for `e < block`.
+    table: &'static [u8; 64],
+}
+
+/// Position of element `e` of a block of `block` elements under `perm`.
+const fn block_pos(perm: Perm, block: usize, e: usize) -> usize {
+    match perm {
+        Perm::Natural => e,
+        Perm::EvenOdd => (e >> 1) + 16 * (e & 1),
+        Perm::Words => 32 * ((e >> 3) & 1) + 8 * (e >> 4) + (e & 7),
+        Perm::Dwords => {
+            // (block / 4) l + 4 m + k, block / 4 = 2^(log2 block - 2).
+            let sh = block.trailing_zeros() - 2;
+            let r = e & ((1 << sh) - 1);
+            16 * (r >> 2) + 4 * (e >> sh) + (e & 3)
+        }
+    }
+}
+
+/// [`block_pos`] of every element of a block, computed at compile time.
+const fn block_table(perm: Perm, block: usize) -> [u8; 64] {
+    let mut t = [0u8; 64];
+    let mut e = 0;
+    while e < block {
+        t[e] = block_pos(perm, block, e) as u8;
+        e += 1;
+    }
+    t
+}
+
+static NATURAL: [u8; 64] = block_table(Perm::Natural, 64);
+static EVEN_ODD_32: [u8; 64] = block_table(Perm::EvenOdd, 32);
+static WORDS_64: [u8; 64] = block_table(Perm::Words, 64);
+static DWORDS_32: [u8; 64] = block_table(Perm::Dwords, 32);
+static DWORDS_64: [u8; 64] = block_table(Perm::Dwords, 64);
+
+impl Order {
+    pub(crate) fn of(isa: Isa, kind: RowKind, role: Role) -> Order {
+        let (block, perm, packed): (usize, Perm, bool) = if isa.bf16_operands(kind) {
+            let block = if kind == RowKind::Bf16 { 32 } else { 64 };
+            match (role, kind) {
+                (Role::Key, RowKind::Bf16) => (block, Perm::Natural, true),
+                (Role::Key, _) => (block, Perm::Words, true),
+                (Role::Value, _) => (block, Perm::Dwords, false),
+            }
+        } else if isa.avx512() {
+            match kind {
+                RowKind::Bf16 | RowKind::Fp8E4m3 | RowKind::Fp8E5m2 => (32, Perm::EvenOdd, false),
+                _ => (16, Perm::Natural, false),
+            }
+        } else {
+            (1, Perm::Natural, false)
+        };
+        let table = match (perm, block) {
+            (Perm::Natural, _) => &NATURAL,
+            (Perm::EvenOdd, 32) => &EVEN_ODD_32,
+            (Perm::Words, 64) => &WORDS_64,
+            (Perm::Dwords, 32) => &DWORDS_32,
+            (Perm::Dwords, 64) => &DWORDS_64,
+            _ => unreachable!("no kernel order {perm:?} in blocks of {block}"),
+        };
+        debug_assert!(block.is_power_of_two() && block <= 64);
+        Order {
+            block,
+            perm,
+            packed,
+            table,
+        }
+    }
+
+    /// Elements a row of `width` takes in this order.
+    pub(crate) fn padded(&self, width: usize) -> usize {
+        width.div_ceil(self.block) * self.block
+    }
+
+    /// Whether products are taken with bf16 operands (the query, or the weights, rounded to
+    /// bf16): the orders of the bf16-operand kernels.
+    pub(crate) fn bf16_operands(&self) -> bool {
+        matches!(self.perm, Perm::Words | Perm::Dwords) || self.packed
+    }
+
+    /// Whether rows in this order are packed bf16 (query rows of the bf16-operand kernels).
+    #[cfg(test)]
+    pub(crate) fn is_packed(&self) -> bool {
+        self.packed
+    }
+
+    /// Position of element `d`.
+    #[cfg(test)]
+    pub(crate) fn pos(&self, d: usize) -> usize {
+        let mut p = 0;
+        self.each(d + 1, |_, q| p = q);
+        p
+    }
+
+    /// Calls `f(d, pos(d))` for `d` in `0..n`, in increasing `d`.
+    #[inline(always)]
+    fn each(&self, n: usize, mut f: impl FnMut(usize, usize)) {
+        // Blocks are powers of two (1, 16, 32, 64): masks, no division.
+        let m = self.block - 1;
+        (0..n).for_each(|d| f(d, (d - (d & m)) + self.table[d & m] as usize));
+    }
+
+    /// `dst` (padded; packed rows use its first half) = `src` (natural order, the row's
+    /// width) in this order, zeros after.
+    pub(crate) fn arrange(&self, src: &[f32], dst: &mut [f32]) {
+        assert!(dst.len() >= self.padded(src.len()));
+        dst.fill(0.0);
+        if self.packed {
+            let dst: &mut [u32] = bytemuck::cast_slice_mut(dst);
+            self.each(src.len(), |d, p| {
+                dst[p / 2] |= u32::from(bf16_bits(src[d])) << (16 * (p % 2));
+            });
+        } else if self.perm == Perm::Natural {
+            dst[..src.len()].copy_from_slice(src);
+        } else {
+            // Block by block through the block's table: no per-element permutation
+            // arithmetic, and indices the compiler sees inside the block.
+            let (b, t) = (self.block, self.table);
+            for (s, d) in src.chunks(b).zip(dst.chunks_exact_mut(b)) {
+                for (x, &p) in s.iter().zip(&t[..b]) {
+                    d[p as usize] = *x;
+                }
+            }
+        }
+    }
+
+    /// `dst[d] = f * src[pos(d)]` for the `dst.len()` elements of a row (not packed).
+    pub(crate) fn restore(&self, src: &[f32], f: f32, dst: &mut [f32]) {
+        assert!(!self.packed, "packed rows are query rows, never restored");
+        assert!(src.len() >= self.padded(dst.len()));
+        if self.perm == Perm::Natural {
+            for (x, s) in dst.iter_mut().zip(src) {
+                *x = s * f;
+            }
+            return;
+        }
+        let (b, t) = (self.block, self.table);
+        for (d, s) in dst.chunks_mut(b).zip(src.chunks_exact(b)) {
+            for (x, &p) in d.iter_mut().zip(&t[..b]) {
+                *x = s[p as usize] * f;
+            }
+        }
+    }
+}
+
+/// `x` rounded to the nearest bf16, ties to even (what `half::bf16::from_f32` gives, without
+/// its branches for finite values; NaN stays a quiet NaN of the same sign).
+#[inline]
+fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return ((b >> 16) | 0x40) as u16;
+    }
+    ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The query rounding equals `half`'s round-to-nearest-even: on ties, on values that
+    /// round up to infinity, on subnormals, infinities and NaN (which stays NaN).
+    #[test]
+    fn bf16_rounding_matches_half() {
+        let mut bits: Vec<u32> = (0..=0xFFFFu32).map(|h| h << 16).collect();
+        for h in (0..=0xFFFFu32).step_by(7) {
+            for low in [0x7FFF, 0x8000, 0x8001, 0x0001, 0xFFFF] {
+                bits.push(h << 16 | low);
+            }
+        }
+        for b in bits {
+            let x = f32::from_bits(b);
+            let want = half::bf16::from_f32(x);
+            let got = bf16_bits(x);
+            if x.is_nan() {
+                assert!(half::bf16::from_bits(got).is_nan(), "{b:#x}");
+            } else {
+                assert_eq!(got, want.to_bits(), "{b:#x}");
+            }
+        }
+    }
+}
