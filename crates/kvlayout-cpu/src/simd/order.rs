@@ -197,6 +197,50 @@ fn bf16_bits(x: f32) -> u16 {
 mod tests {
     use super::*;
 
+    /// Each table is a permutation of its block and places every element where the
+    /// permutation's doc says, written out here by enumeration rather than by `block_pos`.
+    #[test]
+    fn block_tables_are_the_documented_permutations() {
+        let mut want = Vec::new();
+        // EvenOdd, blocks of 32: element 2i at i, 2i + 1 at 16 + i.
+        let mut t = [0usize; 32];
+        for i in 0..16 {
+            t[2 * i] = i;
+            t[2 * i + 1] = 16 + i;
+        }
+        want.push((&EVEN_ODD_32, t.to_vec()));
+        // Words, blocks of 64: element 16 l + 8 z + j at 32 z + 8 l + j.
+        let mut t = [0usize; 64];
+        for l in 0..4 {
+            for z in 0..2 {
+                for j in 0..8 {
+                    t[16 * l + 8 * z + j] = 32 * z + 8 * l + j;
+                }
+            }
+        }
+        want.push((&WORDS_64, t.to_vec()));
+        // Dwords, blocks of b: element (b / 4) l + 4 m + k at 16 m + 4 l + k.
+        for (table, b) in [(&DWORDS_32, 32), (&DWORDS_64, 64)] {
+            let mut t = vec![0usize; b];
+            for l in 0..4 {
+                for m in 0..b / 16 {
+                    for k in 0..4 {
+                        t[b / 4 * l + 4 * m + k] = 16 * m + 4 * l + k;
+                    }
+                }
+            }
+            want.push((table, t));
+        }
+        want.push((&NATURAL, (0..64).collect()));
+        for (table, t) in want {
+            let got: Vec<usize> = table[..t.len()].iter().map(|&p| p as usize).collect();
+            assert_eq!(got, t);
+            let mut sorted = got.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..t.len()).collect::<Vec<_>>(), "a permutation");
+        }
+    }
+
     /// The query rounding equals `half`'s round-to-nearest-even: on ties, on values that
     /// round up to infinity, on subnormals, infinities and NaN (which stays NaN).
     #[test]
