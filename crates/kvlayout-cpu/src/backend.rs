@@ -48,8 +48,8 @@ impl CpuBackend {
     /// lacks: what neither the tests nor the benchmarks exercise here (suites report them as
     /// skipped).
     pub fn kernels_not_run() -> Vec<(&'static str, String)> {
-        crate::simd::Isa::all()
-            .into_iter()
+        crate::simd::Isa::ALL
+            .iter()
             .filter_map(|i| i.runs_here().err().map(|why| (i.name(), why)))
             .collect()
     }

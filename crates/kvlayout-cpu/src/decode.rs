@@ -741,14 +741,11 @@ pub(crate) fn decode_with(
         h0..h0 + hpi
     };
     let seq_of = |item: usize| item / (kv_heads / hpi);
-    let longest = (0..shape.seqs)
+    // The longest context and the whole step's token x KV-head pairs.
+    let (longest, tokens) = (0..shape.seqs)
         .map(|s| range_of(s).end - range_of(s).start)
-        .max()
-        .unwrap_or(0);
-    let work: u64 = (0..shape.seqs)
-        .map(|s| range_of(s).end - range_of(s).start)
-        .sum::<u64>()
-        * kv_heads as u64;
+        .fold((0, 0), |(m, t), n| (m.max(n), t + n));
+    let work = tokens * kv_heads as u64;
     let inline = opts.inline.unwrap_or(work < INLINE_WORK);
     let parts = opts.partitions.unwrap_or_else(|| {
         let target = 4 * be.threads();
@@ -1178,7 +1175,7 @@ mod tests {
     #[test]
     fn kernel_order_round_trips() {
         // Orders are plain index arithmetic: every build's, whether or not this machine runs it.
-        for isa in Isa::all() {
+        for &isa in Isa::ALL {
             for (kind, role) in [RowKind::F32, RowKind::Bf16, RowKind::Fp8E4m3]
                 .into_iter()
                 .flat_map(|k| [(k, Role::Key), (k, Role::Value)])

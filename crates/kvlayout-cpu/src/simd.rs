@@ -54,49 +54,90 @@ pub(crate) enum Isa {
     Scalar,
 }
 
+/// The best build this machine runs.
 pub(crate) fn detect() -> Isa {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if has_avx512_bf16() {
-            return Isa::Avx512Bf16;
-        }
-        if has_avx512() {
-            return Isa::Avx512;
-        }
-        if has_avx2() {
-            return Isa::Avx2;
-        }
-    }
-    Isa::Scalar
+    Isa::ALL
+        .iter()
+        .copied()
+        .find(|i| i.runs())
+        .unwrap_or(Isa::Scalar)
 }
 
 /// Whether this machine runs the AVX-512 kernels (the safe wrappers check it before every
-/// call into them: `std` caches the detection).
+/// call into them).
 #[cfg(target_arch = "x86_64")]
 fn has_avx512() -> bool {
-    use std::arch::is_x86_feature_detected as has;
-    has!("avx512f") && has!("avx512bw") && has!("avx512vl")
+    Isa::Avx512.runs()
 }
 
-/// Whether this machine runs the bf16-operand kernels (checked like [`has_avx512`]).
+/// Whether this machine runs the bf16-operand kernels.
 #[cfg(target_arch = "x86_64")]
 fn has_avx512_bf16() -> bool {
+    Isa::Avx512Bf16.runs()
+}
+
+/// Whether this machine runs the AVX2 + FMA builds.
+#[cfg(target_arch = "x86_64")]
+fn has_avx2() -> bool {
+    Isa::Avx2.runs()
+}
+
+/// Whether this machine has the CPU feature `name` (one of those [`Isa::features`] lists).
+#[cfg(target_arch = "x86_64")]
+fn feature_detected(name: &str) -> bool {
     use std::arch::is_x86_feature_detected as has;
-    has_avx512() && has!("avx512bf16") && has!("avx512vbmi")
+    match name {
+        "avx512f" => has!("avx512f"),
+        "avx512bw" => has!("avx512bw"),
+        "avx512vl" => has!("avx512vl"),
+        "avx512bf16" => has!("avx512bf16"),
+        "avx512vbmi" => has!("avx512vbmi"),
+        "avx2" => has!("avx2"),
+        "fma" => has!("fma"),
+        "f16c" => has!("f16c"),
+        _ => false,
+    }
 }
 
 impl Isa {
     /// Every build of the kernels this target compiles, best first.
-    pub(crate) fn all() -> Vec<Isa> {
-        vec![
+    pub(crate) const ALL: &'static [Isa] = &[
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Bf16,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2,
+        Isa::Scalar,
+    ];
+
+    /// The CPU features the build needs.
+    fn features(self) -> &'static [&'static str] {
+        match self {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Bf16,
+            Isa::Avx512Bf16 => &[
+                "avx512f",
+                "avx512bw",
+                "avx512vl",
+                "avx512bf16",
+                "avx512vbmi",
+            ],
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512,
+            Isa::Avx512 => &["avx512f", "avx512bw", "avx512vl"],
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2,
-            Isa::Scalar,
-        ]
+            Isa::Avx2 => &["avx2", "fma", "f16c"],
+            Isa::Scalar => &[],
+        }
+    }
+
+    /// Whether this machine runs the build (detected once for every build).
+    pub(crate) fn runs(self) -> bool {
+        static RUNS: std::sync::OnceLock<Vec<bool>> = std::sync::OnceLock::new();
+        let runs = RUNS.get_or_init(|| Isa::ALL.iter().map(|i| i.runs_here().is_ok()).collect());
+        Isa::ALL
+            .iter()
+            .position(|&i| i == self)
+            .is_some_and(|k| runs[k])
     }
 
     /// The build's name, as reports print it.
@@ -115,34 +156,19 @@ impl Isa {
     /// Whether this machine runs the build; if not, the CPU features it lacks.
     pub(crate) fn runs_here(self) -> Result<(), String> {
         #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            let needs: &[(&str, bool)] = match self {
-                Isa::Avx512Bf16 => &[
-                    ("avx512f", has!("avx512f")),
-                    ("avx512bw", has!("avx512bw")),
-                    ("avx512vl", has!("avx512vl")),
-                    ("avx512bf16", has!("avx512bf16")),
-                    ("avx512vbmi", has!("avx512vbmi")),
-                ],
-                Isa::Avx512 => &[
-                    ("avx512f", has!("avx512f")),
-                    ("avx512bw", has!("avx512bw")),
-                    ("avx512vl", has!("avx512vl")),
-                ],
-                Isa::Avx2 => &[
-                    ("avx2", has!("avx2")),
-                    ("fma", has!("fma")),
-                    ("f16c", has!("f16c")),
-                ],
-                Isa::Scalar => &[],
-            };
-            let missing: Vec<&str> = needs.iter().filter(|n| !n.1).map(|n| n.0).collect();
-            if !missing.is_empty() {
-                return Err(format!("this machine lacks {}", missing.join(", ")));
-            }
+        let missing: Vec<&str> = self
+            .features()
+            .iter()
+            .copied()
+            .filter(|f| !feature_detected(f))
+            .collect();
+        #[cfg(not(target_arch = "x86_64"))]
+        let missing: Vec<&str> = self.features().to_vec();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("this machine lacks {}", missing.join(", ")))
         }
-        Ok(())
     }
 
     /// Whether this is one of the AVX-512 builds.
@@ -166,20 +192,10 @@ impl Isa {
     }
 }
 
-/// Whether this machine runs the AVX2 + FMA builds (checked like [`has_avx512`]).
-#[cfg(target_arch = "x86_64")]
-fn has_avx2() -> bool {
-    use std::arch::is_x86_feature_detected as has;
-    has!("avx2") && has!("fma") && has!("f16c")
-}
-
 /// Every instruction set this machine can run, best first (tests run each).
 #[cfg(test)]
 pub(crate) fn available() -> Vec<Isa> {
-    Isa::all()
-        .into_iter()
-        .filter(|i| i.runs_here().is_ok())
-        .collect()
+    Isa::ALL.iter().copied().filter(|i| i.runs()).collect()
 }
 
 pub(crate) fn elem(kind: RowKind) -> usize {
