@@ -11,12 +11,13 @@
 //! median ratio is the median of those paired ratios; the best ratio is the fastest decode
 //! over the fastest pass (the least disturbed of each).
 //!
-//! Two informative tables follow. One reads the bound's buffers in chunks taken in a random
+//! Three informative tables follow. One reads the bound's buffers in chunks taken in a random
 //! order (4 KiB to 1 MiB): what the memory gives to pages scattered by a block table, before
-//! any compute. The other times the decode with its rows in L2 on one thread: what the kernels
-//! cost, before any memory.
+//! any compute. One adds compute that does not depend on the data between the bound's loads:
+//! how much of the read bandwidth a core keeps while it computes. The last times the decode
+//! with its rows in L2 on one thread: what the kernels cost, before any memory.
 //!
-//! `cargo bench -p kvlayout-cpu --bench decode` prints both tables (a few minutes).
+//! `cargo bench -p kvlayout-cpu --bench decode` prints all tables (a few minutes).
 //! `KVLAYOUT_BENCH_CONTEXTS=64,256` replaces the contexts, `KVLAYOUT_BENCH_ONLY="bf16 HND"`
 //! keeps the matching configurations.
 
@@ -202,7 +203,40 @@ fn main() {
         );
     }
     sequential.sort_by(f64::total_cmp);
-    kernel_costs(bound.bytes() as f64 / sequential[sequential.len() / 2]);
+    let read_bw = bound.bytes() as f64 / sequential[sequential.len() / 2];
+    overlap(&be, &bound);
+    kernel_costs(read_bw);
+}
+
+/// Informative: the bound's read with compute between the loads that does not depend on them
+/// (`ReadBound::compute_pass`), against the same compute alone (its data in L2). Were compute
+/// and memory overlapped, the read with compute would run at the slower of the read alone
+/// (1.0) and the compute alone; were they serialized, at the inverse of the sum of inverses.
+fn overlap(be: &CpuBackend, bound: &ReadBound) {
+    println!();
+    println!(
+        "| FMAs per 256 bytes read | compute alone | read + compute | if overlapped | if serialized |"
+    );
+    println!("|---|---|---|---|---|");
+    for rounds in [0usize, 2, 4, 8, 16] {
+        let (mut alone, mut both) = (vec![], vec![]);
+        for _ in 0..PATTERN_REPS {
+            let seq = bound.pass(be.pool());
+            alone.push(seq / bound.compute_pass(be.pool(), rounds, true));
+            let seq = bound.pass(be.pool());
+            both.push(seq / bound.compute_pass(be.pool(), rounds, false));
+        }
+        for v in [&mut alone, &mut both] {
+            v.sort_by(f64::total_cmp);
+        }
+        let (a, b) = (alone[PATTERN_REPS / 2], both[PATTERN_REPS / 2]);
+        println!(
+            "| {} | {a:.2} | {b:.2} | {:.2} | {:.2} |",
+            4 * rounds,
+            a.min(1.0),
+            1.0 / (1.0 + 1.0 / a)
+        );
+    }
 }
 
 /// Informative: the decode with its rows in L2 (one sequence of 128 tokens: 128 to 512 KiB of

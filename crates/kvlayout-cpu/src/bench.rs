@@ -42,6 +42,55 @@ fn sum_lanes(x: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + rest.iter().sum::<f32>()
 }
 
+/// Sums a slice as [`sum`] does while running `rounds` rounds of four multiply-adds (one
+/// per 64 bytes) for every 256 bytes read, on chains independent of the data: compute that
+/// could overlap the reads entirely.
+fn sum_and_compute(x: &[f32], rounds: usize) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512 F detected just above.
+        return unsafe { sum_and_compute_avx512(x, rounds) };
+    }
+    let (mut acc, mut chain) = ([0f32; 64], [0.5f32; 64]);
+    for c in x.chunks_exact(64) {
+        for i in 0..64 {
+            acc[i] += c[i];
+        }
+        for _ in 0..rounds {
+            for v in &mut chain {
+                *v = *v * 0.999 + 1e-4;
+            }
+        }
+    }
+    acc.iter().sum::<f32>() + chain.iter().sum::<f32>()
+}
+
+/// [`sum_and_compute`] with AVX-512 loads and FMAs (one 16-lane FMA per chain per round).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn sum_and_compute_avx512(x: &[f32], rounds: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut chain = [_mm512_set1_ps(0.5); 4];
+    let (a, b) = (_mm512_set1_ps(0.999), _mm512_set1_ps(1e-4));
+    for c in x.chunks_exact(64) {
+        for (i, v) in acc.iter_mut().enumerate() {
+            // SAFETY: `c` holds 64 floats; lane block `i` is its floats 16 i .. 16 i + 16.
+            *v = _mm512_add_ps(*v, unsafe { _mm512_loadu_ps(c[16 * i..].as_ptr()) });
+        }
+        for _ in 0..rounds {
+            for v in &mut chain {
+                *v = _mm512_fmadd_ps(*v, a, b);
+            }
+        }
+    }
+    let all = acc
+        .iter()
+        .chain(&chain)
+        .fold(_mm512_setzero_ps(), |s, v| _mm512_add_ps(s, *v));
+    _mm512_reduce_add_ps(all)
+}
+
 /// `n` buffers of `bytes` each, allocated as caches are (huge pages where offered), every
 /// byte `fill(i)` for buffer `i`.
 fn buffers(n: usize, bytes: usize, fill: impl Fn(usize) -> u8) -> Vec<HostBuffer> {
@@ -85,6 +134,35 @@ impl ReadBound {
                 .bufs
                 .par_iter()
                 .map(|b| sum(black_box(bytemuck::cast_slice(b.as_slice()))))
+                .sum();
+            black_box(s);
+        });
+        t.elapsed().as_secs_f64()
+    }
+
+    /// Seconds of one pass that also computes: `rounds` rounds of four multiply-adds per 256
+    /// bytes read, on chains independent of the data, so that the compute could hide under
+    /// the reads. With `cached`, each thread reads the first 256 KiB of its buffer (which
+    /// stay in L2) over and over, as many bytes as a pass: the compute alone. Informative:
+    /// how much of the read bandwidth a core keeps once it computes between its loads.
+    pub fn compute_pass(&self, pool: &rayon::ThreadPool, rounds: usize, cached: bool) -> f64 {
+        const PIECE: usize = 256 << 10;
+        let t = Instant::now();
+        pool.install(|| {
+            let s: f32 = self
+                .bufs
+                .par_iter()
+                .map(|b| {
+                    let all: &[f32] = bytemuck::cast_slice(b.as_slice());
+                    if cached {
+                        let piece = &all[..all.len().min(PIECE / 4)];
+                        (0..all.len() / piece.len().max(1))
+                            .map(|_| sum_and_compute(black_box(piece), rounds))
+                            .sum::<f32>()
+                    } else {
+                        sum_and_compute(black_box(all), rounds)
+                    }
+                })
                 .sum();
             black_box(s);
         });

@@ -613,7 +613,7 @@ mod order;
 mod prefetch;
 
 pub(crate) use order::{Order, Role};
-pub(crate) use prefetch::{prefetch, prefetch_level, PrefetchLevel};
+pub(crate) use prefetch::{prefetch, prefetch_level, prefetch_to, PrefetchLevel};
 
 #[cfg(target_arch = "x86_64")]
 mod avx512bf16;

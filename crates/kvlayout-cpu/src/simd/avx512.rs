@@ -148,13 +148,22 @@ unsafe fn load<const K: u8, const FULL: bool>(row: *const u8, b: usize, n: usize
     }
 }
 
-/// Prefetches the line of `row` holding byte `at`, when `at` starts a line, to the level
-/// [`super::prefetch_level`] picks for this machine.
+/// Prefetches the line of `row` holding byte `at`, when `at` starts a line.
 #[inline(always)]
 pub(super) fn prefetch_line(row: *const u8, at: usize) {
     if at.is_multiple_of(64) {
-        // The address stays inside the (checked) row the pointer came from.
         super::prefetch(row.wrapping_add(at));
+    }
+}
+
+/// Prefetches the lines of the `bytes` bytes from `p` to `level` (a hint: never faults).
+#[inline(always)]
+pub(super) fn prefetch_span(p: *const u8, bytes: usize, level: super::PrefetchLevel) {
+    let mut at = 0;
+    while at < bytes {
+        // The address stays inside the (checked) span the pointer came from.
+        super::prefetch_to(p.wrapping_add(at), level);
+        at += 64;
     }
 }
 
@@ -242,8 +251,8 @@ pub(super) type QkArgs<'a> = (
 /// row, the `H` query vectors are loaded once and each row is widened once for the `H`
 /// heads; one transposed reduction gives the 16 dot products. Rows past the tile repeat
 /// the last row and heads past the group repeat the last head; their results are
-/// dropped. While the first heads of a row block are computed, the same rows of `pf` are
-/// prefetched.
+/// dropped. Before a row block is computed, the same rows of `pf` are prefetched (whole
+/// rows, line by line, so the loop over the row's blocks carries no prefetch).
 ///
 /// # Safety
 /// As [`qk_tile`].
@@ -252,54 +261,30 @@ unsafe fn qk_k<const K: u8, const R: usize, const H: usize>(a: QkArgs<'_>) {
     let (rows, pf, hoff, pf_hoff, width, q, qs, g, logits, ld) = a;
     let nt = rows.len();
     let bw = block(K);
-    let nv = bw / 16;
-    let nb = width.div_ceil(bw);
+    let (full, tail) = (width / bw, width % bw);
+    let level = super::prefetch_level();
+    let row_bytes = width * esize(K);
     let mut i0 = 0;
     while i0 < nt {
         let rp: [*const u8; R] =
             std::array::from_fn(|r| rows[(i0 + r).min(nt - 1)].wrapping_add(hoff));
-        // Rows of the next tile to prefetch with this block (none past its end).
-        let npf = pf.len().saturating_sub(i0).min(R);
+        for &p in pf.iter().skip(i0).take(R) {
+            prefetch_span(p.wrapping_add(pf_hoff), row_bytes, level);
+        }
         let mut j0 = 0;
         while j0 < g {
-            let npf = if j0 == 0 { npf } else { 0 };
-            // SAFETY (whole block): query rows `min(j0 + h, g - 1)` hold `nb * bw` values
-            // at stride `qs`; rows `rp` hold `width` elements and `load` reads only the
-            // first `width - b * bw` of the last block (caller's contract).
+            // SAFETY (whole block): query rows `min(j0 + h, g - 1)` (at stride `qs`) hold
+            // `width` values padded to whole blocks; rows `rp` hold `width` elements: `full`
+            // whole blocks and `tail` elements of the next (caller's contract).
             let sums = unsafe {
                 let qp: [*const f32; H] =
                     std::array::from_fn(|h| q.as_ptr().add((j0 + h).min(g - 1) * qs));
                 let mut acc = [_mm512_setzero_ps(); 16];
-                for b in 0..nb {
-                    let n = (width - b * bw).min(bw);
-                    let qv: [[__m512; 2]; H] = std::array::from_fn(|h| {
-                        std::array::from_fn(|v| {
-                            if v < nv {
-                                _mm512_loadu_ps(qp[h].add(b * bw + v * 16))
-                            } else {
-                                _mm512_setzero_ps()
-                            }
-                        })
-                    });
-                    for r in 0..R {
-                        if r < npf {
-                            prefetch_line(pf[i0 + r].wrapping_add(pf_hoff), b * bw * esize(K));
-                        }
-                        let x = if n == bw {
-                            load::<K, true>(rp[r], b, n)
-                        } else {
-                            load::<K, false>(rp[r], b, n)
-                        };
-                        for v in 0..nv {
-                            for h in 0..H {
-                                // Accumulator of (h, r) so that the reduction puts head
-                                // h's rows in lanes h * R .. h * R + R.
-                                let l = h * R + r;
-                                let a = l % 4 * 4 + l / 4;
-                                acc[a] = _mm512_fmadd_ps(qv[h][v], x[v], acc[a]);
-                            }
-                        }
-                    }
+                for b in 0..full {
+                    qk_block::<K, R, H, true>(&mut acc, &qp, &rp, b, bw);
+                }
+                if tail > 0 {
+                    qk_block::<K, R, H, false>(&mut acc, &qp, &rp, full, tail);
                 }
                 hsum16(acc)
             };
@@ -307,6 +292,51 @@ unsafe fn qk_k<const K: u8, const R: usize, const H: usize>(a: QkArgs<'_>) {
             j0 += H;
         }
         i0 += R;
+    }
+    // Rows of the next tile past this one's length.
+    for &p in pf.iter().skip(nt) {
+        prefetch_span(p.wrapping_add(pf_hoff), row_bytes, level);
+    }
+}
+
+/// Block `b` (its first `n` elements; all of it when `FULL`) of rows `rp` times the query
+/// rows `qp`, into the accumulators (`acc[l % 4 * 4 + l / 4]` for head `h`, row `r`,
+/// `l = h * R + r`, so that `hsum16` puts head `h`'s rows in lanes `h * R .. h * R + R`).
+///
+/// # Safety
+/// AVX-512 F/BW/VL present; the query rows hold the whole block; the rows hold its first
+/// `n` elements.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn qk_block<const K: u8, const R: usize, const H: usize, const FULL: bool>(
+    acc: &mut [__m512; 16],
+    qp: &[*const f32; H],
+    rp: &[*const u8; R],
+    b: usize,
+    n: usize,
+) {
+    let (bw, nv) = (block(K), block(K) / 16);
+    // SAFETY: the caller's contract.
+    unsafe {
+        let qv: [[__m512; 2]; H] = std::array::from_fn(|h| {
+            std::array::from_fn(|v| {
+                if v < nv {
+                    _mm512_loadu_ps(qp[h].add(b * bw + v * 16))
+                } else {
+                    _mm512_setzero_ps()
+                }
+            })
+        });
+        for (r, &row) in rp.iter().enumerate() {
+            let x = load::<K, FULL>(row, b, n);
+            for (v, &x) in x.iter().enumerate().take(nv) {
+                for (h, qh) in qv.iter().enumerate() {
+                    let l = h * R + r;
+                    let a = l % 4 * 4 + l / 4;
+                    acc[a] = _mm512_fmadd_ps(qh[v], x, acc[a]);
+                }
+            }
+        }
     }
 }
 
@@ -461,6 +491,10 @@ unsafe fn pv_k<const K: u8, const H: usize, const C: usize>(a: PvArgs<'_>) {
     // (when the pass overruns it) are neither loaded nor stored.
     let live: [bool; C] = std::array::from_fn(|c| (c0 + c) * 16 < s && valid[c / nv] > 0);
     let ap = acc.as_mut_ptr();
+    // The bytes of this pass's blocks in a row: what is prefetched of each row of `pf`.
+    let level = super::prefetch_level();
+    let pf_from = (b0 * bw * esize(K)).min(width * esize(K));
+    let pf_bytes = ((b0 + nblk) * bw * esize(K)).min(width * esize(K)) - pf_from;
     // SAFETY (whole block): accumulator rows j0 .. j0 + H hold `s` values inside `acc`
     // and only live vectors (inside the padded width) are touched; rows hold `width`
     // elements from `hoff` and `load` reads only the valid ones (caller's contract).
@@ -473,34 +507,64 @@ unsafe fn pv_k<const K: u8, const H: usize, const C: usize>(a: PvArgs<'_>) {
                 }
             }
         }
-        for (i, &row) in rows.iter().enumerate() {
-            let row = row.wrapping_add(hoff);
-            if i < pf.len() {
-                for bb in 0..nblk {
-                    if valid[bb] > 0 {
-                        prefetch_line(pf[i].wrapping_add(pf_hoff), (b0 + bb) * bw * esize(K));
-                    }
-                }
-            }
-            let wv: [__m512; H] = std::array::from_fn(|h| _mm512_set1_ps(w[(j0 + h) * ld + i]));
-            for bb in 0..nblk {
-                let x = if valid[bb] == bw {
-                    load::<K, true>(row, b0 + bb, bw)
-                } else {
-                    load::<K, false>(row, b0 + bb, valid[bb])
-                };
-                for v in 0..nv {
-                    for h in 0..H {
-                        let c = bb * nv + v;
-                        a[h][c] = _mm512_fmadd_ps(wv[h], x[v], a[h][c]);
-                    }
-                }
-            }
+        // Weight rows of the pass's heads: `rows.len()` floats each (caller's contract).
+        assert!((j0 + H - 1) * ld + rows.len() <= w.len());
+        let wp: [*const f32; H] = std::array::from_fn(|h| w.as_ptr().add((j0 + h) * ld));
+        let pf = (pf, pf_hoff + pf_from, pf_bytes, level);
+        if valid[..nblk].iter().all(|&n| n == bw) {
+            pv_rows::<K, H, C, true>(&mut a, rows, hoff, pf, wp, b0, &valid);
+        } else {
+            pv_rows::<K, H, C, false>(&mut a, rows, hoff, pf, wp, b0, &valid);
         }
         for (h, ah) in a.iter().enumerate() {
             for (c, x) in ah.iter().enumerate() {
                 if live[c] {
                     _mm512_storeu_ps(ap.add((j0 + h) * s + (c0 + c) * 16), *x);
+                }
+            }
+        }
+    }
+}
+
+/// The rows of a value tile into the pass's accumulators `a` (see [`pv_k`]): each block of
+/// a row widened once for the `H` heads, each weight broadcast once per row; `pf`: the rows
+/// to prefetch, the offset and length in each of this pass's bytes, the level. `FULL`: every
+/// block of the pass is whole.
+///
+/// # Safety
+/// As [`pv_k`]; `wp[h]` valid for `rows.len()` floats.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn pv_rows<const K: u8, const H: usize, const C: usize, const FULL: bool>(
+    a: &mut [[__m512; C]; H],
+    rows: &[*const u8],
+    hoff: usize,
+    pf: (&[*const u8], usize, usize, super::PrefetchLevel),
+    wp: [*const f32; H],
+    b0: usize,
+    valid: &[usize; C],
+) {
+    let (bw, nv) = (block(K), block(K) / 16);
+    let (pf, pf_off, pf_bytes, level) = pf;
+    // SAFETY: the caller's contract.
+    unsafe {
+        for (i, &row) in rows.iter().enumerate() {
+            let row = row.wrapping_add(hoff);
+            if let Some(p) = pf.get(i) {
+                prefetch_span(p.wrapping_add(pf_off), pf_bytes, level);
+            }
+            let wv: [__m512; H] = std::array::from_fn(|h| _mm512_set1_ps(*wp[h].add(i)));
+            for bb in 0..C / nv {
+                let x = if FULL || valid[bb] == bw {
+                    load::<K, true>(row, b0 + bb, bw)
+                } else {
+                    load::<K, false>(row, b0 + bb, valid[bb])
+                };
+                for v in 0..nv {
+                    for (h, ah) in a.iter_mut().enumerate() {
+                        let c = bb * nv + v;
+                        ah[c] = _mm512_fmadd_ps(wv[h], x[v], ah[c]);
+                    }
                 }
             }
         }

@@ -28,6 +28,12 @@ pub(crate) fn prefetch_level_for(vendor: &[u8; 12]) -> PrefetchLevel {
 /// faults and reads nothing into the program (a no-op off x86_64).
 #[inline(always)]
 pub(crate) fn prefetch(p: *const u8) {
+    prefetch_to(p, prefetch_level());
+}
+
+/// Prefetches the line holding `p` to `level` (see [`prefetch`]).
+#[inline(always)]
+pub(crate) fn prefetch_to(p: *const u8, level: PrefetchLevel) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
@@ -36,14 +42,14 @@ pub(crate) fn prefetch(p: *const u8) {
         // whatever the address, and SSE is part of x86_64.
         #[allow(unused_unsafe)]
         unsafe {
-            match prefetch_level() {
+            match level {
                 PrefetchLevel::L1 => _mm_prefetch::<_MM_HINT_T0>(p),
                 PrefetchLevel::L2 => _mm_prefetch::<_MM_HINT_T1>(p),
             }
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
+    let _ = (p, level);
 }
 
 /// This machine's prefetch level (detected once; `L1` off x86_64, where nothing prefetches).
