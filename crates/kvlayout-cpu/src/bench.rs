@@ -128,12 +128,17 @@ impl ReadBound {
 
     /// Seconds of one pass over every buffer, one thread each.
     pub fn pass(&self, pool: &rayon::ThreadPool) -> f64 {
+        self.timed(pool, sum)
+    }
+
+    /// Seconds of `read(buffer)` run on every buffer (as floats), one thread each.
+    fn timed(&self, pool: &rayon::ThreadPool, read: impl Fn(&[f32]) -> f32 + Sync) -> f64 {
         let t = Instant::now();
         pool.install(|| {
             let s: f32 = self
                 .bufs
                 .par_iter()
-                .map(|b| sum(black_box(bytemuck::cast_slice(b.as_slice()))))
+                .map(|b| read(black_box(bytemuck::cast_slice(b.as_slice()))))
                 .sum();
             black_box(s);
         });
@@ -147,26 +152,16 @@ impl ReadBound {
     /// how much of the read bandwidth a core keeps once it computes between its loads.
     pub fn compute_pass(&self, pool: &rayon::ThreadPool, rounds: usize, cached: bool) -> f64 {
         const PIECE: usize = 256 << 10;
-        let t = Instant::now();
-        pool.install(|| {
-            let s: f32 = self
-                .bufs
-                .par_iter()
-                .map(|b| {
-                    let all: &[f32] = bytemuck::cast_slice(b.as_slice());
-                    if cached {
-                        let piece = &all[..all.len().min(PIECE / 4)];
-                        (0..all.len() / piece.len().max(1))
-                            .map(|_| sum_and_compute(black_box(piece), rounds))
-                            .sum::<f32>()
-                    } else {
-                        sum_and_compute(black_box(all), rounds)
-                    }
-                })
-                .sum();
-            black_box(s);
-        });
-        t.elapsed().as_secs_f64()
+        self.timed(pool, |all| {
+            if cached {
+                let piece = &all[..all.len().min(PIECE / 4)];
+                (0..all.len() / piece.len().max(1))
+                    .map(|_| sum_and_compute(black_box(piece), rounds))
+                    .sum::<f32>()
+            } else {
+                sum_and_compute(all, rounds)
+            }
+        })
     }
 
     /// Seconds of one pass that reads each buffer in chunks of `chunk` bytes (a power of two
@@ -184,22 +179,12 @@ impl ReadBound {
             x ^= x << 17;
             order.swap(i, (x % (i as u64 + 1)) as usize);
         }
-        let t = Instant::now();
-        pool.install(|| {
-            let s: f32 = self
-                .bufs
-                .par_iter()
-                .map(|b| {
-                    let all: &[f32] = bytemuck::cast_slice(b.as_slice());
-                    order
-                        .iter()
-                        .map(|&c| sum(black_box(&all[c * floats..(c + 1) * floats])))
-                        .sum::<f32>()
-                })
-                .sum();
-            black_box(s);
-        });
-        t.elapsed().as_secs_f64()
+        self.timed(pool, |all| {
+            order
+                .iter()
+                .map(|&c| sum(black_box(&all[c * floats..(c + 1) * floats])))
+                .sum::<f32>()
+        })
     }
 }
 
