@@ -13,8 +13,8 @@
 //! accumulators (one kernel call). Rows are addressed only through the layout's field maps.
 //! Contiguous rows of every dtype (f32, f16, bf16, fp8, int8) are read in place and widened
 //! in registers; other rows (x-split legacy keys, transposed legacy values, any non-unit
-//! element stride) are first gathered through the strides into f32 rows and go through the
-//! same kernels. The rows a few (tile, head) steps ahead are prefetched while the current
+//! element stride) are first copied through the strides into contiguous rows of the same
+//! dtype and go through the same kernels. The rows a few (tile, head) steps ahead are prefetched while the current
 //! ones are computed ([`PREFETCH_AHEAD`]).
 //!
 //! Per-tensor scales fold into the query (`k_scale`) and the final normalization (`v_scale`);
@@ -72,25 +72,39 @@ fn tile_len(slot: u64, level: simd::PrefetchLevel) -> u64 {
 const MIN_PARTITION: u64 = 128;
 
 /// How a field's rows are read.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Rows {
     /// Contiguous rows: read in place, widened by the kernels.
-    Direct(RowKind),
-    /// Anything else: gathered element by element through the strides into an f32 row.
-    Gathered(DType),
+    Direct,
+    /// Anything else: copied element by element through the strides into contiguous rows
+    /// of the same dtype, then read as direct rows are.
+    Gathered,
 }
 
 fn rows_of(m: &FieldMap) -> Rows {
-    let contiguous = m.strides.dim == m.elem_bytes() && m.strides.dim_split == m.width;
-    match (contiguous, m.dtype) {
-        (true, DType::F32) => Rows::Direct(RowKind::F32),
-        (true, DType::F16) => Rows::Direct(RowKind::F16),
-        (true, DType::Bf16) => Rows::Direct(RowKind::Bf16),
-        (true, DType::Fp8E4m3) => Rows::Direct(RowKind::Fp8E4m3),
-        (true, DType::Fp8E5m2) => Rows::Direct(RowKind::Fp8E5m2),
-        (true, DType::Int8) => Rows::Direct(RowKind::I8),
-        (_, dtype) => Rows::Gathered(dtype),
+    if m.strides.dim == m.elem_bytes() && m.strides.dim_split == m.width {
+        Rows::Direct
+    } else {
+        Rows::Gathered
     }
+}
+
+/// The kernels' row kind of a field's dtype (raw bytes hold no keys or values).
+fn row_kind(dtype: DType) -> Result<RowKind, OpError> {
+    Ok(match dtype {
+        DType::F32 => RowKind::F32,
+        DType::F16 => RowKind::F16,
+        DType::Bf16 => RowKind::Bf16,
+        DType::Fp8E4m3 => RowKind::Fp8E4m3,
+        DType::Fp8E5m2 => RowKind::Fp8E5m2,
+        DType::Int8 => RowKind::I8,
+        DType::U8 => {
+            return Err(OpError::Unsupported {
+                op: "paged_decode",
+                reason: "raw bytes (dtype u8) hold no keys or values".into(),
+            })
+        }
+    })
 }
 
 /// One field the decode reads: its map, buffer, how its rows are read and the kernels' view
@@ -100,7 +114,7 @@ struct Src<'a> {
     map: FieldMap,
     buf: &'a [u8],
     rows: Rows,
-    /// The kind the kernels see (gathered rows: f32).
+    /// The kind the kernels see (gathered rows too: they keep their dtype).
     kind: RowKind,
     /// The kernels' element order for this field.
     order: Order,
@@ -112,14 +126,11 @@ struct Src<'a> {
 }
 
 impl<'a> Src<'a> {
-    fn new(cache: &CacheRef<'a>, map: FieldMap, isa: Isa, role: Role) -> Self {
+    fn new(cache: &CacheRef<'a>, map: FieldMap, isa: Isa, role: Role) -> Result<Self, OpError> {
         let rows = rows_of(&map);
-        let kind = match rows {
-            Rows::Direct(kind) => kind,
-            Rows::Gathered(_) => RowKind::F32,
-        };
+        let kind = row_kind(map.dtype)?;
         let order = Order::of(isa, kind, role);
-        Src {
+        Ok(Src {
             map,
             buf: cache.buffers[map.strides.buffer as usize],
             rows,
@@ -127,7 +138,7 @@ impl<'a> Src<'a> {
             order,
             padded: order.padded(map.width as usize),
             fold: simd::fp8_fold(isa, kind),
-        }
+        })
     }
 
     /// Byte offset of `(layer, block, head 0, slot, d 0)`.
@@ -147,75 +158,57 @@ impl<'a> Src<'a> {
         decode(DType::F32, &self.buf[off..off + 4])
     }
 
-    /// Gathers the rows of head `head` of a tile (`offs`: head 0 of each token) through the
-    /// strides into `buf` (f32, one row after the other) and returns them.
-    fn gather_tile<'r>(
-        &self,
-        dtype: DType,
-        offs: &[u64],
-        head: u64,
-        buf: &'r mut [f32],
-    ) -> RowSet<'r> {
-        let w = self.map.width as usize;
-        let rows = &mut buf[..offs.len() * w];
-        // One loop nest per dtype, the decoding inlined.
-        match dtype {
-            DType::F32 => self.gather_with(4, offs, head, rows, |b| {
-                f32::from_le_bytes([b[0], b[1], b[2], b[3]])
-            }),
-            DType::F16 => self.gather_with(2, offs, head, rows, |b| {
-                half::f16::from_le_bytes([b[0], b[1]]).to_f32()
-            }),
-            DType::Bf16 => self.gather_with(2, offs, head, rows, |b| {
-                f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)
-            }),
-            DType::Fp8E4m3 | DType::Fp8E5m2 => {
-                let t = crate::elem::fp8_table(dtype);
-                self.gather_with(1, offs, head, rows, |b| t[b[0] as usize])
-            }
-            _ => self.gather_with(dtype.size_bytes() as usize, offs, head, rows, |b| {
-                decode(dtype, b)
-            }),
+    /// Copies the rows of head `head` of a tile (`offs`: head 0 of each token) through the
+    /// strides into `buf`, one contiguous row of the field's dtype after the other, and
+    /// returns them.
+    fn gather_tile<'r>(&self, offs: &[u64], head: u64, buf: &'r mut [f32]) -> RowSet<'r> {
+        let e = self.map.elem_bytes() as usize;
+        let row = self.map.width as usize * e;
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+        let rows = &mut bytes[..offs.len() * row];
+        match e {
+            1 => self.gather_with::<1>(offs, head, rows),
+            2 => self.gather_with::<2>(offs, head, rows),
+            _ => self.gather_with::<4>(offs, head, rows),
         }
-        let bytes: &'r [u8] = bytemuck::cast_slice(&*rows);
-        let mut set = RowSet::new(w * 4);
+        let rows: &'r [u8] = rows;
+        let mut set = RowSet::new(row);
         for i in 0..offs.len() {
-            set.push(bytes, i * w * 4);
+            set.push(rows, i * row);
         }
         set
     }
 
-    /// [`Src::gather_tile`] with elements of `e` bytes decoded by `f`. Element `d` of a row
-    /// lies at `(d / split) * chunk + (d % split) * dim` from its start; the loops walk the
-    /// chunks and their elements (no division per element). When consecutive tokens of the
-    /// tile are consecutive in memory (`slot == e`: the transposed legacy value), each
-    /// element index is read across a run of tokens at once, in address order.
-    fn gather_with(
-        &self,
-        e: usize,
-        offs: &[u64],
-        head: u64,
-        rows: &mut [f32],
-        f: impl Fn(&[u8]) -> f32,
-    ) {
+    /// [`Src::gather_tile`] for elements of `E` bytes. Element `d` of a row lies at
+    /// `(d / split) * chunk + (d % split) * dim` from its start; the loops walk the chunks
+    /// and their elements (no division per element). A chunk whose elements are contiguous
+    /// (the x-split legacy key: 16 bytes) is copied whole. When consecutive tokens of the
+    /// tile are consecutive in memory (`slot == E`: the transposed legacy value), each
+    /// element index is copied across a run of tokens at once, in address order.
+    fn gather_with<const E: usize>(&self, offs: &[u64], head: u64, rows: &mut [u8]) {
         let s = &self.map.strides;
         let w = self.map.width as usize;
         let (split, chunk, dim) = (s.dim_split as usize, s.dim_chunk as usize, s.dim as usize);
         let hs = (head * s.head) as usize;
-        if s.slot as usize == e && dim != e {
+        let elem =
+            |buf: &[u8], at: usize| -> [u8; E] { buf[at..at + E].try_into().expect("E bytes") };
+        if s.slot as usize == E && dim != E {
             let mut i0 = 0;
             while i0 < offs.len() {
                 let mut i1 = i0 + 1;
-                while i1 < offs.len() && offs[i1] == offs[i1 - 1] + e as u64 {
+                while i1 < offs.len() && offs[i1] == offs[i1 - 1] + E as u64 {
                     i1 += 1;
                 }
                 let base = offs[i0] as usize + hs;
                 let run = i1 - i0;
+                let dst = &mut rows[i0 * w * E..i1 * w * E];
                 for c in 0..w.div_ceil(split) {
                     for j in 0..split.min(w - c * split) {
                         let (d, p) = (c * split + j, base + c * chunk + j * dim);
-                        for (t, b) in self.buf[p..p + run * e].chunks_exact(e).enumerate() {
-                            rows[(i0 + t) * w + d] = f(b);
+                        let src = &self.buf[p..p + run * E];
+                        // Token t's element d: column d of the run's rows.
+                        for (row, x) in dst.chunks_exact_mut(w * E).zip(src.chunks_exact(E)) {
+                            row[d * E..(d + 1) * E].copy_from_slice(x);
                         }
                     }
                 }
@@ -223,19 +216,23 @@ impl<'a> Src<'a> {
             }
             return;
         }
-        for (&off, out) in offs.iter().zip(rows.chunks_exact_mut(w)) {
+        for (&off, out) in offs.iter().zip(rows.chunks_exact_mut(w * E)) {
             let base = off as usize + hs;
-            for (c, out) in out.chunks_mut(split).enumerate() {
+            for (c, out) in out.chunks_mut(split * E).enumerate() {
                 let p = base + c * chunk;
-                if dim == e {
-                    let src = &self.buf[p..p + out.len() * e];
-                    for (o, b) in out.iter_mut().zip(src.chunks_exact(e)) {
-                        *o = f(b);
+                if dim == E {
+                    let src = &self.buf[p..p + out.len()];
+                    if let (Ok(o), Ok(src)) = (
+                        <&mut [u8; 16]>::try_from(&mut *out),
+                        <&[u8; 16]>::try_from(src),
+                    ) {
+                        *o = *src;
+                    } else {
+                        out.copy_from_slice(src);
                     }
                 } else {
-                    for (j, o) in out.iter_mut().enumerate() {
-                        let q = p + j * dim;
-                        *o = f(&self.buf[q..q + e]);
+                    for (j, o) in out.chunks_exact_mut(E).enumerate() {
+                        o.copy_from_slice(&elem(self.buf, p + j * dim));
                     }
                 }
             }
@@ -313,6 +310,8 @@ struct Scratch {
     logits: Vec<f32>,
     kscale: Vec<f32>,
     vscale: Vec<f32>,
+    /// A tile's gathered key rows, then its value rows: bytes of their dtype, at most four
+    /// per element, kept in f32 storage.
     rows: Vec<f32>,
     widen: Vec<f32>,
     state: Vec<f32>,
@@ -339,12 +338,12 @@ impl<'a> Plan<'a> {
         isa: Isa,
     ) -> Result<Self, OpError> {
         let layout = cache.layout;
-        let k = Src::new(cache, layout.field_map(Field::K)?, isa, Role::Key);
-        let v = Src::new(cache, layout.field_map(Field::V)?, isa, Role::Value);
+        let k = Src::new(cache, layout.field_map(Field::K)?, isa, Role::Key)?;
+        let v = Src::new(cache, layout.field_map(Field::V)?, isa, Role::Value)?;
         let scaled = matches!(layout.content(), Content::KvScaled { .. });
         let inline = |f: Field| -> Result<Option<Src<'a>>, OpError> {
             Ok(if scaled {
-                Some(Src::new(cache, layout.field_map(f)?, isa, Role::Value))
+                Some(Src::new(cache, layout.field_map(f)?, isa, Role::Value)?)
             } else {
                 None
             })
@@ -475,11 +474,11 @@ impl<'a> Plan<'a> {
             let mut vcur = RowSet::new(v_span);
             let mut knext = RowSet::new(k_span);
             let mut vnext = RowSet::new(v_span);
-            if let Rows::Direct(_) = self.k.rows {
+            if self.k.rows == Rows::Direct {
                 self.k.direct_rows(&cur.k[..nt], &heads, &mut kcur);
                 self.k.direct_rows(&next.k[..next.n], &heads, &mut knext);
             }
-            if let Rows::Direct(_) = self.v.rows {
+            if self.v.rows == Rows::Direct {
                 self.v.direct_rows(&cur.v[..nt], &heads, &mut vcur);
                 self.v.direct_rows(&next.v[..next.n], &heads, &mut vnext);
             }
@@ -502,11 +501,9 @@ impl<'a> Plan<'a> {
                 // Logits of the tile: logits[j * TILE + i].
                 let gathered;
                 let (krows, hoff) = match self.k.rows {
-                    Rows::Direct(_) => {
-                        (&kcur, (hh - heads.start) * self.k.map.strides.head as usize)
-                    }
-                    Rows::Gathered(dtype) => {
-                        gathered = self.k.gather_tile(dtype, &cur.k[..nt], h, k_gathered);
+                    Rows::Direct => (&kcur, (hh - heads.start) * self.k.map.strides.head as usize),
+                    Rows::Gathered => {
+                        gathered = self.k.gather_tile(&cur.k[..nt], h, k_gathered);
                         (&gathered, 0)
                     }
                 };
@@ -571,11 +568,9 @@ impl<'a> Plan<'a> {
                 // Values: acc[j] += sum_i w[j * TILE + i] * v_i.
                 let gathered;
                 let (vrows, hoff) = match self.v.rows {
-                    Rows::Direct(_) => {
-                        (&vcur, (hh - heads.start) * self.v.map.strides.head as usize)
-                    }
-                    Rows::Gathered(dtype) => {
-                        gathered = self.v.gather_tile(dtype, &cur.v[..nt], h, v_gathered);
+                    Rows::Direct => (&vcur, (hh - heads.start) * self.v.map.strides.head as usize),
+                    Rows::Gathered => {
+                        gathered = self.v.gather_tile(&cur.v[..nt], h, v_gathered);
                         (&gathered, 0)
                     }
                 };

@@ -1,5 +1,6 @@
-//! Kernels of the decode, on rows stored as f32, f16, bf16, fp8 (e4m3, e5m2) or int8 bytes
-//! (contiguous rows read in place), or on rows already gathered into f32.
+//! Kernels of the decode, on contiguous rows stored as f32, f16, bf16, fp8 (e4m3, e5m2) or
+//! int8 bytes: read in place, or copied into contiguous rows first when the layout's rows are
+//! not contiguous.
 //!
 //! Per tile of up to [`TILE`] rows of one KV head: [`qk_tile`] computes the logits of every
 //! row against the whole GQA group of query rows, [`softmax_tile`] is the online-softmax step,
