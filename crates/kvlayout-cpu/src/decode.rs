@@ -239,6 +239,14 @@ impl<'a> Src<'a> {
         }
     }
 
+    /// Whether the rows are transposed (the legacy vLLM value): each element index holds a
+    /// block's tokens side by side (`slot` = one element), so a run of the tile's tokens
+    /// consecutive in memory is, per element index, one contiguous run of values.
+    fn transposed(&self) -> bool {
+        let (s, e) = (&self.map.strides, self.map.elem_bytes());
+        self.rows == Rows::Gathered && s.slot == e && s.dim_split == self.map.width && s.dim != e
+    }
+
     /// The contiguous rows of a tile (`offs`: head 0 of each token) for the heads `heads`:
     /// each row checked to span all of them.
     fn direct_rows(&self, offs: &[u64], heads: &Range<usize>, rows: &mut RowSet<'a>) {
@@ -314,6 +322,8 @@ struct Scratch {
     /// per element, kept in f32 storage.
     rows: Vec<f32>,
     widen: Vec<f32>,
+    /// Transposed values read in place: a tile's contribution to the group's accumulators.
+    transposed: Vec<f32>,
     state: Vec<f32>,
     /// Partial softmax sums of the item's heads, `SUM_LANES` per query head.
     lane_sums: Vec<f32>,
@@ -400,6 +410,42 @@ impl<'a> Plan<'a> {
         self.shape.group * (2 + self.v.padded)
     }
 
+    /// The values of head `h` of a tile (`offs`: head 0 of each token) whose rows are
+    /// transposed ([`Src::transposed`]), read in place: `out[j * width + d]` = the sum over
+    /// the tile's tokens of `w[j * TILE + i]` times element `d` of token `i`, for the `g`
+    /// heads ([`simd::pv_transposed`], on runs of at most 16 tokens consecutive in memory).
+    fn pv_transposed(&self, offs: &[u64], h: u64, w: &[f32], g: usize, out: &mut [f32]) {
+        let src = &self.v;
+        let e = src.map.elem_bytes();
+        let hs = h * src.map.strides.head;
+        let mut runs = [(0usize, 0usize, 0usize); TILE];
+        let mut n = 0usize;
+        for (i, &off) in offs.iter().enumerate() {
+            let at = (off + hs) as usize;
+            // Token `i` extends the last run when it lies right after it in memory.
+            if let Some((o, _, len)) = n.checked_sub(1).map(|r| runs[r]) {
+                if len < 16 && at == o + len * e as usize {
+                    runs[n - 1].2 += 1;
+                    continue;
+                }
+            }
+            runs[n] = (at, i, 1);
+            n += 1;
+        }
+        simd::pv_transposed(
+            self.isa,
+            src.kind,
+            src.buf,
+            &runs[..n],
+            src.map.strides.dim as usize,
+            src.map.width as usize,
+            w,
+            TILE,
+            g,
+            out,
+        );
+    }
+
     /// Online softmax of the KV heads `heads` over tokens `range` of sequence `seq`, tile by
     /// tile, every head of the range on each tile (so a token-major page is consumed whole).
     /// Writes one record (see [`Plan::record`]) per head into `states`; accumulators are in
@@ -430,6 +476,7 @@ impl<'a> Plan<'a> {
             vscale,
             rows,
             widen,
+            transposed,
             lane_sums,
             ..
         } = s;
@@ -442,6 +489,8 @@ impl<'a> Plan<'a> {
         grow(vscale, TILE);
         grow(rows, 2 * TILE * qk.max(vw));
         grow(widen, qk.max(vw));
+        grow(transposed, g * vw);
+        let v_in_place = self.v.transposed() && simd::reads_transposed(self.isa, self.v.kind);
         // Query rows of the item, scaled, in the key kernels' order.
         let q0 = (seq * self.shape.q_heads + heads.start * g) * qk;
         for (r, dst) in q[..nh * g * qstride].chunks_exact_mut(qstride).enumerate() {
@@ -566,6 +615,14 @@ impl<'a> Plan<'a> {
                     vstride,
                 );
                 // Values: acc[j] += sum_i w[j * TILE + i] * v_i.
+                if v_in_place {
+                    let out = &mut transposed[..g * vw];
+                    self.pv_transposed(&cur.v[..nt], h, logits, g, out);
+                    for (o, a) in out.chunks_exact(vw).zip(acc.chunks_exact_mut(vstride)) {
+                        self.v.order.add_to(o, a);
+                    }
+                    continue;
+                }
                 let gathered;
                 let (vrows, hoff) = match self.v.rows {
                     Rows::Direct => (&vcur, (hh - heads.start) * self.v.map.strides.head as usize),
@@ -1101,6 +1158,31 @@ mod tests {
             4,
             &[0, 0],
         ));
+    }
+
+    /// The legacy vLLM value, read in place where the kernels can (f32, f16, bf16 on
+    /// AVX-512): blocks of 32 tokens (runs split at 16), blocks of 8 (runs cut by the block
+    /// table), windows that start a tile inside a block, groups of 1, 3 and 6 (head blocks
+    /// of 4 with a remainder), widths that are not a multiple of 32.
+    #[test]
+    fn transposed_values() {
+        for dtype in DTYPES {
+            for (n, d, h, q) in [
+                (32, 80, 2, 6),
+                (8, 48, 3, 3),
+                (16, 112, 1, 1),
+                (32, 16, 2, 2),
+            ] {
+                let mut c = case(
+                    &format!("kv L=1 B=40 N={n} H={h} D={d} dtype={dtype} legacy=vllm-paged-v1"),
+                    q,
+                    &[75, 1, 33],
+                );
+                run_case(&c);
+                c.window = Some(21);
+                run_case(&c);
+            }
+        }
     }
 
     #[test]

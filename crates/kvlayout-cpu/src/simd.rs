@@ -22,6 +22,10 @@
 //!   those features.
 //! - scalar: the same portable loops.
 //!
+//! Transposed values (the legacy vLLM value: a block's tokens side by side per element index)
+//! of f32, f16 and bf16 are read in place on AVX-512 by [`pv_transposed`], which keeps one
+//! token per lane and reduces once per tile; elsewhere they are copied into rows first.
+//!
 //! Rows come in a [`RowSet`]: each row is bounds-checked against its buffer when it is added
 //! (for every head the kernels may read), then read through raw pointers with unaligned,
 //! width-masked loads. `order` holds the element orders of query and accumulator rows,
@@ -376,6 +380,52 @@ fn avx512_kernels(isa: Isa, kind: RowKind) -> (TileKernel, TileKernel) {
     } else {
         assert!(has_avx512(), "AVX-512 kernels on a machine without AVX-512");
         (avx512::qk_tile, avx512::pv_tile)
+    }
+}
+
+/// Whether [`pv_transposed`] reads transposed value rows of `kind` in place on `isa` (f32, f16
+/// and bf16 on AVX-512; anything else is copied into rows first).
+pub(crate) fn reads_transposed(isa: Isa, kind: RowKind) -> bool {
+    isa.avx512() && matches!(kind, RowKind::F32 | RowKind::F16 | RowKind::Bf16)
+}
+
+/// The values of a tile whose rows are transposed, read in place: run `(off, i0, n)` holds,
+/// for each element index `d < width`, tokens `i0 .. i0 + n` of the tile side by side at
+/// `buf[off + d * dim ..]` (`n <= 16`). `out[j * width + d]` = the sum over the runs' tokens
+/// of `w[j * ld + i0 + t]` times element `d` of token `i0 + t`, for the `g` heads, in natural
+/// order. Only where [`reads_transposed`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pv_transposed(
+    isa: Isa,
+    kind: RowKind,
+    buf: &[u8],
+    runs: &[(usize, usize, usize)],
+    dim: usize,
+    width: usize,
+    w: &[f32],
+    ld: usize,
+    g: usize,
+    out: &mut [f32],
+) {
+    assert!(
+        reads_transposed(isa, kind),
+        "transposed {kind:?} values are not read in place on {isa:?}"
+    );
+    if g == 0 || width == 0 {
+        return;
+    }
+    let e = elem(kind);
+    for &(off, i0, n) in runs {
+        assert!(n <= 16 && off + (width - 1) * dim + n * e <= buf.len());
+        assert!(i0 + n <= ld && (g - 1) * ld + i0 + n <= w.len());
+    }
+    assert!(out.len() >= g * width);
+    #[cfg(target_arch = "x86_64")]
+    {
+        assert!(has_avx512(), "AVX-512 kernels on a machine without AVX-512");
+        // SAFETY: AVX-512 F/BW/VL detected just above; every run's bytes, the weights and
+        // the outputs are inside their slices (asserted above).
+        unsafe { avx512::pv_transposed(kind, buf.as_ptr(), runs, dim, width, w, ld, g, out, width) }
     }
 }
 

@@ -571,6 +571,83 @@ unsafe fn pv_rows<const K: u8, const H: usize, const C: usize, const FULL: bool>
     }
 }
 
+/// Transposed value rows: run `(off, i0, n)` (`n <= 16`) holds, for each element index `d`,
+/// tokens `i0 .. i0 + n` side by side at `buf + off + d * dim`; `kind` is f32, f16 or bf16.
+/// `out[j * ow + d] = sum over the runs and their tokens t of w[j * ld + i0 + t] * v(d, t)`
+/// for the `g` heads and the `width` elements. Per block of 4 heads x 4 elements, the 16
+/// accumulators hold one lane per token of a run across all the runs, and are reduced once.
+///
+/// # Safety
+/// AVX-512 F/BW/VL present; each run's bytes `off .. off + (width - 1) * dim + n * elem`
+/// inside the buffer `buf` points to; `w.len() >= (g - 1) * ld + i0 + n` for each run;
+/// `out.len() >= (g - 1) * ow + width`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn pv_transposed(
+    kind: RowKind,
+    buf: *const u8,
+    runs: &[(usize, usize, usize)],
+    dim: usize,
+    width: usize,
+    w: &[f32],
+    ld: usize,
+    g: usize,
+    out: &mut [f32],
+    ow: usize,
+) {
+    let k = match kind {
+        RowKind::F32 => F32,
+        RowKind::F16 => F16,
+        RowKind::Bf16 => BF16,
+        _ => unreachable!("transposed values of {kind:?} are copied, not read in place"),
+    };
+    let z = _mm512_setzero_ps();
+    let mut j0 = 0;
+    while j0 < g {
+        let hn = (g - j0).min(4);
+        let mut d0 = 0;
+        while d0 < width {
+            let dn = (width - d0).min(4);
+            let mut acc = [z; 16];
+            for &(off, i0, n) in runs {
+                let m = mask(n);
+                // SAFETY: weights `(j0 + h) * ld + i0 .. + n` are inside `w`, and elements
+                // `d0 + dd` (below `width`) of the run inside the buffer (caller's contract);
+                // masked-off lanes are not read.
+                unsafe {
+                    let wv: [__m512; 4] = std::array::from_fn(|h| {
+                        if h < hn {
+                            _mm512_maskz_loadu_ps(m, w.as_ptr().add((j0 + h) * ld + i0))
+                        } else {
+                            z
+                        }
+                    });
+                    for dd in 0..dn {
+                        let p = buf.add(off + (d0 + dd) * dim);
+                        let x = match k {
+                            F32 => _mm512_maskz_loadu_ps(m, p as *const f32),
+                            F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p as *const i16)),
+                            _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(
+                                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p as *const i16)),
+                            )),
+                        };
+                        for (h, wh) in wv.iter().enumerate() {
+                            // Lane `h * 4 + dd` of the reduction (see `hsum16`).
+                            let l = h * 4 + dd;
+                            let a = l % 4 * 4 + l / 4;
+                            acc[a] = _mm512_fmadd_ps(*wh, x, acc[a]);
+                        }
+                    }
+                }
+            }
+            // Elements `d0 .. d0 + dn` of heads `j0 .. j0 + hn`, as `store_logits` stores rows.
+            store_logits::<4, 4>(hsum16(acc), out, ow, d0, j0, width, g);
+            d0 += 4;
+        }
+        j0 += 4;
+    }
+}
+
 /// [`super::softmax_tile`]. Once the running maximum of a head has settled, a step needs no
 /// horizontal reduction: one comparison shows that no logit exceeds it (only then is the
 /// tile's maximum reduced and the state rescaled), and the weights are summed lane by lane

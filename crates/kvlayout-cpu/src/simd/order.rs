@@ -131,6 +131,16 @@ impl Order {
         p
     }
 
+    /// `acc[pos(d)] += x[d]` for every `d`: values in natural order added at their places in
+    /// this order (not packed).
+    pub(crate) fn add_to(&self, x: &[f32], acc: &mut [f32]) {
+        assert!(
+            !self.packed,
+            "packed rows are query rows, never accumulated"
+        );
+        self.each(x.len(), |d, p| acc[p] += x[d]);
+    }
+
     /// Calls `f(d, pos(d))` for `d` in `0..n`, in increasing `d`.
     #[inline(always)]
     fn each(&self, n: usize, mut f: impl FnMut(usize, usize)) {
