@@ -435,6 +435,7 @@ impl<'a> Plan<'a> {
         simd::pv_transposed(
             self.isa,
             src.kind,
+            self.v_raw,
             src.buf,
             &runs[..n],
             src.map.strides.dim as usize,
@@ -490,7 +491,7 @@ impl<'a> Plan<'a> {
         grow(rows, 2 * TILE * qk.max(vw));
         grow(widen, qk.max(vw));
         grow(transposed, g * vw);
-        let v_in_place = self.v.transposed() && simd::reads_transposed(self.isa, self.v.kind);
+        let v_in_place = self.v.transposed() && simd::reads_transposed(self.isa);
         // Query rows of the item, scaled, in the key kernels' order.
         let q0 = (seq * self.shape.q_heads + heads.start * g) * qk;
         for (r, dst) in q[..nh * g * qstride].chunks_exact_mut(qstride).enumerate() {
@@ -1160,12 +1161,20 @@ mod tests {
         ));
     }
 
-    /// The legacy vLLM value, read in place where the kernels can (f32, f16, bf16 on
-    /// AVX-512): blocks of 32 tokens (runs split at 16), blocks of 8 (runs cut by the block
-    /// table), windows that start a tile inside a block, groups of 1, 3 and 6 (head blocks
-    /// of 4 with a remainder), widths that are not a multiple of 32.
+    /// The legacy vLLM value, read in place on AVX-512: blocks of 32 tokens (runs split at
+    /// 16), blocks of 8 (runs cut by the block table), windows that start a tile inside a
+    /// block, groups of 1, 3 and 6 (head blocks of 4 with a remainder), widths that are not a
+    /// multiple of 32; int8, and fp8 with per-tensor scales (raw fp8 values, the power of two
+    /// folded).
     #[test]
     fn transposed_values() {
+        for spec in [
+            "kv L=1 B=24 N=16 H=2 D=32 dtype=int8 legacy=vllm-paged-v1",
+            "kv L=1 B=24 N=16 H=2 D=32 dtype=fp8_e4m3 legacy=vllm-paged-v1 k_scale=0.5 v_scale=2",
+            "kv L=1 B=24 N=16 H=2 D=48 dtype=fp8_e5m2 legacy=vllm-paged-v1 k_scale=4 v_scale=0.25",
+        ] {
+            run_case(&case(spec, 4, &[37, 0, 16, 70]));
+        }
         for dtype in DTYPES {
             for (n, d, h, q) in [
                 (32, 80, 2, 6),

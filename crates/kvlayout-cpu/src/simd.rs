@@ -23,8 +23,8 @@
 //! - scalar: the same portable loops.
 //!
 //! Transposed values (the legacy vLLM value: a block's tokens side by side per element index)
-//! of f32, f16 and bf16 are read in place on AVX-512 by [`pv_transposed`], which keeps one
-//! token per lane and reduces once per tile; elsewhere they are copied into rows first.
+//! are read in place on AVX-512 by [`pv_transposed`], which keeps one token per lane and
+//! reduces once per tile; elsewhere they are copied into rows first.
 //!
 //! Rows come in a [`RowSet`]: each row is bounds-checked against its buffer when it is added
 //! (for every head the kernels may read), then read through raw pointers with unaligned,
@@ -383,21 +383,23 @@ fn avx512_kernels(isa: Isa, kind: RowKind) -> (TileKernel, TileKernel) {
     }
 }
 
-/// Whether [`pv_transposed`] reads transposed value rows of `kind` in place on `isa` (f32, f16
-/// and bf16 on AVX-512; anything else is copied into rows first).
-pub(crate) fn reads_transposed(isa: Isa, kind: RowKind) -> bool {
-    isa.avx512() && matches!(kind, RowKind::F32 | RowKind::F16 | RowKind::Bf16)
+/// Whether [`pv_transposed`] reads transposed value rows in place on `isa` (on AVX-512, of
+/// every kind; elsewhere they are copied into rows first).
+pub(crate) fn reads_transposed(isa: Isa) -> bool {
+    isa.avx512()
 }
 
 /// The values of a tile whose rows are transposed, read in place: run `(off, i0, n)` holds,
 /// for each element index `d < width`, tokens `i0 .. i0 + n` of the tile side by side at
 /// `buf[off + d * dim ..]` (`n <= 16`). `out[j * width + d]` = the sum over the runs' tokens
 /// of `w[j * ld + i0 + t]` times element `d` of token `i0 + t`, for the `g` heads, in natural
-/// order. Only where [`reads_transposed`].
+/// order. `raw`: fp8 values without their power of two ([`fp8_fold`]). Only where
+/// [`reads_transposed`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pv_transposed(
     isa: Isa,
     kind: RowKind,
+    raw: bool,
     buf: &[u8],
     runs: &[(usize, usize, usize)],
     dim: usize,
@@ -408,8 +410,8 @@ pub(crate) fn pv_transposed(
     out: &mut [f32],
 ) {
     assert!(
-        reads_transposed(isa, kind),
-        "transposed {kind:?} values are not read in place on {isa:?}"
+        reads_transposed(isa),
+        "transposed values are not read in place on {isa:?}"
     );
     if g == 0 || width == 0 {
         return;
@@ -420,12 +422,28 @@ pub(crate) fn pv_transposed(
         assert!(i0 + n <= ld && (g - 1) * ld + i0 + n <= w.len());
     }
     assert!(out.len() >= g * width);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = raw;
     #[cfg(target_arch = "x86_64")]
     {
         assert!(has_avx512(), "AVX-512 kernels on a machine without AVX-512");
         // SAFETY: AVX-512 F/BW/VL detected just above; every run's bytes, the weights and
         // the outputs are inside their slices (asserted above).
-        unsafe { avx512::pv_transposed(kind, buf.as_ptr(), runs, dim, width, w, ld, g, out, width) }
+        unsafe {
+            avx512::pv_transposed(
+                kind,
+                raw,
+                buf.as_ptr(),
+                runs,
+                dim,
+                width,
+                w,
+                ld,
+                g,
+                out,
+                width,
+            )
+        }
     }
 }
 
@@ -691,6 +709,77 @@ mod tests {
         for a in 0..16 {
             let want: f32 = v[a].iter().sum();
             assert_eq!(s[4 * (a % 4) + a / 4], want, "accumulator {a}");
+        }
+    }
+
+    /// `pv_transposed` on every kind, with and without the fp8 power of two, against the
+    /// element decoder: two runs (16 tokens, then 5) of 24 elements, 3 heads.
+    #[test]
+    fn transposed_values_every_kind() {
+        use kvlayout::DType;
+        let Some(isa) = available().into_iter().find(|&i| reads_transposed(i)) else {
+            use std::io::Write;
+            // Straight to stderr, past the test harness's capture, so CI logs count it.
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "skipped: pv_transposed kernel: no AVX-512 on this machine"
+            );
+            return;
+        };
+        let (width, tokens, g) = (24, 21, 3);
+        let runs = |e: usize| [(0, 0, 16), (16 * e, 16, 5)];
+        let w: Vec<f32> = (0..(g - 1) * TILE + tokens)
+            .map(|i| ((i % TILE) as f32 + 1.0) * 0.01 * (i / TILE + 1) as f32)
+            .collect();
+        for (kind, dtype, fold) in [
+            (RowKind::Fp8E4m3, DType::Fp8E4m3, 120),
+            (RowKind::Fp8E5m2, DType::Fp8E5m2, 112),
+            (RowKind::I8, DType::Int8, 0),
+            (RowKind::Bf16, DType::Bf16, 0),
+            (RowKind::F16, DType::F16, 0),
+            (RowKind::F32, DType::F32, 0),
+        ] {
+            let e = elem(kind);
+            // Element d of token t at `(d * tokens + t) * e`: element rows `tokens * e` apart.
+            let mut buf = vec![0u8; width * tokens * e];
+            for (i, x) in buf.chunks_exact_mut(e).enumerate() {
+                let v =
+                    ((i * 7 % 23) as f32 - 11.0) * if e == 1 && fold == 0 { 1.0 } else { 0.375 };
+                crate::elem::encode(dtype, v, x);
+            }
+            for raw in [false, true] {
+                let mut out = vec![0f32; g * width];
+                pv_transposed(
+                    isa,
+                    kind,
+                    raw,
+                    &buf,
+                    &runs(e),
+                    tokens * e,
+                    width,
+                    &w,
+                    TILE,
+                    g,
+                    &mut out,
+                );
+                let f = if raw { 2f32.powi(fold) } else { 1.0 };
+                for j in 0..g {
+                    for d in 0..width {
+                        let want: f64 = (0..tokens)
+                            .map(|t| {
+                                let at = (d * tokens + t) * e;
+                                f64::from(w[j * TILE + t])
+                                    * f64::from(crate::elem::decode(dtype, &buf[at..at + e]))
+                            })
+                            .sum();
+                        let got = f64::from(out[j * width + d]) * f64::from(f);
+                        assert!(
+                            (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                            "{kind:?} raw {raw} head {j} element {d}: {got} against {want}"
+                        );
+                    }
+                }
+            }
         }
     }
 

@@ -572,7 +572,9 @@ unsafe fn pv_rows<const K: u8, const H: usize, const C: usize, const FULL: bool>
 }
 
 /// Transposed value rows: run `(off, i0, n)` (`n <= 16`) holds, for each element index `d`,
-/// tokens `i0 .. i0 + n` side by side at `buf + off + d * dim`; `kind` is f32, f16 or bf16.
+/// tokens `i0 .. i0 + n` side by side at `buf + off + d * dim`. One token per lane, in
+/// order: fp8 bytes are zero-extended and their sign and magnitude bits moved as in `load`
+/// (with `raw`, without the power of two), int8 sign-extended.
 /// `out[j * ow + d] = sum over the runs and their tokens t of w[j * ld + i0 + t] * v(d, t)`
 /// for the `g` heads and the `width` elements. Per block of 4 heads x 4 elements, the 16
 /// accumulators hold one lane per token of a run across all the runs, and are reduced once.
@@ -585,6 +587,7 @@ unsafe fn pv_rows<const K: u8, const H: usize, const C: usize, const FULL: bool>
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(super) unsafe fn pv_transposed(
     kind: RowKind,
+    raw: bool,
     buf: *const u8,
     runs: &[(usize, usize, usize)],
     dim: usize,
@@ -595,11 +598,15 @@ pub(super) unsafe fn pv_transposed(
     out: &mut [f32],
     ow: usize,
 ) {
-    let k = match kind {
-        RowKind::F32 => F32,
-        RowKind::F16 => F16,
-        RowKind::Bf16 => BF16,
-        _ => unreachable!("transposed values of {kind:?} are copied, not read in place"),
+    let k = match (kind, raw) {
+        (RowKind::F32, _) => F32,
+        (RowKind::F16, _) => F16,
+        (RowKind::Bf16, _) => BF16,
+        (RowKind::Fp8E4m3, false) => E4M3,
+        (RowKind::Fp8E4m3, true) => E4M3_RAW,
+        (RowKind::Fp8E5m2, false) => E5M2,
+        (RowKind::Fp8E5m2, true) => E5M2_RAW,
+        (RowKind::I8, _) => I8,
     };
     let z = _mm512_setzero_ps();
     let mut j0 = 0;
@@ -627,9 +634,14 @@ pub(super) unsafe fn pv_transposed(
                         let x = match k {
                             F32 => _mm512_maskz_loadu_ps(m, p as *const f32),
                             F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p as *const i16)),
-                            _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(
+                            BF16 => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(
                                 _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p as *const i16)),
                             )),
+                            I8 => _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(
+                                m,
+                                p as *const i8,
+                            ))),
+                            _ => fp8_lanes(k, _mm_maskz_loadu_epi8(m, p as *const i8)),
                         };
                         for (h, wh) in wv.iter().enumerate() {
                             // Lane `h * 4 + dd` of the reduction (see `hsum16`).
@@ -645,6 +657,28 @@ pub(super) unsafe fn pv_transposed(
             d0 += 4;
         }
         j0 += 4;
+    }
+}
+
+/// 16 fp8 bytes of kind `k`, one per lane in order, as f32: the value times 2^-120 (e4m3) or
+/// 2^-112 (e5m2) for the `_RAW` kinds, the value for the others (see `load`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn fp8_lanes(k: u8, bytes: __m128i) -> __m512 {
+    let x = _mm512_cvtepu8_epi32(bytes);
+    let sign = _mm512_slli_epi32::<24>(_mm512_and_si512(x, _mm512_set1_epi32(0x80)));
+    let mag = _mm512_and_si512(x, _mm512_set1_epi32(0x7F));
+    let e4 = k == E4M3 || k == E4M3_RAW;
+    let mag = if e4 {
+        _mm512_slli_epi32::<20>(mag)
+    } else {
+        _mm512_slli_epi32::<21>(mag)
+    };
+    let v = _mm512_castsi512_ps(_mm512_or_si512(sign, mag));
+    match k {
+        E4M3 => _mm512_mul_ps(v, _mm512_set1_ps(f32::from_bits((127 + 120) << 23))),
+        E5M2 => _mm512_mul_ps(v, _mm512_set1_ps(f32::from_bits((127 + 112) << 23))),
+        _ => v,
     }
 }
 
