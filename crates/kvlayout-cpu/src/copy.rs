@@ -1,6 +1,6 @@
 //! Fast paths of the block movers: `copy_blocks`, `swap_blocks`, `gather_blocks`,
-//! `scatter_blocks` and `convert` all reduce to one [`MovePlan`] between two layouts of the
-//! same content, executed as memcpy of the largest units contiguous on both sides.
+//! `scatter_blocks` and `convert` all reduce to one list of [`Piece`]s between two layouts of
+//! the same content, executed as memcpy of the largest units contiguous on both sides.
 
 use std::ops::Range;
 

@@ -12,7 +12,7 @@ pub(crate) enum Role {
     Value,
 }
 
-/// How the elements of a block are permuted (see [`Order::pos`]).
+/// How the elements of a block are permuted (see `Order::each`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Perm {
     Natural,
