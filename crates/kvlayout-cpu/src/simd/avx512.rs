@@ -1,7 +1,8 @@
 //! The AVX-512 F/BW/VL kernels of the decode: rows of every kind widened to f32 in registers
-//! and multiplied with FMAs (bf16 and fp8 too, on machines without AVX-512 BF16), the
-//! online-softmax step, and the helpers the bf16-operand kernels share (`hsum16`,
-//! `store_logits`, `pv_passes`, `prefetch_line`, the argument tuples).
+//! and multiplied with FMAs (bf16 and fp8 too, on machines without AVX-512 BF16), the values
+//! of transposed rows read in place (`pv_transposed`, every build), the online-softmax step,
+//! and the helpers the bf16-operand kernels share (`hsum16`, `store_logits`, `pv_passes`,
+//! `prefetch_line`, the argument tuples).
 
 use super::RowKind;
 use std::arch::x86_64::*;
