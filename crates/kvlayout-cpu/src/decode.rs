@@ -193,28 +193,50 @@ impl<'a> Src<'a> {
         let hs = (head * s.head) as usize;
         let elem =
             |buf: &[u8], at: usize| -> [u8; E] { buf[at..at + E].try_into().expect("E bytes") };
-        if s.slot as usize == E && dim != E {
+        // Runs of the tile's tokens whose rows follow each other `slot` bytes apart.
+        let runs = |step: u64, f: &mut dyn FnMut(usize, usize, usize)| {
             let mut i0 = 0;
             while i0 < offs.len() {
                 let mut i1 = i0 + 1;
-                while i1 < offs.len() && offs[i1] == offs[i1 - 1] + E as u64 {
+                while i1 < offs.len() && offs[i1] == offs[i1 - 1] + step {
                     i1 += 1;
                 }
-                let base = offs[i0] as usize + hs;
-                let run = i1 - i0;
+                f(i0, i1, offs[i0] as usize + hs);
+                i0 = i1;
+            }
+        };
+        if s.slot as usize == E && dim != E {
+            runs(E as u64, &mut |i0, i1, base| {
                 let dst = &mut rows[i0 * w * E..i1 * w * E];
                 for c in 0..w.div_ceil(split) {
                     for j in 0..split.min(w - c * split) {
                         let (d, p) = (c * split + j, base + c * chunk + j * dim);
-                        let src = &self.buf[p..p + run * E];
+                        let src = &self.buf[p..p + (i1 - i0) * E];
                         // Token t's element d: column d of the run's rows.
                         for (row, x) in dst.chunks_exact_mut(w * E).zip(src.chunks_exact(E)) {
                             row[d * E..(d + 1) * E].copy_from_slice(x);
                         }
                     }
                 }
-                i0 = i1;
-            }
+            });
+            return;
+        }
+        if dim == E && split * E == 16 && s.slot as usize == 16 && w.is_multiple_of(split) {
+            // The x-split legacy key: each token's chunk `c` is 16 bytes, the chunks of a run
+            // of tokens side by side; copied chunk by chunk across the run.
+            runs(16, &mut |i0, i1, base| {
+                let dst = &mut rows[i0 * w * E..i1 * w * E];
+                for c in 0..w / split {
+                    let p = base + c * chunk;
+                    let src = &self.buf[p..p + (i1 - i0) * 16];
+                    for (row, x) in dst.chunks_exact_mut(w * E).zip(src.chunks_exact(16)) {
+                        let o: &mut [u8; 16] = (&mut row[c * 16..(c + 1) * 16])
+                            .try_into()
+                            .expect("16 bytes");
+                        *o = x.try_into().expect("16 bytes");
+                    }
+                }
+            });
             return;
         }
         for (&off, out) in offs.iter().zip(rows.chunks_exact_mut(w * E)) {
