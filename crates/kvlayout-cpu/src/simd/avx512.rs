@@ -252,8 +252,9 @@ pub(super) type QkArgs<'a> = (
 /// row, the `H` query vectors are loaded once and each row is widened once for the `H`
 /// heads; one transposed reduction gives the 16 dot products. Rows past the tile repeat
 /// the last row and heads past the group repeat the last head; their results are
-/// dropped. Before a row block is computed, the same rows of `pf` are prefetched (whole
-/// rows, line by line, so the loop over the row's blocks carries no prefetch).
+/// dropped. Along the first head block, each row's load prefetches the same line of the
+/// matching row of `pf`: one prefetch per line, spaced between the loads, no branch (a
+/// burst of prefetches before each row block read head-major caches from memory slower).
 ///
 /// # Safety
 /// As [`qk_tile`].
@@ -269,11 +270,13 @@ unsafe fn qk_k<const K: u8, const R: usize, const H: usize>(a: QkArgs<'_>) {
     while i0 < nt {
         let rp: [*const u8; R] =
             std::array::from_fn(|r| rows[(i0 + r).min(nt - 1)].wrapping_add(hoff));
-        for &p in pf.iter().skip(i0).take(R) {
-            prefetch_span(p.wrapping_add(pf_hoff), row_bytes, level);
-        }
+        // The rows of `pf` matching this block's, prefetched line by line with the loads of
+        // the first head block (a row without one prefetches its own, cached, line).
+        let pfp: [*const u8; R] =
+            std::array::from_fn(|r| pf.get(i0 + r).map_or(rp[r], |p| p.wrapping_add(pf_hoff)));
         let mut j0 = 0;
         while j0 < g {
+            let pf_on = j0 == 0;
             // SAFETY (whole block): query rows `min(j0 + h, g - 1)` (at stride `qs`) hold
             // `width` values padded to whole blocks; rows `rp` hold `width` elements: `full`
             // whole blocks and `tail` elements of the next (caller's contract).
@@ -281,11 +284,12 @@ unsafe fn qk_k<const K: u8, const R: usize, const H: usize>(a: QkArgs<'_>) {
                 let qp: [*const f32; H] =
                     std::array::from_fn(|h| q.as_ptr().add((j0 + h).min(g - 1) * qs));
                 let mut acc = [_mm512_setzero_ps(); 16];
+                let pf = (&pfp, pf_on, level);
                 for b in 0..full {
-                    qk_block::<K, R, H, true>(&mut acc, &qp, &rp, b, bw);
+                    qk_block::<K, R, H, true>(&mut acc, &qp, &rp, pf, b, bw);
                 }
                 if tail > 0 {
-                    qk_block::<K, R, H, false>(&mut acc, &qp, &rp, full, tail);
+                    qk_block::<K, R, H, false>(&mut acc, &qp, &rp, pf, full, tail);
                 }
                 hsum16(acc)
             };
@@ -303,20 +307,27 @@ unsafe fn qk_k<const K: u8, const R: usize, const H: usize>(a: QkArgs<'_>) {
 /// Block `b` (its first `n` elements; all of it when `FULL`) of rows `rp` times the query
 /// rows `qp`, into the accumulators (`acc[l % 4 * 4 + l / 4]` for head `h`, row `r`,
 /// `l = h * R + r`, so that `hsum16` puts head `h`'s rows in lanes `h * R .. h * R + R`).
+/// `pf`: rows whose line at the block's offset is prefetched as each row is loaded (when
+/// on), and the level.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL present; the query rows hold the whole block; the rows hold its first
-/// `n` elements.
+/// `n` elements. The rows of `pf` are only prefetched.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn qk_block<const K: u8, const R: usize, const H: usize, const FULL: bool>(
     acc: &mut [__m512; 16],
     qp: &[*const f32; H],
     rp: &[*const u8; R],
+    pf: (&[*const u8; R], bool, super::PrefetchLevel),
     b: usize,
     n: usize,
 ) {
     let (bw, nv) = (block(K), block(K) / 16);
+    let (pfp, pf_on, level) = pf;
+    // One prefetch per line: every block of 64 bytes or more, every other block of 32.
+    let at = b * bw * esize(K);
+    let pf_on = pf_on && at.is_multiple_of(64);
     // SAFETY: the caller's contract.
     unsafe {
         let qv: [[__m512; 2]; H] = std::array::from_fn(|h| {
@@ -329,6 +340,9 @@ unsafe fn qk_block<const K: u8, const R: usize, const H: usize, const FULL: bool
             })
         });
         for (r, &row) in rp.iter().enumerate() {
+            if pf_on {
+                super::prefetch_to(pfp[r].wrapping_add(at), level);
+            }
             let x = load::<K, FULL>(row, b, n);
             for (v, &x) in x.iter().enumerate().take(nv) {
                 for (h, qh) in qv.iter().enumerate() {
@@ -551,11 +565,17 @@ unsafe fn pv_rows<const K: u8, const H: usize, const C: usize, const FULL: bool>
     unsafe {
         for (i, &row) in rows.iter().enumerate() {
             let row = row.wrapping_add(hoff);
-            if let Some(p) = pf.get(i) {
-                prefetch_span(p.wrapping_add(pf_off), pf_bytes, level);
-            }
+            // The same blocks of the next row of `pf`, a line with each load (a row without
+            // one prefetches its own, cached, line).
+            let pp = pf.get(i).map_or(row.wrapping_add(b0 * bw * esize(K)), |p| {
+                p.wrapping_add(pf_off)
+            });
             let wv: [__m512; H] = std::array::from_fn(|h| _mm512_set1_ps(*wp[h].add(i)));
             for bb in 0..C / nv {
+                let at = bb * bw * esize(K);
+                if at < pf_bytes && (b0 * bw * esize(K) + at).is_multiple_of(64) {
+                    super::prefetch_to(pp.wrapping_add(at), level);
+                }
                 let x = if FULL || valid[bb] == bw {
                     load::<K, true>(row, b0 + bb, bw)
                 } else {
