@@ -230,6 +230,7 @@ fn execute(
             0
         };
         let per_unit = span_lines.div_ceil(total);
+        let nt = if stream { stream_kind() } else { Stream::No };
         be.pool.install(|| {
             (0..pairs.len() as u64 * outer_ext)
                 .into_par_iter()
@@ -238,23 +239,25 @@ fn execute(
                     let o = item % outer_ext;
                     let s0 = item_src(item);
                     let d0 = p.dst_base + db * p.dst_block + o * outer_d;
-                    let next = if item + 1 < items {
-                        item_src(item + 1)
+                    // The next item's source lines (none past the buffer), a few per unit.
+                    let (next_line, pf_lines) = if item + 1 < items {
+                        let first = item_src(item + 1) / 64;
+                        (
+                            first,
+                            span_lines.min((sl as u64 / 64).saturating_sub(first)),
+                        )
                     } else {
-                        0
+                        (0, 0)
                     };
+                    let pf_base = (sp as *const u8).wrapping_add((next_line * 64) as usize);
                     let mut line = 0;
                     let mut idx = vec![0u64; inner.len()];
                     for _ in 0..total {
-                        // The next item's source lines, a few per unit (none past the buffer).
-                        if item + 1 < items {
-                            for _ in 0..per_unit {
-                                let at = (next / 64 + line) * 64;
-                                if line < span_lines && at < sl as u64 {
-                                    simd::prefetch((sp as *const u8).wrapping_add(at as usize));
-                                }
-                                line += 1;
+                        for _ in 0..per_unit {
+                            if line < pf_lines {
+                                simd::prefetch(pf_base.wrapping_add((line * 64) as usize));
                             }
+                            line += 1;
                         }
                         let (mut so, mut dof) = (s0, d0);
                         for (i, d) in idx.iter().zip(&inner) {
@@ -269,7 +272,7 @@ fn execute(
                         // SAFETY: in bounds (asserted), disjoint from other workers' writes and
                         // from the source (see the function's doc).
                         unsafe {
-                            copy_unit((sp as *const u8).add(so), dp.get().add(dof), unit, stream)
+                            copy_unit((sp as *const u8).add(so), dp.get().add(dof), unit, nt)
                         };
                         for (i, d) in idx.iter_mut().zip(&inner) {
                             *i += 1;
@@ -293,23 +296,49 @@ const STREAM_THRESHOLD: u64 = 8 << 20;
 /// Most lines of the next item's source prefetched during an item (256 KiB, within L2).
 const PREFETCH_SPAN_LINES: u64 = 4096;
 
-/// Copies `len` bytes; with `stream`, 64-byte-aligned destinations of whole 64-byte lines are
-/// written with non-temporal stores (AVX-512 or AVX), saving the read-for-ownership traffic.
-///
-/// # Safety
-/// `src` and `dst` are valid for `len` bytes and do not overlap.
-#[inline]
-unsafe fn copy_unit(src: *const u8, dst: *mut u8, len: usize, stream: bool) {
+/// How a unit's destination is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    /// Through the caches (`memcpy`).
+    No,
+    /// Non-temporal 64-byte stores (AVX-512).
+    Avx512,
+    /// Non-temporal 32-byte stores (AVX).
+    Avx,
+}
+
+/// The widest non-temporal stores this machine has (detected once per op, not per unit).
+fn stream_kind() -> Stream {
     #[cfg(target_arch = "x86_64")]
-    if stream && (dst as usize).is_multiple_of(64) && len.is_multiple_of(64) {
+    {
         if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the feature is present; same contract as this function.
-            return unsafe { stream_avx512(src, dst, len) };
+            return Stream::Avx512;
         }
         if std::arch::is_x86_feature_detected!("avx") {
-            // SAFETY: as above.
-            return unsafe { stream_avx(src, dst, len) };
+            return Stream::Avx;
         }
+    }
+    Stream::No
+}
+
+/// Copies `len` bytes; with a `Stream` other than `No` (detected by [`stream_kind`]),
+/// 64-byte-aligned destinations of whole 64-byte lines are written with non-temporal stores,
+/// saving the read-for-ownership traffic.
+///
+/// # Safety
+/// `src` and `dst` are valid for `len` bytes and do not overlap; `stream` comes from
+/// [`stream_kind`] (its instructions are present).
+#[inline]
+unsafe fn copy_unit(src: *const u8, dst: *mut u8, len: usize, stream: Stream) {
+    #[cfg(target_arch = "x86_64")]
+    if stream != Stream::No && (dst as usize).is_multiple_of(64) && len.is_multiple_of(64) {
+        // SAFETY: the feature was detected (`stream_kind`); same contract as this function.
+        return unsafe {
+            match stream {
+                Stream::Avx512 => stream_avx512(src, dst, len),
+                _ => stream_avx(src, dst, len),
+            }
+        };
     }
     let _ = stream;
     // SAFETY: the caller's contract.
