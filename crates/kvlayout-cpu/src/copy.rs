@@ -115,6 +115,7 @@ fn plan(
                     e
                 };
                 dims.extend(outer(a, b));
+                assert!(dims.len() <= MAX_DIMS);
                 pieces.push(Piece {
                     src_buf: a.strides.buffer as usize,
                     dst_buf: b.strides.buffer as usize,
@@ -251,7 +252,9 @@ fn execute(
                     };
                     let pf_base = (sp as *const u8).wrapping_add((next_line * 64) as usize);
                     let mut line = 0;
-                    let mut idx = vec![0u64; inner.len()];
+                    // At most `MAX_DIMS` dimensions (`plan`): no allocation per item.
+                    let mut idx = [0u64; MAX_DIMS];
+                    let idx = &mut idx[..inner.len()];
                     for _ in 0..total {
                         for _ in 0..per_unit {
                             if line < pf_lines {
@@ -289,6 +292,9 @@ fn execute(
         });
     }
 }
+
+/// Most dimensions of a piece: the element split and its chunks, then slot, head, layer.
+const MAX_DIMS: usize = 5;
 
 /// Bytes moved by one op above which destination writes bypass the caches.
 const STREAM_THRESHOLD: u64 = 8 << 20;
