@@ -138,6 +138,12 @@ impl Order {
             !self.packed,
             "packed rows are query rows, never accumulated"
         );
+        if self.perm == Perm::Natural {
+            for (a, v) in acc[..x.len()].iter_mut().zip(x) {
+                *a += v;
+            }
+            return;
+        }
         self.each(x.len(), |d, p| acc[p] += x[d]);
     }
 
