@@ -221,19 +221,17 @@ impl<'a> Src<'a> {
             });
             return;
         }
-        if dim == E && split * E == 16 && s.slot as usize == 16 && w.is_multiple_of(split) {
-            // The x-split legacy key: each token's chunk `c` is 16 bytes, the chunks of a run
-            // of tokens side by side; copied chunk by chunk across the run.
-            runs(16, &mut |i0, i1, base| {
+        let piece = split * E;
+        if dim == E && s.slot as usize == piece && w.is_multiple_of(split) {
+            // Contiguous pieces of `split` elements whose tokens lie side by side (the
+            // x-split legacy key: 16 bytes): copied piece by piece across a run of tokens.
+            runs(piece as u64, &mut |i0, i1, base| {
                 let dst = &mut rows[i0 * w * E..i1 * w * E];
                 for c in 0..w / split {
                     let p = base + c * chunk;
-                    let src = &self.buf[p..p + (i1 - i0) * 16];
-                    for (row, x) in dst.chunks_exact_mut(w * E).zip(src.chunks_exact(16)) {
-                        let o: &mut [u8; 16] = (&mut row[c * 16..(c + 1) * 16])
-                            .try_into()
-                            .expect("16 bytes");
-                        *o = x.try_into().expect("16 bytes");
+                    let src = &self.buf[p..p + (i1 - i0) * piece];
+                    for (row, x) in dst.chunks_exact_mut(w * E).zip(src.chunks_exact(piece)) {
+                        copy_piece(&mut row[c * piece..(c + 1) * piece], x);
                     }
                 }
             });
@@ -241,18 +239,10 @@ impl<'a> Src<'a> {
         }
         for (&off, out) in offs.iter().zip(rows.chunks_exact_mut(w * E)) {
             let base = off as usize + hs;
-            for (c, out) in out.chunks_mut(split * E).enumerate() {
+            for (c, out) in out.chunks_mut(piece).enumerate() {
                 let p = base + c * chunk;
                 if dim == E {
-                    let src = &self.buf[p..p + out.len()];
-                    if let (Ok(o), Ok(src)) = (
-                        <&mut [u8; 16]>::try_from(&mut *out),
-                        <&[u8; 16]>::try_from(src),
-                    ) {
-                        *o = *src;
-                    } else {
-                        out.copy_from_slice(src);
-                    }
+                    copy_piece(out, &self.buf[p..p + out.len()]);
                 } else {
                     for (j, o) in out.chunks_exact_mut(E).enumerate() {
                         o.copy_from_slice(&elem(self.buf, p + j * dim));
@@ -283,6 +273,18 @@ impl<'a> Src<'a> {
     /// Bytes from the first head's row of an item to the end of its last head's row.
     fn span(&self, heads: &Range<usize>) -> usize {
         (heads.len() - 1) * self.map.strides.head as usize + self.row_len()
+    }
+}
+
+/// `dst = src` (equal lengths); the 16-byte pieces of x-split keys without a `memcpy` call.
+#[inline]
+fn copy_piece(dst: &mut [u8], src: &[u8]) {
+    match (
+        <&mut [u8; 16]>::try_from(&mut *dst),
+        <&[u8; 16]>::try_from(src),
+    ) {
+        (Ok(d), Ok(s)) => *d = *s,
+        _ => dst.copy_from_slice(src),
     }
 }
 
