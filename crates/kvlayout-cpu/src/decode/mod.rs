@@ -1,0 +1,254 @@
+//! Fast path of `paged_decode`.
+//!
+//! A work item is a sequence and a range of KV heads — all of them when the page is token-major
+//! (so a page is consumed whole before the next), one when it is head-major — each with the
+//! whole GQA group of query heads sharing it, so every K and V row is read once. When there
+//! are too few items to keep every thread busy, each item's context is also split into
+//! partitions whose partial softmax states are reduced afterwards (flash-decoding).
+//!
+//! An item runs an online softmax over tiles of up to [`TILE`](simd::TILE) tokens (a tile may span blocks:
+//! its rows are located token by token through the block table and the field maps). Per tile
+//! and KV head: the logits of all rows against all query heads of the group (one kernel call),
+//! one vectorized max/exp/sum pass, then the value rows accumulated into the group's
+//! accumulators (one kernel call). Rows are addressed only through the layout's field maps.
+//! Contiguous rows of every dtype (f32, f16, bf16, fp8, int8) are read in place and widened
+//! in registers; other rows (x-split legacy keys, any non-unit element stride) are first
+//! copied through the strides into contiguous rows of the same dtype and go through the same
+//! kernels. Transposed values (the legacy vLLM value) are read in place on AVX-512 by a kernel
+//! of their own ([`Plan::pv_transposed`]), copied elsewhere. The rows a few (tile, head) steps
+//! ahead are prefetched while the current ones are computed ([`plan::PREFETCH_AHEAD`]).
+//!
+//! Per-tensor scales fold into the query (`k_scale`) and the final normalization (`v_scale`);
+//! inline scales multiply the logits and the weights per token; the power of two the fp8
+//! kernels leave out is folded the same way (see [`simd::fp8_fold`]). Scratch lives in
+//! per-thread buffers and a partials buffer kept by the backend, so a decode step allocates
+//! nothing once they have grown.
+
+use kvlayout::ops::OpError;
+use rayon::prelude::*;
+
+use crate::args::{check_decode, Decode};
+use crate::backend::CpuBackend;
+use crate::cache::CacheRef;
+use crate::simd::{self, Isa, Order};
+
+mod plan;
+mod src;
+#[cfg(test)]
+mod tests;
+
+use plan::{grow, Plan, SCRATCH};
+
+/// Fewest tokens worth a partition of its own.
+const MIN_PARTITION: u64 = 128;
+
+/// Final output of a group from its record `[max; g][sum; g][acc; g * s]`: each accumulator
+/// row times `f / sum`, back in natural order.
+fn finish(state: &[f32], g: usize, vw: usize, s: usize, order: Order, f: f32, out: &mut [f32]) {
+    for j in 0..g {
+        let sum = state[g + j];
+        let acc = &state[2 * g + j * s..2 * g + (j + 1) * s];
+        let o = &mut out[j * vw..(j + 1) * vw];
+        if sum > 0.0 {
+            order.restore(acc, f / sum, o);
+        } else {
+            o.fill(0.0);
+        }
+    }
+}
+
+/// Combines the partial records of `parts` partitions of one KV head: each rescaled to the
+/// global maximum, summed, then finished as one record in `tmp` (a record long).
+#[allow(clippy::too_many_arguments)]
+fn combine<'p>(
+    parts: usize,
+    g: usize,
+    vw: usize,
+    s: usize,
+    order: Order,
+    f: f32,
+    rec: impl Fn(usize) -> &'p [f32],
+    tmp: &mut [f32],
+    o: &mut [f32],
+) {
+    tmp.fill(0.0);
+    for j in 0..g {
+        let m = (0..parts)
+            .map(|p| rec(p)[j])
+            .fold(f32::NEG_INFINITY, f32::max);
+        let acc = &mut tmp[2 * g + j * s..2 * g + (j + 1) * s];
+        let mut sum = 0.0;
+        for p in 0..parts {
+            let r = rec(p);
+            if r[g + j] > 0.0 {
+                let c = (r[j] - m).exp();
+                sum += r[g + j] * c;
+                for (x, a) in acc.iter_mut().zip(&r[2 * g + j * s..2 * g + (j + 1) * s]) {
+                    *x += a * c;
+                }
+            }
+        }
+        tmp[g + j] = sum;
+    }
+    finish(tmp, g, vw, s, order, f, o);
+}
+
+pub(crate) fn paged_decode(
+    be: &CpuBackend,
+    cache: &CacheRef<'_>,
+    d: &Decode<'_>,
+    out: &mut [f32],
+) -> Result<(), OpError> {
+    decode_with(be, cache, d, out, Options::default())
+}
+
+/// Overrides for tests and benchmarks.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Options {
+    /// Force this many context partitions per item (split-context).
+    pub partitions: Option<usize>,
+    /// Force an instruction set (one this machine has).
+    pub isa: Option<Isa>,
+    /// Force the step onto the calling thread (`true`) or the pool (`false`); by default a
+    /// step smaller than [`INLINE_WORK`] runs on the calling thread.
+    pub inline: Option<bool>,
+}
+
+/// Token x KV-head pairs below which a decode step runs on the calling thread: handing a step
+/// to the pool and waiting for it costs tens of microseconds on the virtual machines measured
+/// (most of the step of one sequence of 128 tokens), more than splitting so little work saves.
+const INLINE_WORK: u64 = 2048;
+
+/// `f(index, chunk)` for each `size`-long chunk of `v`: one after the other on this thread when
+/// `inline`, else in parallel (on the pool the caller runs in).
+fn each_chunk<T: Send>(
+    inline: bool,
+    v: &mut [T],
+    size: usize,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
+) {
+    if inline {
+        v.chunks_mut(size).enumerate().for_each(|(i, c)| f(i, c));
+    } else {
+        v.par_chunks_mut(size)
+            .enumerate()
+            .for_each(|(i, c)| f(i, c));
+    }
+}
+
+pub(crate) fn decode_with(
+    be: &CpuBackend,
+    cache: &CacheRef<'_>,
+    d: &Decode<'_>,
+    out: &mut [f32],
+    opts: Options,
+) -> Result<(), OpError> {
+    let shape = check_decode(cache.layout, d, out.len())?;
+    let layout = cache.layout;
+    let plan = Plan::new(cache, d, shape, opts.isa.unwrap_or_else(simd::detect))?;
+    let kv_heads = layout.geometry().num_kv_heads as usize;
+    let (g, vw, vs) = (shape.group, shape.v_width, plan.v.padded);
+    let rec = plan.record();
+    // When a block's page holds all its heads (token- or head-major), one item takes all
+    // heads of a sequence, so each page is read whole, in address order, head after head.
+    // Heads outside the blocks: one head per item.
+    let hpi = if plan.k.map.strides.head < plan.k.map.strides.block {
+        kv_heads
+    } else {
+        1
+    };
+    let items = shape.seqs * (kv_heads / hpi);
+    let range_of = |seq: usize| {
+        let len = u64::from(d.seq_lens[seq]);
+        d.params.sliding_window.map_or(0, |w| len.saturating_sub(w))..len
+    };
+    let head_range = |item: usize| {
+        let h0 = (item % (kv_heads / hpi)) * hpi;
+        h0..h0 + hpi
+    };
+    let seq_of = |item: usize| item / (kv_heads / hpi);
+    // The longest context and the whole step's token x KV-head pairs.
+    let (longest, tokens) = (0..shape.seqs)
+        .map(|s| range_of(s).end - range_of(s).start)
+        .fold((0, 0), |(m, t), n| (m.max(n), t + n));
+    let work = tokens * kv_heads as u64;
+    let inline = opts.inline.unwrap_or(work < INLINE_WORK);
+    let parts = opts.partitions.unwrap_or_else(|| {
+        let target = 4 * be.threads();
+        if inline || items >= target {
+            1
+        } else {
+            target
+                .div_ceil(items.max(1))
+                .min(longest.div_ceil(MIN_PARTITION).max(1) as usize)
+        }
+    });
+    let (order, f) = (plan.v.order, plan.out_scale);
+    let mut step = || {
+        if parts <= 1 {
+            each_chunk(inline, out, hpi * g * vw, |item, o| {
+                SCRATCH.with(|s| {
+                    let s = &mut *s.borrow_mut();
+                    let mut state = std::mem::take(&mut s.state);
+                    grow(&mut state, hpi * rec);
+                    let seq = seq_of(item);
+                    plan.run(
+                        seq,
+                        head_range(item),
+                        range_of(seq),
+                        &mut state[..hpi * rec],
+                        s,
+                    );
+                    for (st, o) in state[..hpi * rec]
+                        .chunks_exact(rec)
+                        .zip(o.chunks_exact_mut(g * vw))
+                    {
+                        finish(st, g, vw, vs, order, f, o);
+                    }
+                    s.state = state;
+                });
+            });
+        } else {
+            let mut partials = be.decode_partials.lock().unwrap_or_else(|e| e.into_inner());
+            let n = items * parts * hpi * rec;
+            grow(&mut partials, n);
+            each_chunk(inline, &mut partials[..n], hpi * rec, |i, st| {
+                let (item, part) = (i / parts, i % parts);
+                let r = range_of(seq_of(item));
+                let per = (r.end - r.start).div_ceil(parts as u64);
+                let a = (r.start + part as u64 * per).min(r.end);
+                let b = (a + per).min(r.end);
+                SCRATCH.with(|s| {
+                    plan.run(
+                        seq_of(item),
+                        head_range(item),
+                        a..b,
+                        st,
+                        &mut s.borrow_mut(),
+                    )
+                });
+            });
+            let partials = &partials[..n];
+            each_chunk(inline, out, g * vw, |head_item, o| {
+                // Output chunk `head_item` is KV head `head_item % kv_heads` of its sequence:
+                // item `head_item / hpi`, head `head_item % hpi` within the item.
+                let (item, hh) = (head_item / hpi, head_item % hpi);
+                let rec_of = |p: usize| {
+                    let at = ((item * parts + p) * hpi + hh) * rec;
+                    &partials[at..at + rec]
+                };
+                SCRATCH.with(|s| {
+                    let s = &mut *s.borrow_mut();
+                    grow(&mut s.state, rec);
+                    combine(parts, g, vw, vs, order, f, rec_of, &mut s.state[..rec], o);
+                });
+            });
+        }
+    };
+    if inline {
+        step();
+    } else {
+        be.pool.install(step);
+    }
+    Ok(())
+}

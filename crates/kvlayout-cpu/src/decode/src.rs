@@ -1,0 +1,238 @@
+//! One field the decode reads (keys, values, their inline scales): how its rows are located
+//! through the field map, and whether the kernels read them in place or from contiguous
+//! copies.
+
+use std::ops::Range;
+
+use kvlayout::ops::OpError;
+use kvlayout::{DType, FieldMap};
+
+use crate::cache::CacheRef;
+use crate::elem::decode;
+use crate::simd::{self, Isa, Order, Role, RowKind, RowSet};
+
+/// How a field's rows are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Rows {
+    /// Contiguous rows: read in place, widened by the kernels.
+    Direct,
+    /// Anything else: copied element by element through the strides into contiguous rows
+    /// of the same dtype, then read as direct rows are.
+    Gathered,
+}
+
+fn rows_of(m: &FieldMap) -> Rows {
+    if m.strides.dim == m.elem_bytes() && m.strides.dim_split == m.width {
+        Rows::Direct
+    } else {
+        Rows::Gathered
+    }
+}
+
+/// The kernels' row kind of a field's dtype (raw bytes hold no keys or values).
+fn row_kind(dtype: DType) -> Result<RowKind, OpError> {
+    Ok(match dtype {
+        DType::F32 => RowKind::F32,
+        DType::F16 => RowKind::F16,
+        DType::Bf16 => RowKind::Bf16,
+        DType::Fp8E4m3 => RowKind::Fp8E4m3,
+        DType::Fp8E5m2 => RowKind::Fp8E5m2,
+        DType::Int8 => RowKind::I8,
+        DType::U8 => {
+            return Err(OpError::Unsupported {
+                op: "paged_decode",
+                reason: "raw bytes (dtype u8) hold no keys or values".into(),
+            })
+        }
+    })
+}
+
+/// One field the decode reads: its map, buffer, how its rows are read and the kernels' view
+/// of them.
+#[derive(Clone, Copy)]
+pub(super) struct Src<'a> {
+    pub(super) map: FieldMap,
+    pub(super) buf: &'a [u8],
+    pub(super) rows: Rows,
+    /// The kind the kernels see (gathered rows too: they keep their dtype).
+    pub(super) kind: RowKind,
+    /// The kernels' element order for this field.
+    pub(super) order: Order,
+    /// `width` padded to the order's blocks.
+    pub(super) padded: usize,
+    /// fp8 rows read without their power of two, whose square root is this (see
+    /// `simd::fp8_fold`).
+    pub(super) fold: Option<f32>,
+}
+
+impl<'a> Src<'a> {
+    pub(super) fn new(
+        cache: &CacheRef<'a>,
+        map: FieldMap,
+        isa: Isa,
+        role: Role,
+    ) -> Result<Self, OpError> {
+        let rows = rows_of(&map);
+        let kind = row_kind(map.dtype)?;
+        let order = Order::of(isa, kind, role);
+        Ok(Src {
+            map,
+            buf: cache.buffers[map.strides.buffer as usize],
+            rows,
+            kind,
+            order,
+            padded: order.padded(map.width as usize),
+            fold: simd::fp8_fold(isa, kind),
+        })
+    }
+
+    /// Byte offset of `(layer, block, head 0, slot, d 0)`.
+    pub(super) fn slot_offset(&self, layer: u64, block: u64, slot: u64) -> u64 {
+        let s = &self.map.strides;
+        s.base_offset + layer * s.layer + block * s.block + slot * s.slot
+    }
+
+    /// Bytes of a contiguous row.
+    pub(super) fn row_len(&self) -> usize {
+        self.map.width as usize * self.map.elem_bytes() as usize
+    }
+
+    /// The f32 stored at `off` (inline scales).
+    pub(super) fn f32_at(&self, off: u64) -> f32 {
+        let off = off as usize;
+        decode(DType::F32, &self.buf[off..off + 4])
+    }
+
+    /// Copies the rows of head `head` of a tile (`offs`: head 0 of each token) through the
+    /// strides into `buf`, one contiguous row of the field's dtype after the other, and
+    /// returns them.
+    pub(super) fn gather_tile<'r>(
+        &self,
+        offs: &[u64],
+        head: u64,
+        buf: &'r mut [f32],
+    ) -> RowSet<'r> {
+        let e = self.map.elem_bytes() as usize;
+        let row = self.map.width as usize * e;
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+        let rows = &mut bytes[..offs.len() * row];
+        match e {
+            1 => self.gather_with::<1>(offs, head, rows),
+            2 => self.gather_with::<2>(offs, head, rows),
+            _ => self.gather_with::<4>(offs, head, rows),
+        }
+        let rows: &'r [u8] = rows;
+        let mut set = RowSet::new(row);
+        for i in 0..offs.len() {
+            set.push(rows, i * row);
+        }
+        set
+    }
+
+    /// [`Src::gather_tile`] for elements of `E` bytes. Element `d` of a row lies at
+    /// `(d / split) * chunk + (d % split) * dim` from its start; the loops walk the chunks
+    /// and their elements (no division per element). A chunk whose elements are contiguous
+    /// (the x-split legacy key: 16 bytes) is copied whole. When consecutive tokens of the
+    /// tile are consecutive in memory (`slot == E`: the transposed legacy value), each
+    /// element index is copied across a run of tokens at once, in address order.
+    pub(super) fn gather_with<const E: usize>(&self, offs: &[u64], head: u64, rows: &mut [u8]) {
+        let s = &self.map.strides;
+        let w = self.map.width as usize;
+        let (split, chunk, dim) = (s.dim_split as usize, s.dim_chunk as usize, s.dim as usize);
+        let hs = (head * s.head) as usize;
+        let elem =
+            |buf: &[u8], at: usize| -> [u8; E] { buf[at..at + E].try_into().expect("E bytes") };
+        // Runs of the tile's tokens whose rows follow each other `slot` bytes apart.
+        let runs = |step: u64, f: &mut dyn FnMut(usize, usize, usize)| {
+            let mut i0 = 0;
+            while i0 < offs.len() {
+                let mut i1 = i0 + 1;
+                while i1 < offs.len() && offs[i1] == offs[i1 - 1] + step {
+                    i1 += 1;
+                }
+                f(i0, i1, offs[i0] as usize + hs);
+                i0 = i1;
+            }
+        };
+        if s.slot as usize == E && dim != E {
+            runs(E as u64, &mut |i0, i1, base| {
+                let dst = &mut rows[i0 * w * E..i1 * w * E];
+                for c in 0..w.div_ceil(split) {
+                    for j in 0..split.min(w - c * split) {
+                        let (d, p) = (c * split + j, base + c * chunk + j * dim);
+                        let src = &self.buf[p..p + (i1 - i0) * E];
+                        // Token t's element d: column d of the run's rows.
+                        for (row, x) in dst.chunks_exact_mut(w * E).zip(src.chunks_exact(E)) {
+                            row[d * E..(d + 1) * E].copy_from_slice(x);
+                        }
+                    }
+                }
+            });
+            return;
+        }
+        let piece = split * E;
+        if dim == E && s.slot as usize == piece && w.is_multiple_of(split) {
+            // Contiguous pieces of `split` elements whose tokens lie side by side (the
+            // x-split legacy key: 16 bytes): copied piece by piece across a run of tokens.
+            runs(piece as u64, &mut |i0, i1, base| {
+                let dst = &mut rows[i0 * w * E..i1 * w * E];
+                for c in 0..w / split {
+                    let p = base + c * chunk;
+                    let src = &self.buf[p..p + (i1 - i0) * piece];
+                    for (row, x) in dst.chunks_exact_mut(w * E).zip(src.chunks_exact(piece)) {
+                        copy_piece(&mut row[c * piece..(c + 1) * piece], x);
+                    }
+                }
+            });
+            return;
+        }
+        for (&off, out) in offs.iter().zip(rows.chunks_exact_mut(w * E)) {
+            let base = off as usize + hs;
+            for (c, out) in out.chunks_mut(piece).enumerate() {
+                let p = base + c * chunk;
+                if dim == E {
+                    copy_piece(out, &self.buf[p..p + out.len()]);
+                } else {
+                    for (j, o) in out.chunks_exact_mut(E).enumerate() {
+                        o.copy_from_slice(&elem(self.buf, p + j * dim));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether the rows are transposed (the legacy vLLM value): each element index holds a
+    /// block's tokens side by side (`slot` = one element), so a run of the tile's tokens
+    /// consecutive in memory is, per element index, one contiguous run of values.
+    pub(super) fn transposed(&self) -> bool {
+        let (s, e) = (&self.map.strides, self.map.elem_bytes());
+        self.rows == Rows::Gathered && s.slot == e && s.dim_split == self.map.width && s.dim != e
+    }
+
+    /// The contiguous rows of a tile (`offs`: head 0 of each token) for the heads `heads`:
+    /// each row checked to span all of them.
+    pub(super) fn direct_rows(&self, offs: &[u64], heads: &Range<usize>, rows: &mut RowSet<'a>) {
+        let hs = self.map.strides.head;
+        let first = heads.start as u64 * hs;
+        for &off in offs {
+            rows.push(self.buf, (off + first) as usize);
+        }
+    }
+
+    /// Bytes from the first head's row of an item to the end of its last head's row.
+    pub(super) fn span(&self, heads: &Range<usize>) -> usize {
+        (heads.len() - 1) * self.map.strides.head as usize + self.row_len()
+    }
+}
+
+/// `dst = src` (equal lengths); the 16-byte pieces of x-split keys without a `memcpy` call.
+#[inline]
+fn copy_piece(dst: &mut [u8], src: &[u8]) {
+    match (
+        <&mut [u8; 16]>::try_from(&mut *dst),
+        <&[u8; 16]>::try_from(src),
+    ) {
+        (Ok(d), Ok(s)) => *d = *s,
+        _ => dst.copy_from_slice(src),
+    }
+}

@@ -1,0 +1,466 @@
+use super::*;
+use crate::simd::{Role, RowKind};
+use crate::{reference, Activations, DecodeParams, HostCache, WriteKv};
+use half::{bf16, f16};
+use kvlayout::KvCacheLayout;
+use kvlayout::{Content, DType};
+
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(747796405).wrapping_add(2891336453);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s % 2001) as f32 / 500.0 - 2.0
+        })
+        .collect()
+}
+
+#[derive(Clone)]
+struct Case {
+    spec: String,
+    q_heads: u64,
+    lens: Vec<u32>,
+    window: Option<u64>,
+    cap: Option<f32>,
+    layer: u64,
+    /// Query activations: 0 f32, 1 f16, 2 bf16.
+    query: u8,
+    /// Also force this many partitions (besides none and one).
+    parts: usize,
+}
+
+fn case(spec: &str, q_heads: u64, lens: &[u32]) -> Case {
+    Case {
+        spec: spec.into(),
+        q_heads,
+        lens: lens.to_vec(),
+        window: None,
+        cap: None,
+        layer: 0,
+        query: 0,
+        parts: 3,
+    }
+}
+
+/// The fast path on every instruction set of this machine, with and without forced
+/// context partitions, against the scalar f64 reference on the same cache. The reference
+/// reads the same stored values, so the only differences are f32 accumulation and, in the
+/// bf16-operand kernels, the bf16 query and weights: see [`tolerance`] (both tighter than
+/// a quantization step).
+fn run_case(c: &Case) {
+    let l: KvCacheLayout = c.spec.parse().unwrap();
+    let g = *l.geometry();
+    let (kw, vw, mla) = match *l.content() {
+        Content::Kv {
+            head_size,
+            head_size_v,
+        }
+        | Content::KvScaled {
+            head_size,
+            head_size_v,
+        } => (head_size as usize, head_size_v as usize, false),
+        Content::Mla {
+            kv_lora_rank,
+            rope_dim,
+        } => (
+            (kv_lora_rank + rope_dim) as usize,
+            kv_lora_rank as usize,
+            true,
+        ),
+        _ => unreachable!(),
+    };
+    let heads = g.num_kv_heads as usize;
+    let bs = g.block_size as usize;
+    let seqs = c.lens.len();
+    let per_seq = c
+        .lens
+        .iter()
+        .map(|l| (*l as usize).div_ceil(bs))
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    assert!(
+        seqs * per_seq <= g.num_blocks as usize,
+        "case needs more blocks"
+    );
+    // Sequence s owns blocks in a scrambled order.
+    let nb = seqs * per_seq;
+    let table: Vec<i32> = (0..nb).map(|i| (nb - 1 - (i + 3) % nb) as i32).collect();
+    let mut cache = HostCache::new(l.clone()).unwrap();
+    cache.fill(0x3c); // other layers and unused slots: finite values
+    let mut slots = Vec::new();
+    for (s, len) in c.lens.iter().enumerate() {
+        for t in 0..*len as usize {
+            slots.push(i64::from(table[s * per_seq + t / bs]) * bs as i64 + (t % bs) as i64);
+        }
+    }
+    let k = data(slots.len() * heads * kw, 1);
+    let v = data(slots.len() * heads * vw, 2);
+    let w = WriteKv {
+        layer: c.layer,
+        key: Activations::F32(&k),
+        value: (!mla).then_some(Activations::F32(&v)),
+        slot_mapping: &slots,
+    };
+    reference::write_kv(&mut cache.as_mut(), &w).unwrap();
+    let q = data(seqs * c.q_heads as usize * kw, 3);
+    let q16: Vec<f16> = q.iter().map(|x| f16::from_f32(*x)).collect();
+    let qb16: Vec<bf16> = q.iter().map(|x| bf16::from_f32(*x)).collect();
+    let d = Decode {
+        layer: c.layer,
+        query: match c.query {
+            0 => Activations::F32(&q),
+            1 => Activations::F16(&q16),
+            _ => Activations::Bf16(&qb16),
+        },
+        block_table: &table,
+        blocks_per_seq: per_seq,
+        seq_lens: &c.lens,
+        params: DecodeParams {
+            num_q_heads: c.q_heads,
+            scale: 1.0 / (kw as f32).sqrt(),
+            sliding_window: c.window,
+            soft_cap: c.cap,
+        },
+    };
+    let n = seqs * c.q_heads as usize * vw;
+    let mut want = vec![0f32; n];
+    reference::paged_decode(&cache.as_ref(), &d, &mut want).unwrap();
+    let be = CpuBackend::new(Some(2));
+    // Default partitions and thread; one partition and several, on the pool and on the
+    // calling thread.
+    let runs = [
+        (None, None),
+        (Some(1), Some(false)),
+        (Some(c.parts), Some(false)),
+        (Some(1), Some(true)),
+        (Some(c.parts), Some(true)),
+    ];
+    for (isa, (parts, inline)) in simd::available()
+        .into_iter()
+        .flat_map(|isa| runs.map(|r| (isa, r)))
+    {
+        let mut got = vec![f32::NAN; n];
+        let opts = Options {
+            partitions: parts,
+            isa: Some(isa),
+            inline,
+        };
+        decode_with(&be, &cache.as_ref(), &d, &mut got, opts).unwrap();
+        let tol = tolerance(isa, l.dtype());
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (a - b).abs() <= tol * b.abs().max(1.0),
+                "{} {isa:?} parts {parts:?} inline {inline:?}: out[{i}] = {a}, reference {b}",
+                c.spec
+            );
+        }
+    }
+}
+
+/// Relative to `max(1, |reference|)`. f32 products: `1e-5`. Products with bf16 operands
+/// (the scaled query and the weights rounded to bf16, 2^-9 relative each, so a logit
+/// moves by about 2^-9 x its terms' spread): `1e-2`, half the bf16 tolerance
+/// (these cases stay under 5e-3).
+fn tolerance(isa: Isa, dtype: DType) -> f32 {
+    let kind = match dtype {
+        DType::Bf16 => RowKind::Bf16,
+        DType::Fp8E4m3 => RowKind::Fp8E4m3,
+        DType::Fp8E5m2 => RowKind::Fp8E5m2,
+        _ => RowKind::F32,
+    };
+    if isa.bf16_operands(kind) {
+        1e-2
+    } else {
+        1e-5
+    }
+}
+
+const DTYPES: [&str; 5] = ["f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"];
+
+#[test]
+fn layouts_and_dtypes_match_reference() {
+    let lens = [37, 0, 16, 70];
+    for dtype in DTYPES {
+        for placement in [
+            "order=NHD",
+            "order=HND",
+            "order=BLNHC page=65536",
+            "order=HLBNC", // heads outside the blocks: one head per item
+            "order=NHD base=192",
+            "legacy=vllm-paged-v1", // x-split keys, transposed values: gathered rows
+            "legacy=flash-attn-hnd",
+            "legacy=flashinfer-nhd",
+            "legacy=separate-nhd",
+        ] {
+            run_case(&case(
+                &format!("kv L=1 B=24 N=16 H=2 D=32 dtype={dtype} {placement}"),
+                8,
+                &lens,
+            ));
+        }
+    }
+}
+
+#[test]
+fn inline_and_tensor_scales() {
+    let lens = [37, 0, 16, 70];
+    for spec in [
+        "kv-scaled L=1 B=24 N=16 H=2 D=32 dtype=int8 order=NHD",
+        "kv-scaled L=1 B=24 N=16 H=2 D=96 dtype=int8 order=HND",
+        "kv-scaled L=1 B=24 N=16 H=2 D=32 dtype=fp8_e4m3 order=HND",
+        "kv-scaled L=1 B=24 N=16 H=2 D=80 dtype=fp8_e5m2 order=NHD",
+        "kv L=1 B=24 N=16 H=2 D=32 dtype=fp8_e4m3 order=NHD k_scale=0.5 v_scale=2.0",
+        "kv L=1 B=24 N=16 H=2 D=48 dtype=fp8_e5m2 order=HND k_scale=4 v_scale=0.25",
+        "kv L=1 B=24 N=16 H=2 D=32 dtype=bf16 order=NHD k_scale=0.5 v_scale=3.0",
+        "kv L=1 B=24 N=16 H=2 D=32 dtype=int8 order=NHD",
+    ] {
+        run_case(&case(spec, 4, &lens));
+    }
+}
+
+#[test]
+fn head_sizes_groups_and_mla() {
+    for dtype in DTYPES {
+        for d in [32, 64, 80, 96, 112, 120, 128, 192, 256] {
+            run_case(&case(
+                &format!("kv L=1 B=8 N=16 H=2 D={d} dtype={dtype} order=NHD"),
+                8,
+                &[40, 9],
+            ));
+        }
+        run_case(&case(
+            &format!("kv L=1 B=8 N=16 H=2 D=192 Dv=128 dtype={dtype} order=HND"),
+            4,
+            &[40, 9],
+        ));
+        for (h, q) in [(1, 8), (4, 4), (2, 6), (2, 16), (3, 6), (1, 1)] {
+            // MQA, MHA, group 3, group 8, group 2 x 3 heads, a single head
+            run_case(&case(
+                &format!("kv L=1 B=8 N=16 H={h} D=64 dtype={dtype} order=NHD"),
+                q,
+                &[50, 3],
+            ));
+        }
+        run_case(&case(
+            &format!("mla L=1 B=8 N=16 rank=512 rope=64 dtype={dtype} order=NHD"),
+            16,
+            &[33, 20],
+        ));
+    }
+}
+
+#[test]
+fn window_soft_cap_and_empty_sequences() {
+    for dtype in ["f32", "bf16", "fp8_e4m3"] {
+        let mut c = case(
+            &format!("kv L=1 B=28 N=16 H=2 D=64 dtype={dtype} order=NHD"),
+            4,
+            &[100, 7, 64, 0],
+        );
+        c.window = Some(20);
+        run_case(&c);
+        c.window = None;
+        c.cap = Some(5.0);
+        run_case(&c);
+        c.window = Some(1);
+        run_case(&c);
+        c.window = Some(1000);
+        c.cap = Some(0.5);
+        run_case(&c);
+    }
+    // Only empty sequences: zeros.
+    run_case(&case(
+        "kv L=1 B=4 N=16 H=2 D=64 dtype=f32 order=NHD",
+        4,
+        &[0, 0],
+    ));
+}
+
+/// The legacy vLLM value, read in place on AVX-512: blocks of 32 tokens (runs split at
+/// 16), blocks of 8 (runs cut by the block table), windows that start a tile inside a
+/// block, groups of 1, 3 and 6 (head blocks of 4 with a remainder), widths that are not a
+/// multiple of 32; int8, and fp8 with per-tensor scales (raw fp8 values, the power of two
+/// folded).
+#[test]
+fn transposed_values() {
+    for spec in [
+        "kv L=1 B=24 N=16 H=2 D=32 dtype=int8 legacy=vllm-paged-v1",
+        "kv L=1 B=24 N=16 H=2 D=32 dtype=fp8_e4m3 legacy=vllm-paged-v1 k_scale=0.5 v_scale=2",
+        "kv L=1 B=24 N=16 H=2 D=48 dtype=fp8_e5m2 legacy=vllm-paged-v1 k_scale=4 v_scale=0.25",
+    ] {
+        run_case(&case(spec, 4, &[37, 0, 16, 70]));
+    }
+    for dtype in DTYPES {
+        for (n, d, h, q) in [
+            (32, 80, 2, 6),
+            (8, 48, 3, 3),
+            (16, 112, 1, 1),
+            (32, 16, 2, 2),
+        ] {
+            let mut c = case(
+                &format!("kv L=1 B=40 N={n} H={h} D={d} dtype={dtype} legacy=vllm-paged-v1"),
+                q,
+                &[75, 1, 33],
+            );
+            run_case(&c);
+            c.window = Some(21);
+            run_case(&c);
+        }
+    }
+}
+
+#[test]
+fn block_sizes_layers_and_query_dtypes() {
+    for (n, lens) in [(1, vec![40, 9]), (8, vec![70, 33]), (64, vec![130, 65])] {
+        for order in ["NHD", "HND"] {
+            let nb = lens.iter().map(|l: &u32| l.div_ceil(n)).max().unwrap_or(1) * 2;
+            run_case(&case(
+                &format!("kv L=1 B={nb} N={n} H=2 D=64 dtype=bf16 order={order}"),
+                8,
+                &lens,
+            ));
+        }
+    }
+    let mut c = case("kv L=3 B=8 N=16 H=2 D=64 dtype=f16 order=NHD", 4, &[50, 3]);
+    c.layer = 2;
+    run_case(&c);
+    c.query = 1;
+    run_case(&c);
+    c.query = 2;
+    run_case(&c);
+}
+
+/// One long sequence: split-context on its own (default partitions), and many forced
+/// partitions, some of them empty.
+#[test]
+fn split_context() {
+    for dtype in ["f32", "bf16", "fp8_e4m3"] {
+        for order in ["NHD", "HND"] {
+            let mut c = case(
+                &format!("kv L=1 B=80 N=16 H=2 D=128 dtype={dtype} order={order}"),
+                8,
+                &[1200],
+            );
+            c.parts = 7;
+            run_case(&c);
+            c.lens = vec![5];
+            c.parts = 9; // more partitions than tokens
+            run_case(&c);
+        }
+    }
+    let be = CpuBackend::new(Some(2));
+    let l: KvCacheLayout = "kv L=1 B=80 N=16 H=2 D=64 dtype=f32 order=NHD"
+        .parse()
+        .unwrap();
+    let cache = HostCache::new(l).unwrap();
+    let table: Vec<i32> = (0..80).collect();
+    let q = vec![0f32; 8 * 64];
+    let d = Decode {
+        layer: 0,
+        query: Activations::F32(&q),
+        block_table: &table,
+        blocks_per_seq: 80,
+        seq_lens: &[1200],
+        params: DecodeParams {
+            num_q_heads: 8,
+            scale: 1.0,
+            sliding_window: None,
+            soft_cap: None,
+        },
+    };
+    let mut out = vec![1f32; 8 * 64];
+    be.paged_decode(&cache.as_ref(), &d, &mut out).unwrap();
+    assert!(out.iter().all(|x| *x == 0.0), "zero cache: zero output");
+}
+
+#[test]
+fn kernel_order_round_trips() {
+    // Orders are plain index arithmetic: every build's, whether or not this machine runs it.
+    for &isa in Isa::ALL {
+        for (kind, role) in [RowKind::F32, RowKind::Bf16, RowKind::Fp8E4m3]
+            .into_iter()
+            .flat_map(|k| [(k, Role::Key), (k, Role::Value)])
+        {
+            let o = Order::of(isa, kind, role);
+            for w in [1, 16, 31, 32, 33, 80, 120, 576] {
+                // Distinct values, exact in bf16.
+                let src: Vec<f32> = (0..w).map(|i| (i % 256) as f32 + 1.0).collect();
+                let mut k = vec![f32::NAN; o.padded(w)];
+                o.arrange(&src, &mut k);
+                if o.is_packed() {
+                    // bf16 pairs: element d (exact in bf16) at half `pos(d)`.
+                    let halves: Vec<u16> = k[..o.padded(w) / 2]
+                        .iter()
+                        .flat_map(|x| [x.to_bits() as u16, (x.to_bits() >> 16) as u16])
+                        .collect();
+                    for (d, x) in src.iter().enumerate() {
+                        assert_eq!(half::bf16::from_bits(halves[o.pos(d)]).to_f32(), *x);
+                    }
+                    assert_eq!(halves.iter().filter(|h| **h == 0).count(), o.padded(w) - w);
+                    continue;
+                }
+                let mut back = vec![0f32; w];
+                o.restore(&k, 2.0, &mut back);
+                let twice: Vec<f32> = src.iter().map(|x| x * 2.0).collect();
+                assert_eq!(back, twice, "{isa:?} {kind:?} width {w}");
+                assert_eq!(k.iter().filter(|x| **x == 0.0).count(), o.padded(w) - w);
+            }
+        }
+    }
+}
+
+#[test]
+fn refuses_bad_tables_before_writing() {
+    let l: KvCacheLayout = "kv L=1 B=4 N=16 H=2 D=32 dtype=f32 order=NHD"
+        .parse()
+        .unwrap();
+    let cache = HostCache::new(l).unwrap();
+    let q = vec![0f32; 2 * 32];
+    let table = [0, 9];
+    let d = Decode {
+        layer: 0,
+        query: Activations::F32(&q),
+        block_table: &table,
+        blocks_per_seq: 2,
+        seq_lens: &[20],
+        params: DecodeParams {
+            num_q_heads: 2,
+            scale: 1.0,
+            sliding_window: None,
+            soft_cap: None,
+        },
+    };
+    let mut out = vec![7f32; 2 * 32];
+    let be = CpuBackend::new(Some(2));
+    let e = be.paged_decode(&cache.as_ref(), &d, &mut out).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            OpError::BlockOutOfRange {
+                seq: 0,
+                position: 1,
+                block: 9,
+                limit: 4
+            }
+        ),
+        "{e}"
+    );
+    assert!(out.iter().all(|x| *x == 7.0), "nothing written on error");
+    let long = Decode {
+        seq_lens: &[33],
+        ..d
+    };
+    assert!(matches!(
+        be.paged_decode(&cache.as_ref(), &long, &mut out),
+        Err(OpError::SequenceTooLong { .. })
+    ));
+    let mut short = vec![7f32; 2 * 32 - 1];
+    assert!(matches!(
+        be.paged_decode(&cache.as_ref(), &d, &mut short),
+        Err(OpError::Shape { .. })
+    ));
+    assert!(short.iter().all(|x| *x == 7.0), "nothing written on error");
+}
