@@ -13,11 +13,11 @@
 //!   block); `pv` holds the accumulators of up to 4 heads x 64 elements in registers across
 //!   all rows of the tile. f16 widens by `vcvtph2ps`; bf16 by a shift (even elements) and a
 //!   mask (odd elements) of one 512-bit load, so query rows and accumulators are kept in an
-//!   even/odd order within blocks of 32 ([`Order`]); fp8 (same order) sign-extends 32 bytes
-//!   to words and moves each element's bits into an f32 whose value is the fp8 value times
-//!   2^-120 (e4m3) or 2^-112 (e5m2), exactly, subnormals included, and that power of two is
-//!   either multiplied back or folded by the caller into the query, the logits and the
-//!   weights ([`fp8_fold`]); int8 by `vcvtdq2ps`.
+//!   even/odd order within blocks of 32 ([`Order`]); fp8 (blocks of 32, natural order) widens
+//!   32 bytes to words holding each element's f16 (e4m3: its value times 2^-8, exactly,
+//!   subnormals included; e5m2: itself), then by `vcvtph2ps`, so no f32 subnormal reaches an
+//!   FMA; e4m3's 2^-8 is either multiplied back or folded by the caller into the query, the
+//!   logits and the weights ([`fp8_fold`]); int8 by `vcvtdq2ps`.
 //! - AVX2 + FMA: each row is widened into a scratch row, then portable loops compiled with
 //!   those features.
 //! - scalar: the same portable loops.
@@ -212,14 +212,13 @@ pub(crate) fn elem(kind: RowKind) -> usize {
 }
 
 /// For fp8 rows on AVX-512: the square root of the power of two the widened values lack
-/// (2^60 for e4m3, 2^56 for e5m2). A caller that reads fp8 rows `raw` multiplies the query
-/// and the logits by it (keys), or the weights and the final accumulators (values).
+/// (2^4 for e4m3, widened as its value times 2^-8; e5m2 lacks none). A caller that reads
+/// fp8 rows `raw` multiplies the query and the logits by it (keys), or the weights and the
+/// final accumulators (values).
 pub(crate) fn fp8_fold(isa: Isa, kind: RowKind) -> Option<f32> {
     match (isa, kind) {
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, RowKind::Fp8E4m3) => Some(f32::from_bits((127 + 60) << 23)),
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, RowKind::Fp8E5m2) => Some(f32::from_bits((127 + 56) << 23)),
+        (Isa::Avx512, RowKind::Fp8E4m3) => Some(16.0),
         _ => None,
     }
 }
@@ -738,8 +737,8 @@ mod tests {
             .map(|i| ((i % TILE) as f32 + 1.0) * 0.01 * (i / TILE + 1) as f32)
             .collect();
         for (kind, dtype, fold) in [
-            (RowKind::Fp8E4m3, DType::Fp8E4m3, 120),
-            (RowKind::Fp8E5m2, DType::Fp8E5m2, 112),
+            (RowKind::Fp8E4m3, DType::Fp8E4m3, 8),
+            (RowKind::Fp8E5m2, DType::Fp8E5m2, 0),
             (RowKind::I8, DType::Int8, 0),
             (RowKind::Bf16, DType::Bf16, 0),
             (RowKind::F16, DType::F16, 0),
@@ -750,7 +749,7 @@ mod tests {
             let mut buf = vec![0u8; width * tokens * e];
             for (i, x) in buf.chunks_exact_mut(e).enumerate() {
                 let v =
-                    ((i * 7 % 23) as f32 - 11.0) * if e == 1 && fold == 0 { 1.0 } else { 0.375 };
+                    ((i * 7 % 23) as f32 - 11.0) * if kind == RowKind::I8 { 1.0 } else { 0.375 };
                 crate::elem::encode(dtype, v, x);
             }
             for raw in [false, true] {
@@ -791,8 +790,8 @@ mod tests {
 
     /// Every finite bit pattern of each kind (two-byte kinds: a spread of them) widened by
     /// each build's kernels equals the element decoder, raw fp8 included (bf16 subnormals:
-    /// zero in the bf16-operand kernels); and the value kernel puts each element where the
-    /// kernel order says.
+    /// zero in the bf16-operand kernels), and is never an f32 subnormal (fp8 subnormals
+    /// included); and the value kernel puts each element where the kernel order says.
     #[test]
     fn widening_matches_the_element_decoder() {
         use kvlayout::DType;
@@ -874,6 +873,15 @@ mod tests {
                             &mut scratch,
                         );
                         assert_eq!(out[0] * f, want[i], "{kind:?} element {i} on {isa:?}");
+                        // What the kernels widen is never an f32 subnormal (an FMA with one
+                        // takes a microcode assist on Intel cores): with a query of 1, the
+                        // logit is the widened element itself.
+                        assert!(
+                            out[0] == 0.0 || out[0].abs() >= f32::MIN_POSITIVE,
+                            "{kind:?} element {i} on {isa:?} raw {raw}: widened to the \
+                             subnormal {:e}",
+                            out[0]
+                        );
                     }
                     // Values: weight 1 on one row.
                     let mut acc = vec![0f32; pw];

@@ -83,7 +83,8 @@ impl Order {
             }
         } else if isa.avx512() {
             match kind {
-                RowKind::Bf16 | RowKind::Fp8E4m3 | RowKind::Fp8E5m2 => (32, Perm::EvenOdd, false),
+                RowKind::Bf16 => (32, Perm::EvenOdd, false),
+                RowKind::Fp8E4m3 | RowKind::Fp8E5m2 => (32, Perm::Natural, false),
                 _ => (16, Perm::Natural, false),
             }
         } else {
