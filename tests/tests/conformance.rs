@@ -220,14 +220,6 @@ fn within(got: f64, want: f64, bound: f64) -> bool {
     (got - want).abs() <= bound
 }
 
-fn decode_tolerance(d: DType) -> f64 {
-    match d {
-        DType::F32 => 1e-5,
-        DType::F16 | DType::Bf16 => 2e-2,
-        other => other.epsilon(),
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Running ops through the trait.
 
@@ -537,7 +529,7 @@ fn compare_decode(l: &KvCacheLayout, got: &[f32], want: &[f32]) -> Outcome<f64> 
     if got.len() != want.len() {
         return Err(format!("{} outputs, expected {}", got.len(), want.len()));
     }
-    let tol = decode_tolerance(l.dtype());
+    let tol = reference::decode_tolerance(l.dtype());
     let mut worst = 0f64;
     for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
         let (a, b) = (f64::from(a), f64::from(b));

@@ -3,14 +3,15 @@
 //! This crate owns the `kvlayout` binary and nothing else: it turns a SPEC argument (a preset
 //! name, a compact spec string, or a path to a layout JSON file) into a
 //! [`kvlayout::KvCacheLayout`], asks the core crate a question (`explain`, `offset`, `view`,
-//! `presets`) and prints the answer as text or JSON. It owns the reading of files, the
+//! `presets`) or runs one decode step of the layout on the CPU backend (`decode`, see
+//! [`decode`]), and prints the answer as text or JSON. It owns the reading of files, the
 //! argument syntax, the output formats and the exit codes: 0 on success, 2 with exactly one
 //! `error: ...` line on stderr for any user error (clap's own usage errors aside, which clap
-//! prints and which also exit 2).
+//! prints and which also exit 2), 1 when a decode step disagrees with the reference.
 //!
-//! It does not own any layout arithmetic, validation, view derivation or spec-string grammar:
-//! every number it prints comes from `kvlayout`, and it never computes an offset or a stride
-//! itself. It touches no device memory and writes no files.
+//! It does not own any layout arithmetic, validation, view derivation, spec-string grammar or
+//! kernel: every number it prints comes from `kvlayout` or `kvlayout-cpu`, and it never
+//! computes an offset or a stride itself. It touches no device memory and writes no files.
 
 #![forbid(unsafe_code)]
 
@@ -20,10 +21,16 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use kvlayout::ops::OpError;
 use kvlayout::{Convention, Coord, KvCacheLayout, LayoutError, ViewTarget, PRESETS};
+
+mod decode;
 
 /// Exit status of every user error (the same as clap's usage errors).
 const USER_ERROR: u8 = 2;
+
+/// Exit status of a decode step whose output differs from the reference beyond tolerance.
+const CHECK_FAILED: u8 = 1;
 
 const SPEC_HELP: &str = "Preset name (`kvlayout presets`), compact spec string as one quoted \
 argument (\"kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD\", or \"llama-3-8b B=4096 \
@@ -94,6 +101,47 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// One decode step of the layout on the CPU backend, in process: one layer filled by
+    /// `write_kv` (seeded random tokens, a random block table), `paged_decode` checked
+    /// against the f64 reference and timed against the memory read bandwidth of the same run.
+    Decode {
+        #[arg(value_name = "SPEC", help = SPEC_HELP)]
+        spec: String,
+        /// Query heads (default: 4 per KV head; 16 for MLA).
+        #[arg(long, value_name = "N")]
+        q_heads: Option<u64>,
+        /// Sequences in the step.
+        #[arg(long, value_name = "S", default_value_t = 8)]
+        seqs: usize,
+        /// Tokens in each sequence.
+        #[arg(long, value_name = "T", default_value_t = 1024)]
+        context: u32,
+        /// Layer slot to fill and read.
+        #[arg(long, value_name = "L", default_value_t = 0)]
+        layer: u64,
+        /// Threads (default: every core).
+        #[arg(long, value_name = "N")]
+        threads: Option<usize>,
+        /// Timed runs, each right after a pass of the read bound.
+        #[arg(long, value_name = "N", default_value_t = 10)]
+        runs: usize,
+        /// Sequences compared with the (slow, scalar) reference: the first ones.
+        #[arg(long, value_name = "S", default_value_t = 1)]
+        check_seqs: usize,
+        /// Seed of the tokens, queries and block table.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Largest cache to allocate, in GiB (the whole layout is allocated).
+        #[arg(long, value_name = "GIB", default_value_t = 8.0)]
+        max_cache_gib: f64,
+        /// MiB per thread of the read bound's buffer (at least twice the last-level cache, so
+        /// that a pass reads memory and evicts the cache before each timed run).
+        #[arg(long, value_name = "MIB", default_value_t = 512)]
+        bound_mib: usize,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// List the preset layouts: name, description and spec string.
     Presets {
         /// Print the list as JSON.
@@ -111,6 +159,10 @@ enum CliError {
     File { path: String, detail: String },
     /// A command-line value the core crate has no parser error for.
     Usage(String),
+    /// The CPU backend refused an op (content without keys and values, a bad layer, ...).
+    Op(OpError),
+    /// A decode step that ran but disagrees with the reference (exit status 1).
+    Check(String),
 }
 
 impl fmt::Display for CliError {
@@ -118,7 +170,8 @@ impl fmt::Display for CliError {
         match self {
             CliError::Layout(e) => write!(f, "{e}"),
             CliError::File { path, detail } => write!(f, "{path}: {detail}"),
-            CliError::Usage(m) => f.write_str(m),
+            CliError::Usage(m) | CliError::Check(m) => f.write_str(m),
+            CliError::Op(e) => write!(f, "{e}"),
         }
     }
 }
@@ -126,6 +179,15 @@ impl fmt::Display for CliError {
 impl From<LayoutError> for CliError {
     fn from(e: LayoutError) -> Self {
         CliError::Layout(e)
+    }
+}
+
+impl From<OpError> for CliError {
+    fn from(e: OpError) -> Self {
+        match e {
+            OpError::Layout(e) => CliError::Layout(e),
+            e => CliError::Op(e),
+        }
     }
 }
 
@@ -243,6 +305,50 @@ fn run(command: Command) -> Result<String, CliError> {
                 ))
             }
         }
+        Command::Decode {
+            spec,
+            q_heads,
+            seqs,
+            context,
+            layer,
+            threads,
+            runs,
+            check_seqs,
+            seed,
+            max_cache_gib,
+            bound_mib,
+            json: as_json,
+        } => {
+            let args = decode::StepArgs {
+                q_heads,
+                seqs,
+                context,
+                layer,
+                threads,
+                runs,
+                check_seqs,
+                seed,
+                max_cache_gib,
+                bound_mib,
+            };
+            let report = decode::run(load(&spec)?, &args)?;
+            let text = if as_json {
+                json(serde_json::to_string_pretty(&report))?
+            } else {
+                report.to_text()
+            };
+            if report.passed() {
+                Ok(text)
+            } else {
+                // The report goes to stdout all the same: it is what shows the disagreement.
+                let _ = emit(&text);
+                Err(CliError::Check(format!(
+                    "paged_decode differs from the reference by {:.2e}, beyond its tolerance \
+                     {:.1e}",
+                    report.max_error, report.tolerance
+                )))
+            }
+        }
         Command::Presets { json: as_json } => {
             if as_json {
                 let list: Vec<serde_json::Value> = PRESETS
@@ -279,12 +385,16 @@ fn emit(text: &str) -> ExitCode {
     }
 }
 
-/// Prints one `error: ...` line (newlines in a message are folded) and returns status 2.
+/// Prints one `error: ...` line (newlines in a message are folded) and returns status 2 (1
+/// for a decode step that disagrees with the reference).
 fn fail(e: &CliError) -> ExitCode {
     let line = e.to_string().replace(['\r', '\n'], " ");
     // If stderr is gone there is nowhere left to report to; the status still says it failed.
     let _ = writeln!(io::stderr().lock(), "error: {line}");
-    ExitCode::from(USER_ERROR)
+    ExitCode::from(match e {
+        CliError::Check(_) => CHECK_FAILED,
+        _ => USER_ERROR,
+    })
 }
 
 fn main() -> ExitCode {

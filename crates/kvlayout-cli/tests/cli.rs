@@ -312,3 +312,148 @@ fn usage_errors_exit_2_without_panicking() {
         assert!(!stderr(&o).contains("panicked"), "{args:?}");
     }
 }
+
+/// `kvlayout decode` with a small read bound (8 MiB per thread) and two timed runs.
+fn decode_json(spec: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "decode",
+        spec,
+        "--runs",
+        "2",
+        "--bound-mib",
+        "8",
+        "--threads",
+        "2",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    parse_json(&ok(&args))
+}
+
+fn num(v: &serde_json::Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} is not a number: {v}"))
+}
+
+#[test]
+fn decode_step_checks_against_the_reference() {
+    // 3 sequences of 100 tokens in blocks of 16: 7 blocks each; layer 1 of 2.
+    let v = decode_json(
+        "kv L=2 B=40 N=16 H=4 D=32 dtype=bf16 order=HND",
+        &[
+            "--seqs",
+            "3",
+            "--context",
+            "100",
+            "--layer",
+            "1",
+            "--check-seqs",
+            "3",
+        ],
+    );
+    assert_eq!(v["layer"], 1);
+    assert_eq!(v["q_heads"], 16, "4 query heads per KV head by default");
+    assert_eq!(v["kv_heads"], 4);
+    assert_eq!(v["blocks_used"], 21);
+    assert_eq!(v["checked_seqs"], 3);
+    assert_eq!(v["runs"], 2);
+    assert_eq!(v["threads"], 2);
+    // 2 layers x 40 blocks x 4 heads x 16 tokens x (32 + 32) x 2 bytes.
+    assert_eq!(v["cache_bytes"], 2 * 40 * 4 * 16 * 64 * 2);
+    // 300 tokens x 4 heads x (32 + 32) elements x 2 bytes.
+    assert_eq!(v["kv_bytes"], 300 * 4 * 64 * 2);
+    assert_eq!(num(&v, "tolerance"), 2e-2);
+    assert!(num(&v, "max_error") <= 1e-5, "{v}");
+    for key in [
+        "step_ms_median",
+        "kv_gb_s_median",
+        "read_gb_s_median",
+        "ratio_median",
+    ] {
+        assert!(num(&v, key) > 0.0, "{key}: {v}");
+    }
+}
+
+#[test]
+fn decode_step_of_mla_and_inline_scales() {
+    // MLA: one 80-wide latent (K and V share it), 16 query heads by default.
+    let v = decode_json(
+        "mla L=1 B=8 N=64 rank=64 rope=16 dtype=f32 order=NHD",
+        &["--seqs", "2", "--context", "200"],
+    );
+    assert_eq!(v["q_heads"], 16);
+    assert_eq!(v["kv_bytes"], 400 * 80 * 4);
+    assert!(num(&v, "max_error") <= num(&v, "tolerance"), "{v}");
+    // int8 with an f32 scale after each row: 32 + 4 + 32 + 4 bytes per token and head.
+    let v = decode_json(
+        "kv-scaled L=1 B=16 N=16 H=2 D=32 dtype=int8 order=NHD",
+        &["--seqs", "2", "--context", "50", "--q-heads", "6"],
+    );
+    assert_eq!(v["q_heads"], 6);
+    assert_eq!(v["kv_bytes"], 100 * 2 * 72);
+    assert!(num(&v, "max_error") <= num(&v, "tolerance"), "{v}");
+}
+
+#[test]
+fn decode_step_as_text() {
+    let out = ok(&[
+        "decode",
+        "kv L=1 B=8 N=16 H=2 D=16 dtype=fp8_e4m3 order=NHD",
+        "--seqs",
+        "2",
+        "--context",
+        "40",
+        "--runs",
+        "1",
+        "--bound-mib",
+        "8",
+    ]);
+    assert!(out.contains("query heads 8, KV heads 2"), "{out}");
+    assert!(out.contains("tolerance 1.2e-1: ok"), "{out}");
+    assert!(out.contains("x the read bandwidth of this run"), "{out}");
+}
+
+#[test]
+fn decode_refusals_are_one_line() {
+    let small = "kv L=1 B=8 N=16 H=2 D=16 dtype=f16 order=NHD";
+    let e = user_error(&["decode", "mamba2-2.7b"]);
+    assert!(e.contains("holds no keys and values"), "{e}");
+    let e = user_error(&["decode", small, "--seqs", "3", "--context", "48"]);
+    assert!(e.contains("need 9 blocks") && e.contains("B=8"), "{e}");
+    let e = user_error(&[
+        "decode",
+        small,
+        "--context",
+        "16",
+        "--seqs",
+        "1",
+        "--layer",
+        "1",
+    ]);
+    assert!(e.contains("layer") && e.contains('1'), "{e}");
+    let e = user_error(&["decode", small, "--runs", "0"]);
+    assert!(e.contains("--runs 0"), "{e}");
+    let e = user_error(&[
+        "decode",
+        small,
+        "--q-heads",
+        "3",
+        "--seqs",
+        "1",
+        "--context",
+        "16",
+    ]);
+    assert!(e.contains("multiple of 2"), "{e}");
+    let e = user_error(&["decode", "llama-3-8b B=100000"]);
+    assert!(e.contains("--max-cache-gib 8"), "{e}");
+    let e = user_error(&[
+        "decode",
+        "mla L=1 B=8 N=64 tps=4 rank=64 rope=16 dtype=bf16 order=NHD",
+        "--seqs",
+        "1",
+        "--context",
+        "16",
+    ]);
+    assert!(e.contains("tokens_per_state"), "{e}");
+}

@@ -117,6 +117,17 @@ pub fn write_kv(cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError
     Ok(())
 }
 
+/// How far a decode output may lie from this reference's, relative to `max(|reference|, 1)`,
+/// for a cache of `dtype`: f32 1e-5 (f32 accumulation), f16 and bf16 2e-2 (kernels may take
+/// bf16 products), fp8 and int8 one quantization step ([`DType::epsilon`]).
+pub fn decode_tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 1e-5,
+        DType::F16 | DType::Bf16 => 2e-2,
+        other => other.epsilon(),
+    }
+}
+
 /// One decode step (see [`Decode`]); `out` is `[seqs, num_q_heads, v_width]`.
 pub fn paged_decode(cache: &CacheRef<'_>, d: &Decode<'_>, out: &mut [f32]) -> Result<(), OpError> {
     let shape = check_decode(cache.layout, d, out.len())?;

@@ -1,0 +1,302 @@
+//! `kvlayout decode`: one decode step of a layout on the CPU backend, in process.
+//!
+//! It fills one layer of a cache of the layout through `write_kv` (seeded random keys and
+//! values of the new tokens, scattered by a random block table), runs `paged_decode` on the
+//! fast path, checks the first sequences against the scalar f64 reference within the dtype's
+//! tolerance, then times the step: each run is paired with a pass of the memory read bound
+//! right before it (which also evicts the cache from the last-level cache), and the ratio of
+//! the two bandwidths is what it reports, as the decode benchmark does. Every address comes
+//! from the layout; this module only builds activations, a block table and slot numbers.
+
+use std::time::Instant;
+
+use kvlayout::ops::{decode_widths, DecodeParams, OpError};
+use kvlayout::{Content, Field, KvCacheLayout};
+use kvlayout_cpu::bench::{paired, ReadBound};
+use kvlayout_cpu::{reference, Activations, CpuBackend, Decode, HostCache, WriteKv};
+use serde::Serialize;
+
+use crate::CliError;
+
+/// What `kvlayout decode` was asked for.
+#[derive(Debug, Clone)]
+pub(crate) struct StepArgs {
+    pub q_heads: Option<u64>,
+    pub seqs: usize,
+    pub context: u32,
+    pub layer: u64,
+    pub threads: Option<usize>,
+    pub runs: usize,
+    pub check_seqs: usize,
+    pub seed: u64,
+    pub max_cache_gib: f64,
+    /// MiB per thread of the read bound's buffer.
+    pub bound_mib: usize,
+}
+
+/// What one `kvlayout decode` measured.
+#[derive(Debug, Serialize)]
+pub(crate) struct StepReport {
+    pub layout: String,
+    pub cache_bytes: u64,
+    pub layer: u64,
+    pub seqs: usize,
+    pub context: u32,
+    pub q_heads: u64,
+    pub kv_heads: u64,
+    pub blocks_used: usize,
+    pub seed: u64,
+    pub kernels: &'static str,
+    pub threads: usize,
+    pub write_kv_ms: f64,
+    /// Sequences compared with the reference (the first ones).
+    pub checked_seqs: usize,
+    /// Largest `|fast - reference| / max(|reference|, 1)` over the checked outputs.
+    pub max_error: f64,
+    pub tolerance: f64,
+    /// K and V bytes one step reads (each stored element once, inline scales included).
+    pub kv_bytes: u64,
+    pub runs: usize,
+    pub step_ms_median: f64,
+    pub step_ms_best: f64,
+    pub kv_gb_s_median: f64,
+    pub read_gb_s_median: f64,
+    pub ratio_median: f64,
+    pub ratio_best: f64,
+}
+
+impl StepReport {
+    pub(crate) fn passed(&self) -> bool {
+        self.max_error <= self.tolerance
+    }
+
+    pub(crate) fn to_text(&self) -> String {
+        let gib = self.cache_bytes as f64 / f64::from(1u32 << 30);
+        let verdict = if self.passed() { "ok" } else { "FAILED" };
+        format!(
+            "layout   {} ({gib:.2} GiB)\n\
+             step     layer {}: {} sequences x {} tokens; query heads {}, KV heads {}; \
+             {} blocks of a random block table (seed {})\n\
+             write_kv {} tokens in {:.1} ms\n\
+             check    the first {} of {} sequences against the f64 reference: max error \
+             {:.1e} (relative to max(|ref|, 1)), tolerance {:.1e}: {verdict}\n\
+             speed    cpu ({} kernels, {} threads): {:.1} MiB of K and V per step, median \
+             {:.3} ms = {:.1} GB/s\n\
+             \x20        {:.2} x the read bandwidth of this run ({:.1} GB/s), best {:.2}; \
+             {} runs, each right after a read pass\n",
+            self.layout,
+            self.layer,
+            self.seqs,
+            self.context,
+            self.q_heads,
+            self.kv_heads,
+            self.blocks_used,
+            self.seed,
+            self.seqs as u64 * u64::from(self.context),
+            self.write_kv_ms,
+            self.checked_seqs,
+            self.seqs,
+            self.max_error,
+            self.tolerance,
+            self.kernels,
+            self.threads,
+            self.kv_bytes as f64 / f64::from(1u32 << 20),
+            self.step_ms_median,
+            self.kv_gb_s_median,
+            self.ratio_median,
+            self.read_gb_s_median,
+            self.ratio_best,
+            self.runs,
+        )
+    }
+}
+
+/// xorshift64: seeded data and block tables, the same on every machine.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut s = self.0;
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        self.0 = s;
+        s
+    }
+
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    fn fill(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.unit()).collect()
+    }
+}
+
+/// K and V bytes one decode step reads per token and KV head: each field the decode reads,
+/// once (the MLA latent serves as both).
+fn row_bytes(layout: &KvCacheLayout) -> Result<u64, OpError> {
+    let fields: &[Field] = match layout.content() {
+        Content::Mla { .. } => &[Field::Latent],
+        Content::KvScaled { .. } => &[Field::K, Field::V, Field::KScale, Field::VScale],
+        _ => &[Field::K, Field::V],
+    };
+    let mut bytes = 0;
+    for &f in fields {
+        let m = layout.field_map(f)?;
+        bytes += m.width * m.elem_bytes();
+    }
+    Ok(bytes)
+}
+
+fn usage(m: String) -> CliError {
+    CliError::Usage(m)
+}
+
+/// Runs the step; `Err` for any refusal (of the arguments here, or of the backend's ops).
+pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, CliError> {
+    let (qk, vw) = decode_widths(&layout)?;
+    let g = *layout.geometry();
+    let kv_heads = g.num_kv_heads;
+    let is_mla = matches!(layout.content(), Content::Mla { .. });
+    let q_heads = a.q_heads.unwrap_or(if is_mla { 16 } else { 4 * kv_heads });
+    if a.seqs == 0 || a.context == 0 || a.runs == 0 || a.bound_mib == 0 {
+        return Err(usage(format!(
+            "--seqs {}, --context {}, --runs {} and --bound-mib {} must each be at least 1",
+            a.seqs, a.context, a.runs, a.bound_mib
+        )));
+    }
+    let per_seq = u64::from(a.context).div_ceil(g.block_size);
+    let blocks = per_seq.saturating_mul(a.seqs as u64);
+    if blocks > g.num_blocks {
+        return Err(usage(format!(
+            "{} sequences of {} tokens need {blocks} blocks of {} tokens; the layout has B={}",
+            a.seqs, a.context, g.block_size, g.num_blocks
+        )));
+    }
+    let cache_bytes: u64 = layout.extents().iter().map(|x| x.end).sum();
+    let cache_gib = cache_bytes as f64 / f64::from(1u32 << 30);
+    if cache_gib > a.max_cache_gib {
+        return Err(usage(format!(
+            "the layout's buffers take {cache_gib:.2} GiB, more than --max-cache-gib {}; \
+             lower B or L in the spec",
+            a.max_cache_gib
+        )));
+    }
+    let mut rng = Rng(a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    // A random block table: the first `blocks` of a permutation of every block.
+    let mut all: Vec<i32> = (0..g.num_blocks)
+        .map(i32::try_from)
+        .collect::<Result<_, _>>()
+        .map_err(|_| usage(format!("B={} exceeds the i32 block ids", g.num_blocks)))?;
+    for i in (1..all.len()).rev() {
+        all.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+    }
+    let table = &all[..blocks as usize];
+    let per_seq = per_seq as usize;
+    // Every token of every sequence written once, at the slot its block table gives.
+    let bs = g.block_size;
+    let tokens = a.seqs * a.context as usize;
+    let slots: Vec<i64> = (0..tokens)
+        .map(|i| {
+            let (s, t) = (i / a.context as usize, i as u64 % u64::from(a.context));
+            i64::from(table[s * per_seq + (t / bs) as usize]) * bs as i64 + (t % bs) as i64
+        })
+        .collect();
+    let mut cache = HostCache::new(layout.clone())?;
+    let be = CpuBackend::new(a.threads);
+    let heads = kv_heads as usize;
+    let keys = rng.fill(tokens * heads * qk as usize);
+    let values = if is_mla {
+        Vec::new()
+    } else {
+        rng.fill(tokens * heads * vw as usize)
+    };
+    let w = WriteKv {
+        layer: a.layer,
+        key: Activations::F32(&keys),
+        value: (!is_mla).then_some(Activations::F32(&values)),
+        slot_mapping: &slots,
+    };
+    let t = Instant::now();
+    be.write_kv(&mut cache.as_mut(), &w)?;
+    let write_kv_ms = t.elapsed().as_secs_f64() * 1e3;
+
+    let query = rng.fill(a.seqs * q_heads as usize * qk as usize);
+    let lens = vec![a.context; a.seqs];
+    let params = DecodeParams {
+        num_q_heads: q_heads,
+        scale: 1.0 / (qk as f32).sqrt(),
+        sliding_window: None,
+        soft_cap: None,
+    };
+    let step = |seqs: usize| Decode {
+        layer: a.layer,
+        query: Activations::F32(&query[..seqs * q_heads as usize * qk as usize]),
+        block_table: &table[..seqs * per_seq],
+        blocks_per_seq: per_seq,
+        seq_lens: &lens[..seqs],
+        params,
+    };
+    let cache = cache.as_ref();
+    let out_len = |seqs: usize| seqs * q_heads as usize * vw as usize;
+    let mut out = vec![0f32; out_len(a.seqs)];
+    be.paged_decode(&cache, &step(a.seqs), &mut out)?;
+
+    // The reference reads each element through the checked address function: seconds for a
+    // few sequences of thousands of tokens, so only the first ones are compared.
+    let checked = a.check_seqs.min(a.seqs);
+    let mut want = vec![0f32; out_len(checked)];
+    reference::paged_decode(&cache, &step(checked), &mut want)?;
+    let max_error = want
+        .iter()
+        .zip(&out)
+        .map(|(&w, &o)| (f64::from(o) - f64::from(w)).abs() / f64::from(w).abs().max(1.0))
+        .fold(0.0, f64::max);
+
+    let kv_bytes = row_bytes(&layout)? * kv_heads * a.seqs as u64 * u64::from(a.context);
+    let bound = ReadBound::new(be.pool(), a.bound_mib << 20);
+    bound.pass(be.pool()); // first touch
+    let d = step(a.seqs);
+    let mut failed = None;
+    let p = paired(
+        a.runs,
+        bound.bytes() as f64,
+        || bound.pass(be.pool()),
+        kv_bytes as f64,
+        || {
+            if let Err(e) = be.paged_decode(&cache, &d, &mut out) {
+                failed = Some(e);
+            }
+        },
+    );
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    Ok(StepReport {
+        layout: layout.to_string(),
+        cache_bytes,
+        layer: a.layer,
+        seqs: a.seqs,
+        context: a.context,
+        q_heads,
+        kv_heads,
+        blocks_used: blocks as usize,
+        seed: a.seed,
+        kernels: CpuBackend::kernels(),
+        threads: be.threads(),
+        write_kv_ms,
+        checked_seqs: checked,
+        max_error,
+        tolerance: reference::decode_tolerance(layout.dtype()),
+        kv_bytes,
+        runs: a.runs,
+        step_ms_median: p.op_median * 1e3,
+        step_ms_best: p.op_best * 1e3,
+        kv_gb_s_median: kv_bytes as f64 / p.op_median / 1e9,
+        read_gb_s_median: p.bound_median / 1e9,
+        ratio_median: p.ratio_median,
+        ratio_best: p.ratio_best,
+    })
+}
