@@ -34,6 +34,23 @@
 /// Tokens per online-softmax tile (the leading dimension of the logits and weights).
 pub(crate) const TILE: usize = 64;
 
+/// Softmax weights `e^x` (`x` a logit minus the running maximum) below `e^WEIGHT_FLOOR` are
+/// taken as zero, and so is the factor that rescales a state to a maximum this much higher.
+/// Their share of a sum that holds the maximum's weight of 1 is below 2^-92, far under what an
+/// f32 resolves (2^-24); kept, such a weight times a value is an f32 subnormal, and an FMA
+/// with a subnormal input or result takes a microcode assist on Intel cores: a decode whose
+/// logits spread over hundreds ran 2.7x (spread ~500) to 17x slower.
+pub(crate) const WEIGHT_FLOOR: f32 = -64.0;
+
+/// `e^x` as a softmax weight: zero below [`WEIGHT_FLOOR`].
+pub(crate) fn weight(x: f32) -> f32 {
+    if x >= WEIGHT_FLOOR {
+        x.exp()
+    } else {
+        0.0
+    }
+}
+
 /// How a row's bytes encode its elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RowKind {
@@ -615,10 +632,11 @@ pub(crate) fn pv_tile(
 pub(crate) const SUM_LANES: usize = 16;
 
 /// One online-softmax step over a tile, for each of the `g` heads: row `j` of `logits`
-/// (`nt` values at `j * ld`) becomes the weights `exp(l - m)` where `m` is the running maximum
-/// `maxes[j]`, first raised to the tile's maximum when a logit exceeds it (then the partial
-/// sums `sums[j * SUM_LANES ..][..SUM_LANES]` and the accumulator row `acc[j * s ..][..s]`
-/// are rescaled to it); the partial sums then gain the tile's weights. The stored weights of
+/// (`nt` values at `j * ld`) becomes the weights `exp(l - m)` ([`weight`]: zero below
+/// [`WEIGHT_FLOOR`]) where `m` is the running maximum `maxes[j]`, first raised to the tile's
+/// maximum when a logit exceeds it (then the partial sums `sums[j * SUM_LANES ..][..SUM_LANES]`
+/// and the accumulator row `acc[j * s ..][..s]` are rescaled to it, by the same [`weight`]);
+/// the partial sums then gain the tile's weights. The stored weights of
 /// token `i` are then multiplied by `wscale` and `vscale[i]` (not counted in the sum). With
 /// `round`, each weight is rounded to bf16 before it is summed, so that a value kernel with
 /// bf16 operands multiplies by exactly the weights the sum counts.
@@ -659,7 +677,7 @@ pub(crate) fn softmax_tile(
         let m = maxes[j].max(tile_max);
         let sum = &mut sums[j * SUM_LANES];
         if m > maxes[j] {
-            let c = (maxes[j] - m).exp();
+            let c = weight(maxes[j] - m);
             *sum *= c;
             for x in &mut acc[j * s..(j + 1) * s] {
                 *x *= c;
@@ -667,7 +685,7 @@ pub(crate) fn softmax_tile(
             maxes[j] = m;
         }
         for (i, x) in l.iter_mut().enumerate() {
-            *x = (*x - m).exp();
+            *x = weight(*x - m);
             if round {
                 *x = half::bf16::from_f32(*x).to_f32();
             }
@@ -714,6 +732,113 @@ mod tests {
         for a in 0..16 {
             let want: f32 = v[a].iter().sum();
             assert_eq!(s[4 * (a % 4) + a / 4], want, "accumulator {a}");
+        }
+    }
+
+    /// The softmax step of every build on logits spread over thousands: each weight is
+    /// `exp(l - max)` (relative 1e-5: the AVX-512 range reduction is in f32) or, below [`WEIGHT_FLOOR`], exactly zero, never a
+    /// subnormal; the running sums hold the weights; a maximum that jumps by more than the
+    /// floor zeroes the old state, a smaller jump rescales it.
+    #[test]
+    fn softmax_weights_flush_below_the_floor() {
+        let (g, nt, s) = (2, 37, 16);
+        // Head 0: logits from 0 down to -3600 (a third above the floor); head 1: around 10.
+        let first: Vec<f32> = (0..2 * TILE)
+            .map(|i| match (i / TILE, i % TILE) {
+                (0, t) => -(t as f32) * 100.0 / 3.0 * if t % 2 == 0 { 0.1 } else { 1.0 },
+                (_, t) => 10.0 - t as f32 * 0.25,
+            })
+            .collect();
+        for isa in available() {
+            let mut logits = first.clone();
+            let mut maxes = vec![f32::NEG_INFINITY; g];
+            let mut sums = vec![0f32; g * SUM_LANES];
+            let mut acc = vec![0f32; g * s];
+            softmax_tile(
+                isa,
+                false,
+                nt,
+                g,
+                &mut logits,
+                TILE,
+                1.0,
+                None,
+                &mut maxes,
+                &mut sums,
+                &mut acc,
+                s,
+            );
+            for j in 0..g {
+                let m = first[j * TILE..j * TILE + nt]
+                    .iter()
+                    .copied()
+                    .fold(f32::MIN, f32::max);
+                assert_eq!(maxes[j], m, "{isa:?} head {j}");
+                let mut total = 0f64;
+                for t in 0..nt {
+                    let (x, w) = (first[j * TILE + t] - m, logits[j * TILE + t]);
+                    if x < WEIGHT_FLOOR {
+                        assert_eq!(w, 0.0, "{isa:?} head {j} token {t}: logit {x}");
+                    } else {
+                        let want = f64::from(x).exp();
+                        assert!(
+                            (f64::from(w) - want).abs() <= 1e-5 * want,
+                            "{isa:?} head {j} token {t}: {w} against {want}"
+                        );
+                        assert!(w >= f32::MIN_POSITIVE, "{isa:?} head {j} token {t}: {w}");
+                    }
+                    total += f64::from(w);
+                }
+                let sum: f32 = sums[j * SUM_LANES..(j + 1) * SUM_LANES].iter().sum();
+                assert!(
+                    (f64::from(sum) - total).abs() <= 1e-6 * total,
+                    "{isa:?} head {j}"
+                );
+            }
+            // A second tile: head 0's maximum jumps by 100 (past the floor), head 1's by 1.
+            acc.fill(3.0);
+            let before: Vec<f32> = (0..g)
+                .map(|j| sums[j * SUM_LANES..][..SUM_LANES].iter().sum())
+                .collect();
+            let mut logits = vec![0f32; 2 * TILE];
+            logits[0] = 100.0;
+            logits[TILE] = 11.0;
+            softmax_tile(
+                isa,
+                false,
+                1,
+                g,
+                &mut logits,
+                TILE,
+                1.0,
+                None,
+                &mut maxes,
+                &mut sums,
+                &mut acc,
+                s,
+            );
+            assert!(
+                acc[..s].iter().all(|&a| a == 0.0),
+                "{isa:?}: head 0 not zeroed"
+            );
+            let c = (-1f32).exp();
+            for &a in &acc[s..] {
+                assert!(
+                    (a - 3.0 * c).abs() <= 1e-6,
+                    "{isa:?}: head 1 rescaled to {a}"
+                );
+            }
+            let after: Vec<f32> = (0..g)
+                .map(|j| sums[j * SUM_LANES..][..SUM_LANES].iter().sum())
+                .collect();
+            assert_eq!(
+                after[0], 1.0,
+                "{isa:?}: head 0's sum is the new weight alone"
+            );
+            assert!(
+                (after[1] - (before[1] * c + 1.0)).abs() <= 1e-5 * after[1],
+                "{isa:?}"
+            );
         }
     }
 

@@ -81,7 +81,7 @@ fn combine<'p>(
         for p in 0..parts {
             let r = rec(p);
             if r[g + j] > 0.0 {
-                let c = (r[j] - m).exp();
+                let c = simd::weight(r[j] - m);
                 sum += r[g + j] * c;
                 for (x, a) in acc.iter_mut().zip(&r[2 * g + j * s..2 * g + (j + 1) * s]) {
                     *x += a * c;

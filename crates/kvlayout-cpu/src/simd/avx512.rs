@@ -756,7 +756,7 @@ pub(super) unsafe fn softmax_tile(
                     m = _mm512_max_ps(m, x);
                 }
                 let m = _mm512_reduce_max_ps(m);
-                let c = (maxes[j] - m).exp();
+                let c = super::weight(maxes[j] - m);
                 sum = _mm512_mul_ps(sum, _mm512_set1_ps(c));
                 for x in &mut acc[j * s..(j + 1) * s] {
                     *x *= c;
@@ -767,7 +767,7 @@ pub(super) unsafe fn softmax_tile(
             for v in 0..nv {
                 let k = mask(nt - v * 16);
                 let p = l[v * 16..].as_mut_ptr();
-                let mut r = exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p), m));
+                let mut r = weights(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p), m));
                 if round {
                     r = round_bf16(r);
                 }
@@ -798,10 +798,14 @@ fn round_bf16(x: __m512) -> __m512 {
     ))
 }
 
+/// `e^x` per lane as softmax weights (a degree-6 polynomial after range reduction): zero
+/// below [`super::WEIGHT_FLOOR`], and for NaN.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-fn exp(x: __m512) -> __m512 {
-    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+fn weights(x: __m512) -> __m512 {
+    let floor = _mm512_set1_ps(super::WEIGHT_FLOOR);
+    let keep = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, floor);
+    let x = _mm512_max_ps(x, floor);
     let t = _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E));
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
     let f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(std::f32::consts::LN_2));
@@ -813,7 +817,7 @@ fn exp(x: __m512) -> __m512 {
     y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(0.5));
     y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0));
     y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0));
-    _mm512_scalef_ps(y, n)
+    _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(y, n))
 }
 
 #[cfg(test)]
