@@ -1,0 +1,320 @@
+use super::*;
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn hsum16_lane_order() {
+    if !has_avx512() {
+        use std::io::Write;
+        // Straight to stderr, past the test harness's capture, so CI logs count it.
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "skipped: hsum16 lane order: no AVX-512 on this machine"
+        );
+        return;
+    }
+    let v: [[f32; 16]; 16] = std::array::from_fn(|a| std::array::from_fn(|l| (a * 100 + l) as f32));
+    // SAFETY: AVX-512 detected.
+    let s = unsafe { avx512::hsum16_lanes(v) };
+    for a in 0..16 {
+        let want: f32 = v[a].iter().sum();
+        assert_eq!(s[4 * (a % 4) + a / 4], want, "accumulator {a}");
+    }
+}
+
+/// The softmax step of every build on logits spread over thousands: each weight is
+/// `exp(l - max)` (relative 1e-5: the AVX-512 range reduction is in f32) or, below [`WEIGHT_FLOOR`], exactly zero, never a
+/// subnormal; the running sums hold the weights; a maximum that jumps by more than the
+/// floor zeroes the old state, a smaller jump rescales it.
+#[test]
+fn softmax_weights_flush_below_the_floor() {
+    let (g, nt, s) = (2, 37, 16);
+    // Head 0: logits from 0 down to -3600 (a third above the floor); head 1: around 10.
+    let first: Vec<f32> = (0..2 * TILE)
+        .map(|i| match (i / TILE, i % TILE) {
+            (0, t) => -(t as f32) * 100.0 / 3.0 * if t % 2 == 0 { 0.1 } else { 1.0 },
+            (_, t) => 10.0 - t as f32 * 0.25,
+        })
+        .collect();
+    for isa in available() {
+        let mut logits = first.clone();
+        let mut maxes = vec![f32::NEG_INFINITY; g];
+        let mut sums = vec![0f32; g * SUM_LANES];
+        let mut acc = vec![0f32; g * s];
+        softmax_tile(
+            isa,
+            false,
+            nt,
+            g,
+            &mut logits,
+            TILE,
+            1.0,
+            None,
+            &mut maxes,
+            &mut sums,
+            &mut acc,
+            s,
+        );
+        for j in 0..g {
+            let m = first[j * TILE..j * TILE + nt]
+                .iter()
+                .copied()
+                .fold(f32::MIN, f32::max);
+            assert_eq!(maxes[j], m, "{isa:?} head {j}");
+            let mut total = 0f64;
+            for t in 0..nt {
+                let (x, w) = (first[j * TILE + t] - m, logits[j * TILE + t]);
+                if x < WEIGHT_FLOOR {
+                    assert_eq!(w, 0.0, "{isa:?} head {j} token {t}: logit {x}");
+                } else {
+                    let want = f64::from(x).exp();
+                    assert!(
+                        (f64::from(w) - want).abs() <= 1e-5 * want,
+                        "{isa:?} head {j} token {t}: {w} against {want}"
+                    );
+                    assert!(w >= f32::MIN_POSITIVE, "{isa:?} head {j} token {t}: {w}");
+                }
+                total += f64::from(w);
+            }
+            let sum: f32 = sums[j * SUM_LANES..(j + 1) * SUM_LANES].iter().sum();
+            assert!(
+                (f64::from(sum) - total).abs() <= 1e-6 * total,
+                "{isa:?} head {j}"
+            );
+        }
+        // A second tile: head 0's maximum jumps by 100 (past the floor), head 1's by 1.
+        acc.fill(3.0);
+        let before: Vec<f32> = (0..g)
+            .map(|j| sums[j * SUM_LANES..][..SUM_LANES].iter().sum())
+            .collect();
+        let mut logits = vec![0f32; 2 * TILE];
+        logits[0] = 100.0;
+        logits[TILE] = 11.0;
+        softmax_tile(
+            isa,
+            false,
+            1,
+            g,
+            &mut logits,
+            TILE,
+            1.0,
+            None,
+            &mut maxes,
+            &mut sums,
+            &mut acc,
+            s,
+        );
+        assert!(
+            acc[..s].iter().all(|&a| a == 0.0),
+            "{isa:?}: head 0 not zeroed"
+        );
+        let c = (-1f32).exp();
+        for &a in &acc[s..] {
+            assert!(
+                (a - 3.0 * c).abs() <= 1e-6,
+                "{isa:?}: head 1 rescaled to {a}"
+            );
+        }
+        let after: Vec<f32> = (0..g)
+            .map(|j| sums[j * SUM_LANES..][..SUM_LANES].iter().sum())
+            .collect();
+        assert_eq!(
+            after[0], 1.0,
+            "{isa:?}: head 0's sum is the new weight alone"
+        );
+        assert!(
+            (after[1] - (before[1] * c + 1.0)).abs() <= 1e-5 * after[1],
+            "{isa:?}"
+        );
+    }
+}
+
+/// `pv_transposed` on every kind, with and without the fp8 power of two, against the
+/// element decoder: two runs (16 tokens, then 5) of 24 elements, 3 heads.
+#[test]
+fn transposed_values_every_kind() {
+    use kvlayout::DType;
+    let Some(isa) = available().into_iter().find(|&i| reads_transposed(i)) else {
+        use std::io::Write;
+        // Straight to stderr, past the test harness's capture, so CI logs count it.
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "skipped: pv_transposed kernel: no AVX-512 on this machine"
+        );
+        return;
+    };
+    let (width, tokens, g) = (24, 21, 3);
+    let runs = |e: usize| [(0, 0, 16), (16 * e, 16, 5)];
+    let w: Vec<f32> = (0..(g - 1) * TILE + tokens)
+        .map(|i| ((i % TILE) as f32 + 1.0) * 0.01 * (i / TILE + 1) as f32)
+        .collect();
+    for (kind, dtype, fold) in [
+        (RowKind::Fp8E4m3, DType::Fp8E4m3, 8),
+        (RowKind::Fp8E5m2, DType::Fp8E5m2, 0),
+        (RowKind::I8, DType::Int8, 0),
+        (RowKind::Bf16, DType::Bf16, 0),
+        (RowKind::F16, DType::F16, 0),
+        (RowKind::F32, DType::F32, 0),
+    ] {
+        let e = elem(kind);
+        // Element d of token t at `(d * tokens + t) * e`: element rows `tokens * e` apart.
+        let mut buf = vec![0u8; width * tokens * e];
+        for (i, x) in buf.chunks_exact_mut(e).enumerate() {
+            let v = ((i * 7 % 23) as f32 - 11.0) * if kind == RowKind::I8 { 1.0 } else { 0.375 };
+            crate::elem::encode(dtype, v, x);
+        }
+        for raw in [false, true] {
+            let mut out = vec![0f32; g * width];
+            pv_transposed(
+                isa,
+                kind,
+                raw,
+                &buf,
+                &runs(e),
+                tokens * e,
+                width,
+                &w,
+                TILE,
+                g,
+                &mut out,
+            );
+            let f = if raw { 2f32.powi(fold) } else { 1.0 };
+            for j in 0..g {
+                for d in 0..width {
+                    let want: f64 = (0..tokens)
+                        .map(|t| {
+                            let at = (d * tokens + t) * e;
+                            f64::from(w[j * TILE + t])
+                                * f64::from(crate::elem::decode(dtype, &buf[at..at + e]))
+                        })
+                        .sum();
+                    let got = f64::from(out[j * width + d]) * f64::from(f);
+                    assert!(
+                        (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                        "{kind:?} raw {raw} head {j} element {d}: {got} against {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Every finite bit pattern of each kind (two-byte kinds: a spread of them) widened by
+/// each build's kernels equals the element decoder, raw fp8 included (bf16 subnormals:
+/// zero in the bf16-operand kernels), and is never an f32 subnormal (fp8 subnormals
+/// included); and the value kernel puts each element where the kernel order says.
+#[test]
+fn widening_matches_the_element_decoder() {
+    use kvlayout::DType;
+    for (kind, dtype) in [
+        (RowKind::Fp8E4m3, DType::Fp8E4m3),
+        (RowKind::Fp8E5m2, DType::Fp8E5m2),
+        (RowKind::I8, DType::Int8),
+        (RowKind::Bf16, DType::Bf16),
+        (RowKind::F16, DType::F16),
+        (RowKind::F32, DType::F32),
+    ] {
+        let e = elem(kind);
+        let bytes: Vec<u8> = (0..=u16::MAX)
+            .step_by(if e == 1 { 257 } else { 61 })
+            .flat_map(|x| {
+                let b = (u32::from(x) * 0x0001_0001).to_le_bytes();
+                b[..e].to_vec()
+            })
+            .collect::<Vec<_>>()
+            .chunks_exact(e)
+            .filter(|b| crate::elem::decode(dtype, b).is_finite())
+            .flatten()
+            .copied()
+            .collect();
+        let width = bytes.len() / e;
+        let want: Vec<f32> = bytes
+            .chunks_exact(e)
+            .map(|b| crate::elem::decode(dtype, b))
+            .collect();
+        let mut rows = RowSet::new(bytes.len());
+        rows.push(&bytes, 0);
+        let none = RowSet::new(0);
+        for isa in available() {
+            let (order, vorder) = (
+                Order::of(isa, kind, Role::Key),
+                Order::of(isa, kind, Role::Value),
+            );
+            let pw = order.padded(width).max(vorder.padded(width));
+            // `vdpbf16ps` reads bf16 subnormals (below 2^-126) as zero; every fp8 value
+            // is a normal bf16.
+            let want: Vec<f32> = want
+                .iter()
+                .map(|x| {
+                    if isa.bf16_operands(kind) && x.abs() < f32::MIN_POSITIVE {
+                        0.0
+                    } else {
+                        *x
+                    }
+                })
+                .collect();
+            let mut scratch = vec![0f32; width];
+            for raw in [false, true] {
+                let f = match (raw, fp8_fold(isa, kind)) {
+                    (true, Some(f)) => f * f,
+                    (true, None) => continue,
+                    (false, _) => 1.0,
+                };
+                // Keys: one query row per probed element picks that element alone.
+                for i in (0..width).step_by(7) {
+                    let mut q = vec![0f32; width];
+                    q[i] = 1.0;
+                    let mut qk = vec![0f32; pw];
+                    order.arrange(&q, &mut qk);
+                    let mut out = [0f32; 1];
+                    qk_tile(
+                        isa,
+                        kind,
+                        raw,
+                        &rows,
+                        &none,
+                        0,
+                        0,
+                        width,
+                        &qk,
+                        pw,
+                        1,
+                        &mut out,
+                        1,
+                        &mut scratch,
+                    );
+                    assert_eq!(out[0] * f, want[i], "{kind:?} element {i} on {isa:?}");
+                    // What the kernels widen is never an f32 subnormal (an FMA with one
+                    // takes a microcode assist on Intel cores): with a query of 1, the
+                    // logit is the widened element itself.
+                    assert!(
+                        out[0] == 0.0 || out[0].abs() >= f32::MIN_POSITIVE,
+                        "{kind:?} element {i} on {isa:?} raw {raw}: widened to the \
+                         subnormal {:e}",
+                        out[0]
+                    );
+                }
+                // Values: weight 1 on one row.
+                let mut acc = vec![0f32; pw];
+                pv_tile(
+                    isa,
+                    kind,
+                    raw,
+                    &rows,
+                    &none,
+                    0,
+                    0,
+                    width,
+                    &[1.0],
+                    1,
+                    1,
+                    &mut acc,
+                    pw,
+                    &mut scratch,
+                );
+                let mut got = vec![0f32; width];
+                vorder.restore(&acc, f, &mut got);
+                assert_eq!(got, want, "{kind:?} values on {isa:?} raw {raw}");
+            }
+        }
+    }
+}
