@@ -25,6 +25,8 @@ pub(crate) struct StepArgs {
     pub seqs: usize,
     pub context: u32,
     pub layer: u64,
+    pub window: Option<u64>,
+    pub soft_cap: Option<f32>,
     pub threads: Option<usize>,
     pub runs: usize,
     pub check_seqs: usize,
@@ -42,6 +44,8 @@ pub(crate) struct StepReport {
     pub layer: u64,
     pub seqs: usize,
     pub context: u32,
+    pub window: Option<u64>,
+    pub soft_cap: Option<f32>,
     pub q_heads: u64,
     pub kv_heads: u64,
     pub blocks_used: usize,
@@ -54,7 +58,8 @@ pub(crate) struct StepReport {
     /// Largest `|fast - reference| / max(|reference|, 1)` over the checked outputs.
     pub max_error: f64,
     pub tolerance: f64,
-    /// K and V bytes one step reads (each stored element once, inline scales included).
+    /// K and V bytes one step reads (each stored element of the attended tokens once, inline
+    /// scales included).
     pub kv_bytes: u64,
     pub runs: usize,
     pub step_ms_median: f64,
@@ -75,7 +80,7 @@ impl StepReport {
         let verdict = if self.passed() { "ok" } else { "FAILED" };
         format!(
             "layout   {} ({gib:.2} GiB)\n\
-             step     layer {}: {} sequences x {} tokens; query heads {}, KV heads {}; \
+             step     layer {}: {} sequences x {} tokens{}; query heads {}, KV heads {}; \
              {} blocks of a random block table (seed {})\n\
              write_kv {} tokens in {:.1} ms\n\
              check    the first {} of {} sequences against the f64 reference: max error \
@@ -88,6 +93,11 @@ impl StepReport {
             self.layer,
             self.seqs,
             self.context,
+            self.window
+                .map(|w| format!(", window {w}"))
+                .into_iter()
+                .chain(self.soft_cap.map(|c| format!(", soft-cap {c}")))
+                .collect::<String>(),
             self.q_heads,
             self.kv_heads,
             self.blocks_used,
@@ -228,8 +238,8 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
     let params = DecodeParams {
         num_q_heads: q_heads,
         scale: 1.0 / (qk as f32).sqrt(),
-        sliding_window: None,
-        soft_cap: None,
+        sliding_window: a.window,
+        soft_cap: a.soft_cap,
     };
     let step = |seqs: usize| Decode {
         layer: a.layer,
@@ -255,7 +265,9 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
         .map(|(&w, &o)| (f64::from(o) - f64::from(w)).abs() / f64::from(w).abs().max(1.0))
         .fold(0.0, f64::max);
 
-    let kv_bytes = row_bytes(&layout)? * kv_heads * a.seqs as u64 * u64::from(a.context);
+    // Each sequence reads its last `window` tokens (all of them without a window).
+    let attended = u64::from(a.context).min(a.window.unwrap_or(u64::MAX));
+    let kv_bytes = row_bytes(&layout)? * kv_heads * a.seqs as u64 * attended;
     let bound = ReadBound::new(be.pool(), a.bound_mib << 20);
     bound.pass(be.pool()); // first touch
     let d = step(a.seqs);
@@ -280,6 +292,8 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
         layer: a.layer,
         seqs: a.seqs,
         context: a.context,
+        window: a.window,
+        soft_cap: a.soft_cap,
         q_heads,
         kv_heads,
         blocks_used: blocks as usize,

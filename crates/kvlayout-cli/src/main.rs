@@ -119,6 +119,12 @@ enum Command {
         /// Layer slot to fill and read.
         #[arg(long, value_name = "L", default_value_t = 0)]
         layer: u64,
+        /// Attend only to the last W tokens of each sequence.
+        #[arg(long, value_name = "W")]
+        window: Option<u64>,
+        /// Logits soft-cap C: s = C * tanh(s / C) (Gemma 2: 50).
+        #[arg(long, value_name = "C")]
+        soft_cap: Option<f32>,
         /// Threads (default: every core).
         #[arg(long, value_name = "N")]
         threads: Option<usize>,
@@ -311,6 +317,8 @@ fn run(command: Command) -> Result<String, CliError> {
             seqs,
             context,
             layer,
+            window,
+            soft_cap,
             threads,
             runs,
             check_seqs,
@@ -324,6 +332,8 @@ fn run(command: Command) -> Result<String, CliError> {
                 seqs,
                 context,
                 layer,
+                window,
+                soft_cap,
                 threads,
                 runs,
                 check_seqs,

@@ -626,6 +626,38 @@ pub(crate) fn pv_tile(
     }
 }
 
+/// Row `j` of `logits` (`nt` values at `j * ld`, for each of the `g` heads): each logit times
+/// its token's key scale `ks[i]`, then, with a soft-cap `c`, `c * tanh(l / c)`. The AVX-512
+/// build computes tanh from the softmax's exponential, `(1 - e^-2|x|) / (1 + e^-2|x|)`: within
+/// 1.2e-7 absolute (of tanh, so `c` times that of the logit), what the softmax resolves.
+pub(crate) fn adjust_logits(
+    isa: Isa,
+    nt: usize,
+    g: usize,
+    logits: &mut [f32],
+    ld: usize,
+    ks: &[f32],
+    cap: Option<f32>,
+) {
+    assert!(nt <= ld && ks.len() >= nt && logits.len() >= (g.max(1) - 1) * ld + nt);
+    for j in 0..g {
+        let l = &mut logits[j * ld..j * ld + nt];
+        #[cfg(target_arch = "x86_64")]
+        if isa.avx512() {
+            assert!(has_avx512(), "AVX-512 kernels on a machine without AVX-512");
+            // SAFETY: AVX-512 F/BW/VL detected just above.
+            unsafe { avx512::adjust_logits(l, &ks[..nt], cap) };
+            continue;
+        }
+        for (l, ks) in l.iter_mut().zip(ks) {
+            *l *= ks;
+            if let Some(c) = cap {
+                *l = c * (*l / c).tanh();
+            }
+        }
+    }
+}
+
 /// Partial sums kept per head by [`softmax_tile`]: a head's running sum is the sum of its
 /// `SUM_LANES` partial sums (the AVX-512 step adds its weights lane by lane, so a step needs
 /// no horizontal sum; the portable step uses the first lane only).

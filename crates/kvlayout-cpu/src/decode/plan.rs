@@ -363,15 +363,7 @@ impl<'a> Plan<'a> {
                     } else {
                         kscale[..nt].fill(self.l_scale);
                     }
-                    for j in 0..g {
-                        let l = &mut logits[j * TILE..j * TILE + nt];
-                        for (l, ks) in l.iter_mut().zip(&kscale[..nt]) {
-                            *l *= ks;
-                            if let Some(c) = cap {
-                                *l = c * (*l / c).tanh();
-                            }
-                        }
-                    }
+                    simd::adjust_logits(self.isa, nt, g, logits, TILE, &kscale[..nt], cap);
                 }
                 let vs = if let Some(src) = &self.v_inline {
                     let hs = h * src.map.strides.head;

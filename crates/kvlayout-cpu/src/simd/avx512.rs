@@ -798,14 +798,62 @@ fn round_bf16(x: __m512) -> __m512 {
     ))
 }
 
-/// `e^x` per lane as softmax weights (a degree-6 polynomial after range reduction): zero
-/// below [`super::WEIGHT_FLOOR`], and for NaN.
+/// [`super::adjust_logits`] on one row: `l[i] *= ks[i]`, then `c * tanh(l / c)` with a cap.
+///
+/// # Safety
+/// AVX-512 F/BW/VL present; `ks` as long as `l`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn adjust_logits(l: &mut [f32], ks: &[f32], cap: Option<f32>) {
+    let n = l.len();
+    let mut i = 0;
+    while i < n {
+        let k = mask(n - i);
+        // SAFETY: lanes `i .. min(i + 16, n)` of `l` and `ks` (as long) are in bounds; the
+        // mask selects exactly those.
+        unsafe {
+            let p = l.as_mut_ptr().add(i);
+            let x = _mm512_mul_ps(
+                _mm512_maskz_loadu_ps(k, p),
+                _mm512_maskz_loadu_ps(k, ks.as_ptr().add(i)),
+            );
+            let x = match cap {
+                Some(c) => {
+                    _mm512_mul_ps(_mm512_set1_ps(c), tanh(_mm512_div_ps(x, _mm512_set1_ps(c))))
+                }
+                None => x,
+            };
+            _mm512_mask_storeu_ps(p, k, x);
+        }
+        i += 16;
+    }
+}
+
+/// `tanh(x)` per lane: `(1 - e) / (1 + e)` with `e = e^-2|x|` and the sign of `x` (|x| past 9
+/// gives 1, as in f32), within 1.2e-7 absolute.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn tanh(x: __m512) -> __m512 {
+    let a = _mm512_min_ps(_mm512_abs_ps(x), _mm512_set1_ps(9.0));
+    let e = exp_approx(_mm512_mul_ps(a, _mm512_set1_ps(-2.0)));
+    let one = _mm512_set1_ps(1.0);
+    let t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+    let sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(i32::MIN));
+    _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), sign))
+}
+
+/// `e^x` per lane as softmax weights: zero below [`super::WEIGHT_FLOOR`], and for NaN.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 fn weights(x: __m512) -> __m512 {
     let floor = _mm512_set1_ps(super::WEIGHT_FLOOR);
     let keep = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, floor);
-    let x = _mm512_max_ps(x, floor);
+    _mm512_maskz_mov_ps(keep, exp_approx(_mm512_max_ps(x, floor)))
+}
+
+/// `e^x` per lane for `x` in [-87, 88] (a degree-6 polynomial after range reduction).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn exp_approx(x: __m512) -> __m512 {
     let t = _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E));
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
     let f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(std::f32::consts::LN_2));
@@ -817,7 +865,7 @@ fn weights(x: __m512) -> __m512 {
     y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(0.5));
     y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0));
     y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0));
-    _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(y, n))
+    _mm512_scalef_ps(y, n)
 }
 
 #[cfg(test)]

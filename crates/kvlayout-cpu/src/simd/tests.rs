@@ -128,6 +128,48 @@ fn softmax_weights_flush_below_the_floor() {
     }
 }
 
+/// Logit adjustment on every build: key scales, then the soft-cap `c * tanh(l / c)` within
+/// `c x 1.2e-7` of the f64 value, saturating past |l / c| = 9, sign and zero kept.
+#[test]
+fn adjust_logits_scale_and_cap() {
+    let xs: Vec<f32> = (-2000..=2000)
+        .map(|i| i as f32 * 0.011)
+        .chain([0.0, -0.0, 1e-30, -1e-30, 1e-6, 40.0, -1e4, 1e30])
+        .collect();
+    let (g, ld) = (2, xs.len() + 3);
+    let ks: Vec<f32> = (0..xs.len()).map(|i| [1.0, 0.5, 2.0][i % 3]).collect();
+    for isa in available() {
+        for cap in [None, Some(1.0f32), Some(50.0)] {
+            let mut logits = vec![0f32; g * ld];
+            for j in 0..g {
+                logits[j * ld..j * ld + xs.len()].copy_from_slice(&xs);
+            }
+            adjust_logits(isa, xs.len(), g, &mut logits, ld, &ks, cap);
+            for j in 0..g {
+                for (i, (&x, &k)) in xs.iter().zip(&ks).enumerate() {
+                    let l = f64::from(x) * f64::from(k);
+                    let (want, bound) = match cap {
+                        Some(c) => {
+                            let c = f64::from(c);
+                            (c * (l / c).tanh(), c * 1.2e-7)
+                        }
+                        None => (l, l.abs() * 1e-7),
+                    };
+                    let got = f64::from(logits[j * ld + i]);
+                    assert!(
+                        (got - want).abs() <= bound,
+                        "{isa:?} cap {cap:?}: {x} x {k} -> {got}, want {want}"
+                    );
+                    assert_eq!(got.is_sign_negative(), want.is_sign_negative(), "{x}");
+                }
+                assert!(logits[j * ld + xs.len()..(j + 1) * ld]
+                    .iter()
+                    .all(|&v| v == 0.0));
+            }
+        }
+    }
+}
+
 /// `pv_transposed` on every kind, with and without the fp8 power of two, against the
 /// element decoder: two runs (16 tokens, then 5) of 24 elements, 3 heads.
 #[test]
