@@ -19,6 +19,7 @@ mod copy;
 mod decode;
 pub mod elem;
 pub(crate) mod hostbuf;
+mod quant;
 pub mod reference;
 mod simd;
 pub mod tensor;

@@ -88,7 +88,7 @@ pub(crate) fn detect() -> Isa {
 /// Whether this machine runs the AVX-512 kernels (the safe wrappers check it before every
 /// call into them).
 #[cfg(target_arch = "x86_64")]
-fn has_avx512() -> bool {
+pub(crate) fn has_avx512() -> bool {
     Isa::Avx512.runs()
 }
 

@@ -1,7 +1,8 @@
 //! Fast path of `write_kv`: tokens in parallel (slots are distinct, so writes are disjoint),
 //! each row converted straight into the cache: a byte copy when the dtypes match, SIMD
-//! conversion (via `half`) for f32 <-> f16/bf16, element-wise encoding for fp8/int8 and for
-//! rows that are not contiguous (legacy layouts).
+//! conversion (via `half`) for f32 <-> f16/bf16, row encoders for fp8/int8 ([`crate::quant`],
+//! AVX-512 where present), element-wise encoding for rows that are not contiguous (legacy
+//! layouts).
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -74,10 +75,7 @@ fn write_row(
     }
     scratch.resize(width, 0.0);
     x.read_into(start, scratch);
-    let e = dtype.size_bytes() as usize;
-    for (v, out) in scratch.iter().zip(row.chunks_exact_mut(e)) {
-        encode(dtype, v / tensor / q, out);
-    }
+    crate::quant::encode_row(dtype, scratch, tensor, q, row);
 }
 
 pub(crate) fn write_kv(
@@ -138,8 +136,9 @@ pub(crate) fn write_kv(
                         let e = m.elem_bytes() as usize;
                         let mut q = 1.0f32;
                         if let Some(sm) = scale_m {
-                            let amax = (0..*width)
-                                .fold(0f32, |a, d| a.max((src.get(start + d) / tensor).abs()));
+                            scratch.resize(*width, 0.0);
+                            src.read_into(start, scratch);
+                            let amax = scratch.iter().fold(0f32, |a, v| a.max((v / tensor).abs()));
                             q = inline_scale(dtype, amax);
                             let off = sm.offset_unchecked(w.layer, b, h as u64, n, 0) as usize;
                             // SAFETY: this (slot, head) scale is written only by this token.
