@@ -8,6 +8,7 @@
 //! the two bandwidths is what it reports, as the decode benchmark does. Every address comes
 //! from the layout; this module only builds activations, a block table and slot numbers.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use kvlayout::ops::{decode_widths, DecodeParams, OpError};
@@ -160,6 +161,30 @@ fn row_bytes(layout: &KvCacheLayout) -> Result<u64, OpError> {
     Ok(bytes)
 }
 
+/// Tokens written per `write_kv` call.
+const WRITE_CHUNK: usize = 16 << 10;
+
+/// `n` distinct block ids of `0..num_blocks` in a random order: the first `n` steps of a
+/// Fisher-Yates shuffle, with only the moved entries kept.
+fn random_blocks(rng: &mut Rng, num_blocks: u64, n: u64) -> Result<Vec<i32>, CliError> {
+    if i32::try_from(num_blocks).is_err() {
+        return Err(usage(format!(
+            "B={num_blocks} exceeds the block ids of a block table (i32)"
+        )));
+    }
+    let mut moved: HashMap<u64, u64> = HashMap::new();
+    Ok((0..n)
+        .map(|i| {
+            let j = i + rng.next() % (num_blocks - i);
+            let at_j = *moved.get(&j).unwrap_or(&j);
+            let at_i = *moved.get(&i).unwrap_or(&i);
+            moved.insert(j, at_i);
+            // Below `num_blocks`, which fits an i32 (checked above).
+            at_j as i32
+        })
+        .collect())
+}
+
 fn usage(m: String) -> CliError {
     CliError::Usage(m)
 }
@@ -171,10 +196,11 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
     let kv_heads = g.num_kv_heads;
     let is_mla = matches!(layout.content(), Content::Mla { .. });
     let q_heads = a.q_heads.unwrap_or(if is_mla { 16 } else { 4 * kv_heads });
-    if a.seqs == 0 || a.context == 0 || a.runs == 0 || a.bound_mib == 0 {
+    if a.seqs == 0 || a.context == 0 || a.runs == 0 || a.bound_mib == 0 || a.check_seqs == 0 {
         return Err(usage(format!(
-            "--seqs {}, --context {}, --runs {} and --bound-mib {} must each be at least 1",
-            a.seqs, a.context, a.runs, a.bound_mib
+            "--seqs {}, --context {}, --runs {}, --bound-mib {} and --check-seqs {} must each \
+             be at least 1",
+            a.seqs, a.context, a.runs, a.bound_mib, a.check_seqs
         )));
     }
     let per_seq = u64::from(a.context).div_ceil(g.block_size);
@@ -195,43 +221,41 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
         )));
     }
     let mut rng = Rng(a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    // A random block table: the first `blocks` of a permutation of every block.
-    let mut all: Vec<i32> = (0..g.num_blocks)
-        .map(i32::try_from)
-        .collect::<Result<_, _>>()
-        .map_err(|_| usage(format!("B={} exceeds the i32 block ids", g.num_blocks)))?;
-    for i in (1..all.len()).rev() {
-        all.swap(i, (rng.next() % (i as u64 + 1)) as usize);
-    }
-    let table = &all[..blocks as usize];
+    let table = random_blocks(&mut rng, g.num_blocks, blocks)?;
     let per_seq = per_seq as usize;
-    // Every token of every sequence written once, at the slot its block table gives.
-    let bs = g.block_size;
-    let tokens = a.seqs * a.context as usize;
-    let slots: Vec<i64> = (0..tokens)
-        .map(|i| {
-            let (s, t) = (i / a.context as usize, i as u64 % u64::from(a.context));
-            i64::from(table[s * per_seq + (t / bs) as usize]) * bs as i64 + (t % bs) as i64
-        })
-        .collect();
     let mut cache = HostCache::new(layout.clone())?;
     let be = CpuBackend::new(a.threads);
+    // Every token of every sequence written once, at the slot its block table gives, in
+    // chunks of `WRITE_CHUNK` tokens (the activations of a chunk are all that is held).
+    let bs = g.block_size;
+    let tokens = a.seqs * a.context as usize;
     let heads = kv_heads as usize;
-    let keys = rng.fill(tokens * heads * qk as usize);
-    let values = if is_mla {
-        Vec::new()
-    } else {
-        rng.fill(tokens * heads * vw as usize)
-    };
-    let w = WriteKv {
-        layer: a.layer,
-        key: Activations::F32(&keys),
-        value: (!is_mla).then_some(Activations::F32(&values)),
-        slot_mapping: &slots,
-    };
-    let t = Instant::now();
-    be.write_kv(&mut cache.as_mut(), &w)?;
-    let write_kv_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mut write_kv_ms = 0.0;
+    for first in (0..tokens).step_by(WRITE_CHUNK) {
+        let chunk = first..(first + WRITE_CHUNK).min(tokens);
+        let slots: Vec<i64> = chunk
+            .clone()
+            .map(|i| {
+                let (s, t) = (i / a.context as usize, i as u64 % u64::from(a.context));
+                i64::from(table[s * per_seq + (t / bs) as usize]) * bs as i64 + (t % bs) as i64
+            })
+            .collect();
+        let keys = rng.fill(slots.len() * heads * qk as usize);
+        let values = if is_mla {
+            Vec::new()
+        } else {
+            rng.fill(slots.len() * heads * vw as usize)
+        };
+        let w = WriteKv {
+            layer: a.layer,
+            key: Activations::F32(&keys),
+            value: (!is_mla).then_some(Activations::F32(&values)),
+            slot_mapping: &slots,
+        };
+        let t = Instant::now();
+        be.write_kv(&mut cache.as_mut(), &w)?;
+        write_kv_ms += t.elapsed().as_secs_f64() * 1e3;
+    }
 
     let query = rng.fill(a.seqs * q_heads as usize * qk as usize);
     let lens = vec![a.context; a.seqs];
@@ -313,4 +337,27 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
         ratio_median: p.ratio_median,
         ratio_best: p.ratio_best,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_blocks_are_distinct_and_in_range() {
+        let mut rng = Rng(7);
+        for (num, n) in [(1, 1), (2, 2), (10, 3), (1000, 1000), (1 << 30, 500)] {
+            let v = random_blocks(&mut rng, num, n).unwrap();
+            assert_eq!(v.len() as u64, n);
+            let mut sorted = v.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            assert_eq!(sorted.len() as u64, n, "distinct ({num}, {n})");
+            assert!(v.iter().all(|&b| b >= 0 && (b as u64) < num));
+            if num == n && n > 2 {
+                assert_ne!(v, (0..n as i32).collect::<Vec<_>>(), "shuffled");
+            }
+        }
+        assert!(random_blocks(&mut rng, 1 << 31, 1).is_err());
+    }
 }

@@ -434,6 +434,8 @@ fn decode_refusals_are_one_line() {
     assert!(e.contains("layer") && e.contains('1'), "{e}");
     let e = user_error(&["decode", small, "--runs", "0"]);
     assert!(e.contains("--runs 0"), "{e}");
+    let e = user_error(&["decode", small, "--check-seqs", "0"]);
+    assert!(e.contains("--check-seqs 0"), "{e}");
     let e = user_error(&[
         "decode",
         small,
