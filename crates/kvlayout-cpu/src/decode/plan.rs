@@ -23,17 +23,25 @@ pub(super) const PREFETCH_AHEAD: usize = 2;
 /// the same sets.
 const L1_WAY: u64 = 4096;
 
+/// Bytes a tile's token rows may span when the kernels prefetch into L2: 64 pages of 4 KiB.
+const L2_TILE_SPAN: u64 = 64 * 4096;
+
 /// Tokens per tile for rows `slot` bytes apart, sized to the cache the kernels prefetch into
 /// ([`simd::PrefetchLevel`]). Into L1: at most 8 rows of a (tile, head) step in any L1 set, so
 /// the step's rows and the ones prefetched for a later step stay in L1. Head-major pages
 /// (bf16: 512-byte rows) keep whole tiles of 64; token-major pages whose token rows are 4 KiB
 /// apart get tiles of 8 (measured on Zen: bf16 NHD 0.48 -> 0.74 of read bandwidth). Into L2,
-/// whose sets repeat every 64 KiB or more, whole tiles: fewer steps, so less of the per-step
-/// work (the softmax step, the accumulators' loads and stores), which on the Xeon measured
-/// read token-major caches faster (fp8 NHD 0.35 with 16 tokens, 0.45 with 64).
-fn tile_len(slot: u64, level: simd::PrefetchLevel) -> u64 {
+/// whose sets repeat every 64 KiB or more, tiles as long as their rows span at most
+/// [`L2_TILE_SPAN`], in multiples of 8 tokens: long tiles mean fewer steps, so less of the
+/// per-step work (the softmax step, the accumulators' loads and stores), which on the Xeon
+/// measured read token-major caches faster (fp8 NHD 0.35 with 16 tokens, 0.45 with 64; bf16
+/// NHD, 4 KiB token rows, 0.70 with 64, 0.67 with 32); but rows over more pages than that
+/// read slower, as if the hardware's prefetcher lost track of the pages (f32 NHD, 8 KiB token
+/// rows: 0.72 with 64 tokens, 0.77-0.81 with 32 or 16).
+pub(super) fn tile_len(slot: u64, level: simd::PrefetchLevel) -> u64 {
     if level == simd::PrefetchLevel::L2 {
-        return TILE as u64;
+        let fit = L2_TILE_SPAN / slot.max(1) / 8 * 8;
+        return fit.clamp(8, TILE as u64);
     }
     let mut a = slot % L1_WAY;
     let mut b = L1_WAY;

@@ -464,3 +464,21 @@ fn refuses_bad_tables_before_writing() {
     ));
     assert!(short.iter().all(|x| *x == 7.0), "nothing written on error");
 }
+
+/// Tile lengths: into L1, at most 8 rows of a step per L1 set; into L2, rows spanning at
+/// most 256 KiB, in multiples of 8 tokens.
+#[test]
+fn tile_lengths() {
+    use simd::PrefetchLevel::{L1, L2};
+    // Head-major bf16 rows (512 B), token-major bf16 and f32 pages of 8 heads x [K|V].
+    assert_eq!(plan::tile_len(512, L1), 64);
+    assert_eq!(plan::tile_len(4096, L1), 8);
+    assert_eq!(plan::tile_len(2048, L1), 16);
+    assert_eq!(plan::tile_len(512, L2), 64);
+    assert_eq!(plan::tile_len(4096, L2), 64);
+    assert_eq!(plan::tile_len(8192, L2), 32);
+    assert_eq!(plan::tile_len(16384, L2), 16);
+    assert_eq!(plan::tile_len(4160 * 2, L2), 24);
+    assert_eq!(plan::tile_len(1 << 20, L2), 8);
+    assert_eq!(plan::tile_len(16, L2), 64);
+}
