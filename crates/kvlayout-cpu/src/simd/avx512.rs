@@ -698,7 +698,7 @@ fn fp8_halves<const K: u8>(bytes: __m256i) -> __m512i {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 fn fp8_lanes(k: u8, bytes: __m128i) -> __m512 {
-    let b = _mm256_castsi128_si256(bytes);
+    let b = _mm256_zextsi128_si256(bytes);
     let h = if k == E4M3 || k == E4M3_RAW {
         fp8_halves::<E4M3>(b)
     } else {
