@@ -18,9 +18,12 @@
 //!   subnormals included; e5m2: itself), then by `vcvtph2ps`, so no f32 subnormal reaches an
 //!   FMA; e4m3's 2^-8 is either multiplied back or folded by the caller into the query, the
 //!   logits and the weights ([`fp8_fold`]); int8 by `vcvtdq2ps`.
-//! - AVX2 + FMA: each row is widened into a scratch row, then portable loops compiled with
-//!   those features.
-//! - scalar: the same portable loops.
+//! - AVX2 + FMA + F16C (`avx2`): rows of every kind read in place and widened in registers
+//!   eight elements at a time (fp8 through f16, as above), logits in blocks of 4 rows x 2
+//!   heads with one transposed reduction, values of up to 4 heads x 16 elements held in
+//!   registers across the tile, softmax weights eight at a time; natural order, unpadded.
+//!   (It replaced a row-by-row widening into scratch with portable loops: 2x faster.)
+//! - scalar: each row widened into a scratch row, then portable loops.
 //!
 //! Transposed values (the legacy vLLM value: a block's tokens side by side per element index)
 //! are read in place on AVX-512 by [`pv_transposed`], which keeps one token per lane and
@@ -305,18 +308,6 @@ fn axpys_portable(v: &[f32], p: &[f32], acc: &mut [f32], s: usize) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn dots_avx2(k: &[f32], q: &[f32], qs: usize, out: &mut [f32]) {
-    dots_portable(k, q, qs, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn axpys_avx2(v: &[f32], p: &[f32], acc: &mut [f32], s: usize) {
-    axpys_portable(v, p, acc, s)
-}
-
 /// The rows of one tile (at most [`TILE`]). Each row is bounds-checked when it is added to
 /// hold `span` bytes from its start — the rows of every head a kernel may be asked for (a
 /// head's row lies `hoff` bytes further); the kernels then read them through raw pointers.
@@ -521,10 +512,14 @@ pub(crate) fn qk_tile(
     }
     let _ = raw;
     #[cfg(target_arch = "x86_64")]
-    assert!(
-        isa != Isa::Avx2 || has_avx2(),
-        "AVX2 build on a machine without AVX2"
-    );
+    if isa == Isa::Avx2 {
+        assert!(has_avx2(), "AVX2 build on a machine without AVX2");
+        // SAFETY: AVX2, FMA and F16C detected just above; every row holds `width` elements
+        // of `kind` from `hoff` (checked by `RowSet::push` and `holds` above); the query rows
+        // hold `width` values at stride `qs >= width` and the logits `(g - 1) * ld + nt`
+        // (asserted above).
+        return unsafe { avx2::qk(kind, &rows.ptrs[..nt], hoff, width, q, qs, g, logits, ld) };
+    }
     let mut out = [0f32; 16];
     for i in 0..nt {
         widen(kind, rows.row(i, hoff, need), &mut scratch[..width]);
@@ -532,12 +527,7 @@ pub(crate) fn qk_tile(
         while j0 < g {
             let n = (g - j0).min(16);
             let (k, q) = (&scratch[..width], &q[j0 * qs..]);
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: AVX2 and FMA detected (asserted above).
-                Isa::Avx2 => unsafe { dots_avx2(k, q, qs, &mut out[..n]) },
-                _ => dots_portable(k, q, qs, &mut out[..n]),
-            }
+            dots_portable(k, q, qs, &mut out[..n]);
             for (j, o) in out[..n].iter().enumerate() {
                 logits[(j0 + j) * ld + i] = *o;
             }
@@ -601,10 +591,14 @@ pub(crate) fn pv_tile(
     }
     let _ = raw;
     #[cfg(target_arch = "x86_64")]
-    assert!(
-        isa != Isa::Avx2 || has_avx2(),
-        "AVX2 build on a machine without AVX2"
-    );
+    if isa == Isa::Avx2 {
+        assert!(has_avx2(), "AVX2 build on a machine without AVX2");
+        // SAFETY: AVX2, FMA and F16C detected just above; every row holds `width` elements
+        // of `kind` from `hoff` (checked by `RowSet::push` and `holds` above); the
+        // accumulator rows hold `width` values at stride `s >= width` and the weights
+        // `(g - 1) * ld + nt` (asserted above).
+        return unsafe { avx2::pv(kind, &rows.ptrs[..nt], hoff, width, w, ld, g, acc, s) };
+    }
     let mut p = [0f32; 16];
     for i in 0..nt {
         widen(kind, rows.row(i, hoff, need), &mut scratch[..width]);
@@ -615,12 +609,7 @@ pub(crate) fn pv_tile(
                 *x = w[(j0 + j) * ld + i];
             }
             let acc = &mut acc[j0 * s..];
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: AVX2 and FMA detected (asserted above).
-                Isa::Avx2 => unsafe { axpys_avx2(&scratch[..width], &p[..n], acc, s) },
-                _ => axpys_portable(&scratch[..width], &p[..n], acc, s),
-            }
+            axpys_portable(&scratch[..width], &p[..n], acc, s);
             j0 += n;
         }
     }
@@ -703,6 +692,11 @@ pub(crate) fn softmax_tile(
             )
         };
     }
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = isa == Isa::Avx2 && !round && {
+        assert!(has_avx2(), "AVX2 build on a machine without AVX2");
+        true
+    };
     for j in 0..g {
         let l = &mut logits[j * ld..j * ld + nt];
         let tile_max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -715,6 +709,12 @@ pub(crate) fn softmax_tile(
                 *x *= c;
             }
             maxes[j] = m;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: AVX2, FMA and F16C detected (above); `vscale` holds `nt` values.
+            *sum += unsafe { avx2::weights(l, m, wscale, vscale.map(|v| &v[..nt])) };
+            continue;
         }
         for (i, x) in l.iter_mut().enumerate() {
             *x = weight(*x - m);
@@ -733,6 +733,8 @@ mod prefetch;
 pub(crate) use order::{Order, Role};
 pub(crate) use prefetch::{prefetch, prefetch_level, prefetch_to, PrefetchLevel};
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512bf16;
 

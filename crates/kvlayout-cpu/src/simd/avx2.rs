@@ -1,0 +1,357 @@
+//! The AVX2 + FMA + F16C kernels of the decode (x86_64 machines without AVX-512): rows of
+//! every kind read in place and widened to f32 in registers, eight elements at a time (bf16
+//! by a shift, f16 by `vcvtph2ps`, fp8 through f16 as the AVX-512 kernels do, int8 by
+//! `vcvtdq2ps`), then register-blocked loops: the logits of 4 rows x 2 query heads share 8
+//! accumulators and one transposed reduction; the values of up to 4 heads x 16 elements stay
+//! in registers across all rows of the tile; the softmax weights eight at a time. Rows, query
+//! rows and accumulators are in natural order, unpadded: the last partial vector of a row is
+//! read through a zeroed copy (rows) or with lane masks (query rows, accumulators).
+
+use super::RowKind;
+use std::arch::x86_64::*;
+
+/// Row kinds as const parameters.
+const F32: u8 = 0;
+const F16: u8 = 1;
+const BF16: u8 = 2;
+const E4M3: u8 = 3;
+const E5M2: u8 = 4;
+const I8: u8 = 5;
+
+/// Calls `$f::<K>` with the const code of `$kind`.
+macro_rules! by_kind {
+    ($kind:expr, $f:ident ( $($arg:expr),* )) => {
+        match $kind {
+            RowKind::F32 => $f::<F32>($($arg),*),
+            RowKind::F16 => $f::<F16>($($arg),*),
+            RowKind::Bf16 => $f::<BF16>($($arg),*),
+            RowKind::Fp8E4m3 => $f::<E4M3>($($arg),*),
+            RowKind::Fp8E5m2 => $f::<E5M2>($($arg),*),
+            RowKind::I8 => $f::<I8>($($arg),*),
+        }
+    };
+}
+
+const fn esize(k: u8) -> usize {
+    match k {
+        F32 => 4,
+        F16 | BF16 => 2,
+        _ => 1,
+    }
+}
+
+/// Lane mask selecting the first `n` (at most 8) of 8 floats, for `vmaskmovps`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn lanes(n: usize) -> __m256i {
+    let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_cmpgt_epi32(_mm256_set1_epi32(n.min(8) as i32), idx)
+}
+
+/// Elements `d .. d + 8` of a row of kind `K` widened to f32 (exactly); of the last partial
+/// vector (`n < 8` valid elements) the bytes past the row are not read: they are copied into
+/// a zeroed buffer first.
+///
+/// # Safety
+/// AVX2, FMA and F16C present; elements `d .. d + n` lie inside the row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load<const K: u8>(row: *const u8, d: usize, n: usize) -> __m256 {
+    let e = esize(K);
+    let mut buf = [0u8; 32];
+    let p = if n >= 8 {
+        row.wrapping_add(d * e)
+    } else {
+        // SAFETY: the first `n` elements lie inside the row (caller's contract).
+        unsafe { std::ptr::copy_nonoverlapping(row.add(d * e), buf.as_mut_ptr(), n * e) };
+        buf.as_ptr()
+    };
+    // SAFETY: `p` holds 8 elements: inside the row, or the buffer.
+    unsafe {
+        match K {
+            F32 => _mm256_loadu_ps(p.cast()),
+            F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+            BF16 => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                _mm_loadu_si128(p.cast()),
+            ))),
+            I8 => _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()))),
+            _ => fp8_lanes(K == E4M3, _mm_loadl_epi64(p.cast())),
+        }
+    }
+}
+
+/// 8 fp8 bytes (the low half of `b`) as f32, through f16 (as the AVX-512 kernels do): e4m3
+/// moved to f16 bits as its value times 2^-8 (subnormals too) and multiplied back, e5m2 the
+/// high byte of its own f16. `vcvtph2ps` takes f16 subnormals at full speed; no f32
+/// subnormal reaches an FMA.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn fp8_lanes(e4m3: bool, b: __m128i) -> __m256 {
+    if e4m3 {
+        let w = _mm_slli_epi16::<7>(_mm_cvtepi8_epi16(b));
+        let h = _mm_and_si128(w, _mm_set1_epi16(0xBF80u16 as i16));
+        _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0))
+    } else {
+        _mm256_cvtph_ps(_mm_slli_epi16::<8>(_mm_cvtepu8_epi16(b)))
+    }
+}
+
+/// Lane `k` of the result is the horizontal sum of `v[k]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum8(v: [__m256; 8]) -> __m256 {
+    // Per 128-bit half: [v0 pair sums, v1 pair sums] and so on.
+    let p: [__m256; 4] = std::array::from_fn(|k| _mm256_hadd_ps(v[2 * k], v[2 * k + 1]));
+    // Per half: the half-sums of v0..v3 (q0) and v4..v7 (q1).
+    let q0 = _mm256_hadd_ps(p[0], p[1]);
+    let q1 = _mm256_hadd_ps(p[2], p[3]);
+    let lo = _mm256_permute2f128_ps::<0x20>(q0, q1);
+    let hi = _mm256_permute2f128_ps::<0x31>(q0, q1);
+    _mm256_add_ps(lo, hi)
+}
+
+/// `logits[j * ld + i] = sum_d q[j * qs + d] * row_i[d]` for the rows (at `hoff`, `width`
+/// elements of `kind`) and `g` query rows.
+///
+/// # Safety
+/// AVX2, FMA and F16C present; every row pointer plus `hoff` valid for `width` elements of
+/// `kind`; `q` holds `g` rows of `width` at stride `qs`; `logits.len() >= (g - 1) * ld +
+/// rows.len()`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn qk(
+    kind: RowKind,
+    rows: &[*const u8],
+    hoff: usize,
+    width: usize,
+    q: &[f32],
+    qs: usize,
+    g: usize,
+    logits: &mut [f32],
+    ld: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { by_kind!(kind, qk_k(rows, hoff, width, q, qs, g, logits, ld)) }
+}
+
+/// Blocks of 4 rows x 2 heads (rows past the tile repeat its last row, a head past the group
+/// repeats the last head; their sums are dropped).
+///
+/// # Safety
+/// As [`qk`].
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn qk_k<const K: u8>(
+    rows: &[*const u8],
+    hoff: usize,
+    width: usize,
+    q: &[f32],
+    qs: usize,
+    g: usize,
+    logits: &mut [f32],
+    ld: usize,
+) {
+    let nt = rows.len();
+    let (full, tail) = (width / 8 * 8, width % 8);
+    let m = lanes(tail);
+    let mut i0 = 0;
+    while i0 < nt {
+        let rp: [*const u8; 4] =
+            std::array::from_fn(|r| rows[(i0 + r).min(nt - 1)].wrapping_add(hoff));
+        let mut j0 = 0;
+        while j0 < g {
+            let qp: [*const f32; 2] =
+                std::array::from_fn(|h| q[(j0 + h).min(g - 1) * qs..].as_ptr());
+            // SAFETY: rows hold `width` elements from `hoff`, query rows `width` values
+            // (caller's contract); the tail is read with a lane mask and a zeroed copy.
+            let sums = unsafe {
+                let mut acc = [_mm256_setzero_ps(); 8];
+                let mut d = 0;
+                while d < full {
+                    let qv = [_mm256_loadu_ps(qp[0].add(d)), _mm256_loadu_ps(qp[1].add(d))];
+                    for (r, &row) in rp.iter().enumerate() {
+                        let x = load::<K>(row, d, 8);
+                        acc[r] = _mm256_fmadd_ps(qv[0], x, acc[r]);
+                        acc[4 + r] = _mm256_fmadd_ps(qv[1], x, acc[4 + r]);
+                    }
+                    d += 8;
+                }
+                if tail > 0 {
+                    let qv = [
+                        _mm256_maskload_ps(qp[0].add(d), m),
+                        _mm256_maskload_ps(qp[1].add(d), m),
+                    ];
+                    for (r, &row) in rp.iter().enumerate() {
+                        let x = load::<K>(row, d, tail);
+                        acc[r] = _mm256_fmadd_ps(qv[0], x, acc[r]);
+                        acc[4 + r] = _mm256_fmadd_ps(qv[1], x, acc[4 + r]);
+                    }
+                }
+                let mut out = [0f32; 8];
+                _mm256_storeu_ps(out.as_mut_ptr(), hsum8(acc));
+                out
+            };
+            // Lane `h * 4 + r`: head `j0 + h`, row `i0 + r`.
+            for h in 0..2.min(g - j0) {
+                for r in 0..4.min(nt - i0) {
+                    logits[(j0 + h) * ld + i0 + r] = sums[h * 4 + r];
+                }
+            }
+            j0 += 2;
+        }
+        i0 += 4;
+    }
+}
+
+/// `acc[j * s + d] += sum_i w[j * ld + i] * row_i[d]` for the rows (at `hoff`, `width`
+/// elements of `kind`) and the `g` accumulator rows.
+///
+/// # Safety
+/// AVX2, FMA and F16C present; every row pointer plus `hoff` valid for `width` elements of
+/// `kind`; `acc` holds `g` rows of `width` at stride `s`; `w.len() >= (g - 1) * ld +
+/// rows.len()`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn pv(
+    kind: RowKind,
+    rows: &[*const u8],
+    hoff: usize,
+    width: usize,
+    w: &[f32],
+    ld: usize,
+    g: usize,
+    acc: &mut [f32],
+    s: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { by_kind!(kind, pv_k(rows, hoff, width, w, ld, g, acc, s)) }
+}
+
+/// Passes of up to 4 heads x 16 elements, held in registers across all the rows.
+///
+/// # Safety
+/// As [`pv`].
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pv_k<const K: u8>(
+    rows: &[*const u8],
+    hoff: usize,
+    width: usize,
+    w: &[f32],
+    ld: usize,
+    g: usize,
+    acc: &mut [f32],
+    s: usize,
+) {
+    let nt = rows.len();
+    let mut j0 = 0;
+    while j0 < g {
+        let hn = (g - j0).min(4);
+        // Each head's weights for this tile.
+        let wr: [&[f32]; 4] = std::array::from_fn(|h| &w[(j0 + h.min(hn - 1)) * ld..][..nt]);
+        let mut d0 = 0;
+        while d0 < width {
+            // Valid lanes of the pass's two vectors.
+            let n = [(width - d0).min(8), width.saturating_sub(d0 + 8).min(8)];
+            let m = [lanes(n[0]), lanes(n[1])];
+            // SAFETY: accumulator rows `j0 .. j0 + hn` hold `width` values at stride `s`
+            // and rows `width` elements from `hoff` (caller's contract); every access past
+            // `width` is masked or goes through a zeroed copy.
+            unsafe {
+                let ap: [*mut f32; 4] =
+                    std::array::from_fn(|h| acc.as_mut_ptr().add((j0 + h.min(hn - 1)) * s + d0));
+                let mut a = [[_mm256_setzero_ps(); 2]; 4];
+                for h in 0..hn {
+                    for c in 0..2 {
+                        if n[c] > 0 {
+                            a[h][c] = _mm256_maskload_ps(ap[h].add(8 * c), m[c]);
+                        }
+                    }
+                }
+                for (i, &row) in rows.iter().enumerate() {
+                    let row = row.wrapping_add(hoff);
+                    let x = [
+                        load::<K>(row, d0, n[0]),
+                        if n[1] > 0 {
+                            load::<K>(row, d0 + 8, n[1])
+                        } else {
+                            _mm256_setzero_ps()
+                        },
+                    ];
+                    for (ah, wh) in a.iter_mut().zip(&wr).take(hn) {
+                        let wv = _mm256_set1_ps(wh[i]);
+                        ah[0] = _mm256_fmadd_ps(wv, x[0], ah[0]);
+                        ah[1] = _mm256_fmadd_ps(wv, x[1], ah[1]);
+                    }
+                }
+                for h in 0..hn {
+                    for c in 0..2 {
+                        if n[c] > 0 {
+                            _mm256_maskstore_ps(ap[h].add(8 * c), m[c], a[h][c]);
+                        }
+                    }
+                }
+            }
+            d0 += 16;
+        }
+        j0 += hn;
+    }
+}
+
+/// The weights of one head's logits in place, `l[i] = e^(l[i] - m)` ([`super::weight`]: zero
+/// below the floor), then times `wscale` and `vscale[i]`; returns the sum of the weights
+/// before those scales.
+///
+/// # Safety
+/// AVX2, FMA and F16C present; `vscale`, when given, as long as `l`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn weights(l: &mut [f32], m: f32, wscale: f32, vscale: Option<&[f32]>) -> f32 {
+    let n = l.len();
+    let (mv, ws) = (_mm256_set1_ps(m), _mm256_set1_ps(wscale));
+    let mut sum = _mm256_setzero_ps();
+    let mut i = 0;
+    while i < n {
+        let k = lanes(n - i);
+        // SAFETY: lanes `i .. min(i + 8, n)` of `l` (and `vscale`) are in bounds; the mask
+        // selects exactly those.
+        unsafe {
+            let p = l.as_mut_ptr().add(i);
+            let r = exp_floor(_mm256_sub_ps(_mm256_maskload_ps(p, k), mv));
+            let r = _mm256_and_ps(r, _mm256_castsi256_ps(k));
+            sum = _mm256_add_ps(sum, r);
+            let mut r = _mm256_mul_ps(r, ws);
+            if let Some(vs) = vscale {
+                r = _mm256_mul_ps(r, _mm256_maskload_ps(vs.as_ptr().add(i), k));
+            }
+            _mm256_maskstore_ps(p, k, r);
+        }
+        i += 8;
+    }
+    let mut out = [0f32; 8];
+    // SAFETY: `out` holds 8 floats.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), sum) };
+    out.iter().sum()
+}
+
+/// `e^x` per lane, zero below [`super::WEIGHT_FLOOR`] and for NaN (a degree-6 polynomial
+/// after range reduction, as the AVX-512 kernels compute it).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn exp_floor(x: __m256) -> __m256 {
+    let floor = _mm256_set1_ps(super::WEIGHT_FLOOR);
+    let keep = _mm256_cmp_ps::<_CMP_GE_OQ>(x, floor);
+    let x = _mm256_max_ps(x, floor);
+    let t = _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E));
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+    let f = _mm256_mul_ps(_mm256_sub_ps(t, n), _mm256_set1_ps(std::f32::consts::LN_2));
+    let mut y = _mm256_set1_ps(1.0 / 720.0);
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(c));
+    }
+    // 2^n for n in [-93, 88]: the exponent field built directly.
+    let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(n),
+        _mm256_set1_epi32(127),
+    )));
+    _mm256_and_ps(_mm256_mul_ps(y, pow2), keep)
+}
