@@ -517,8 +517,21 @@ pub(crate) fn qk_tile(
         // SAFETY: AVX2, FMA and F16C detected just above; every row holds `width` elements
         // of `kind` from `hoff` (checked by `RowSet::push` and `holds` above); the query rows
         // hold `width` values at stride `qs >= width` and the logits `(g - 1) * ld + nt`
-        // (asserted above).
-        return unsafe { avx2::qk(kind, &rows.ptrs[..nt], hoff, width, q, qs, g, logits, ld) };
+        // (asserted above). The rows of `next` are only prefetched.
+        return unsafe {
+            avx2::qk(
+                kind,
+                &rows.ptrs[..nt],
+                (&next.ptrs[..next.n], next_hoff),
+                hoff,
+                width,
+                q,
+                qs,
+                g,
+                logits,
+                ld,
+            )
+        };
     }
     let mut out = [0f32; 16];
     for i in 0..nt {
@@ -596,8 +609,21 @@ pub(crate) fn pv_tile(
         // SAFETY: AVX2, FMA and F16C detected just above; every row holds `width` elements
         // of `kind` from `hoff` (checked by `RowSet::push` and `holds` above); the
         // accumulator rows hold `width` values at stride `s >= width` and the weights
-        // `(g - 1) * ld + nt` (asserted above).
-        return unsafe { avx2::pv(kind, &rows.ptrs[..nt], hoff, width, w, ld, g, acc, s) };
+        // `(g - 1) * ld + nt` (asserted above). The rows of `next` are only prefetched.
+        return unsafe {
+            avx2::pv(
+                kind,
+                &rows.ptrs[..nt],
+                (&next.ptrs[..next.n], next_hoff),
+                hoff,
+                width,
+                w,
+                ld,
+                g,
+                acc,
+                s,
+            )
+        };
     }
     let mut p = [0f32; 16];
     for i in 0..nt {

@@ -3,7 +3,8 @@
 //! by a shift, f16 by `vcvtph2ps`, fp8 through f16 as the AVX-512 kernels do, int8 by
 //! `vcvtdq2ps`), then register-blocked loops: the logits of 4 rows x 2 query heads share 8
 //! accumulators and one transposed reduction; the values of up to 4 heads x 16 elements stay
-//! in registers across all rows of the tile; the softmax weights eight at a time. Rows, query
+//! in registers across all rows of the tile; the softmax weights eight at a time. The rows of
+//! the next step are prefetched line by line as the current ones are read. Rows, query
 //! rows and accumulators are in natural order, unpadded: the last partial vector of a row is
 //! read through a zeroed copy (rows) or with lane masks (query rows, accumulators).
 
@@ -111,17 +112,20 @@ fn hsum8(v: [__m256; 8]) -> __m256 {
 }
 
 /// `logits[j * ld + i] = sum_d q[j * qs + d] * row_i[d]` for the rows (at `hoff`, `width`
-/// elements of `kind`) and `g` query rows.
+/// elements of `kind`) and `g` query rows. `pf`: rows (and their offset) read next, each line
+/// prefetched as the same line of the matching row is loaded (rows past the tile's at the
+/// end).
 ///
 /// # Safety
 /// AVX2, FMA and F16C present; every row pointer plus `hoff` valid for `width` elements of
 /// `kind`; `q` holds `g` rows of `width` at stride `qs`; `logits.len() >= (g - 1) * ld +
-/// rows.len()`.
+/// rows.len()`. The rows of `pf` are only prefetched.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn qk(
     kind: RowKind,
     rows: &[*const u8],
+    pf: (&[*const u8], usize),
     hoff: usize,
     width: usize,
     q: &[f32],
@@ -131,7 +135,7 @@ pub(super) unsafe fn qk(
     ld: usize,
 ) {
     // SAFETY: the caller's contract.
-    unsafe { by_kind!(kind, qk_k(rows, hoff, width, q, qs, g, logits, ld)) }
+    unsafe { by_kind!(kind, qk_k(rows, pf, hoff, width, q, qs, g, logits, ld)) }
 }
 
 /// Blocks of 4 rows x 2 heads (rows past the tile repeat its last row, a head past the group
@@ -143,6 +147,7 @@ pub(super) unsafe fn qk(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn qk_k<const K: u8>(
     rows: &[*const u8],
+    pf: (&[*const u8], usize),
     hoff: usize,
     width: usize,
     q: &[f32],
@@ -154,10 +159,15 @@ unsafe fn qk_k<const K: u8>(
     let nt = rows.len();
     let (full, tail) = (width / 8 * 8, width % 8);
     let m = lanes(tail);
+    let (pf, pf_hoff) = pf;
+    let level = super::prefetch_level();
     let mut i0 = 0;
     while i0 < nt {
         let rp: [*const u8; 4] =
             std::array::from_fn(|r| rows[(i0 + r).min(nt - 1)].wrapping_add(hoff));
+        // The matching rows of `pf` (a row without one prefetches its own, cached, line).
+        let pfp: [*const u8; 4] =
+            std::array::from_fn(|r| pf.get(i0 + r).map_or(rp[r], |p| p.wrapping_add(pf_hoff)));
         let mut j0 = 0;
         while j0 < g {
             let qp: [*const f32; 2] =
@@ -169,7 +179,12 @@ unsafe fn qk_k<const K: u8>(
                 let mut d = 0;
                 while d < full {
                     let qv = [_mm256_loadu_ps(qp[0].add(d)), _mm256_loadu_ps(qp[1].add(d))];
+                    let at = d * esize(K);
+                    let pf_on = j0 == 0 && at.is_multiple_of(64);
                     for (r, &row) in rp.iter().enumerate() {
+                        if pf_on {
+                            super::prefetch_to(pfp[r].wrapping_add(at), level);
+                        }
                         let x = load::<K>(row, d, 8);
                         acc[r] = _mm256_fmadd_ps(qv[0], x, acc[r]);
                         acc[4 + r] = _mm256_fmadd_ps(qv[1], x, acc[4 + r]);
@@ -201,20 +216,34 @@ unsafe fn qk_k<const K: u8>(
         }
         i0 += 4;
     }
+    // Rows of `pf` past this tile's.
+    for &p in pf.iter().skip(nt) {
+        prefetch_row(p.wrapping_add(pf_hoff), width * esize(K), level);
+    }
+}
+
+/// Prefetches the lines of the `bytes` bytes from `p` (a hint: never faults).
+#[inline]
+fn prefetch_row(p: *const u8, bytes: usize, level: super::PrefetchLevel) {
+    for at in (0..bytes).step_by(64) {
+        super::prefetch_to(p.wrapping_add(at), level);
+    }
 }
 
 /// `acc[j * s + d] += sum_i w[j * ld + i] * row_i[d]` for the rows (at `hoff`, `width`
-/// elements of `kind`) and the `g` accumulator rows.
+/// elements of `kind`) and the `g` accumulator rows. `pf` as in [`qk`] (prefetched along the
+/// first heads' passes).
 ///
 /// # Safety
 /// AVX2, FMA and F16C present; every row pointer plus `hoff` valid for `width` elements of
 /// `kind`; `acc` holds `g` rows of `width` at stride `s`; `w.len() >= (g - 1) * ld +
-/// rows.len()`.
+/// rows.len()`. The rows of `pf` are only prefetched.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn pv(
     kind: RowKind,
     rows: &[*const u8],
+    pf: (&[*const u8], usize),
     hoff: usize,
     width: usize,
     w: &[f32],
@@ -224,7 +253,7 @@ pub(super) unsafe fn pv(
     s: usize,
 ) {
     // SAFETY: the caller's contract.
-    unsafe { by_kind!(kind, pv_k(rows, hoff, width, w, ld, g, acc, s)) }
+    unsafe { by_kind!(kind, pv_k(rows, pf, hoff, width, w, ld, g, acc, s)) }
 }
 
 /// Passes of up to 4 heads x 16 elements, held in registers across all the rows.
@@ -235,6 +264,7 @@ pub(super) unsafe fn pv(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn pv_k<const K: u8>(
     rows: &[*const u8],
+    pf: (&[*const u8], usize),
     hoff: usize,
     width: usize,
     w: &[f32],
@@ -244,6 +274,8 @@ unsafe fn pv_k<const K: u8>(
     s: usize,
 ) {
     let nt = rows.len();
+    let (pf, pf_hoff) = pf;
+    let level = super::prefetch_level();
     let mut j0 = 0;
     while j0 < g {
         let hn = (g - j0).min(4);
@@ -268,8 +300,16 @@ unsafe fn pv_k<const K: u8>(
                         }
                     }
                 }
+                // The pass's bytes of each row (16 elements), from its first line.
+                let (at, pass_bytes) = (d0 * esize(K), 16 * esize(K));
                 for (i, &row) in rows.iter().enumerate() {
                     let row = row.wrapping_add(hoff);
+                    if j0 == 0 {
+                        if let Some(p) = pf.get(i) {
+                            let p = p.wrapping_add(pf_hoff + at);
+                            prefetch_row(p, pass_bytes.min((width - d0) * esize(K)), level);
+                        }
+                    }
                     let x = [
                         load::<K>(row, d0, n[0]),
                         if n[1] > 0 {
@@ -295,6 +335,9 @@ unsafe fn pv_k<const K: u8>(
             d0 += 16;
         }
         j0 += hn;
+    }
+    for &p in pf.iter().skip(nt) {
+        prefetch_row(p.wrapping_add(pf_hoff), width * esize(K), level);
     }
 }
 
