@@ -643,7 +643,7 @@ pub(crate) fn pv_tile(
 
 /// Row `j` of `logits` (`nt` values at `j * ld`, for each of the `g` heads): each logit times
 /// its token's key scale `ks[i]`, then, with a soft-cap `c`, `c * tanh(l / c)`. The AVX-512
-/// build computes tanh from the softmax's exponential, `(1 - e^-2|x|) / (1 + e^-2|x|)`: within
+/// and AVX2 builds compute tanh from the softmax's exponential, `(1 - e^-2|x|) / (1 + e^-2|x|)`: within
 /// 1.2e-7 absolute (of tanh, so `c` times that of the logit), what the softmax resolves.
 pub(crate) fn adjust_logits(
     isa: Isa,
@@ -662,6 +662,13 @@ pub(crate) fn adjust_logits(
             assert!(has_avx512(), "AVX-512 kernels on a machine without AVX-512");
             // SAFETY: AVX-512 F/BW/VL detected just above.
             unsafe { avx512::adjust_logits(l, &ks[..nt], cap) };
+            continue;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx2 {
+            assert!(has_avx2(), "AVX2 build on a machine without AVX2");
+            // SAFETY: AVX2, FMA and F16C detected just above.
+            unsafe { avx2::adjust_logits(l, &ks[..nt], cap) };
             continue;
         }
         for (l, ks) in l.iter_mut().zip(ks) {
