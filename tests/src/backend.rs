@@ -460,6 +460,20 @@ impl Host<CpuBackend> {
             ops: CpuBackend::new(threads),
         }
     }
+
+    /// The CPU backend forced to every other kernel build this machine runs than the one it
+    /// picks (`cpu/avx2`, `cpu/scalar`, ...), so that each build meets every case.
+    pub fn cpu_builds(threads: Option<usize>) -> Vec<Self> {
+        CpuBackend::kernel_builds()
+            .into_iter()
+            .skip(1)
+            .map(|build| Host {
+                // A handful of names, built once per suite.
+                name: Box::leak(format!("cpu/{build}").into_boxed_str()),
+                ops: CpuBackend::with_kernels(threads, build).expect("a build this machine runs"),
+            })
+            .collect()
+    }
 }
 
 impl Host<ScalarReference> {
@@ -768,6 +782,8 @@ pub trait BackendVisitor {
 pub struct Backends {
     /// The CPU backend (its rayon pool has 3 threads, so partitioned work is uneven).
     pub cpu: Host<CpuBackend>,
+    /// The CPU backend with each other kernel build this machine runs.
+    pub cpu_builds: Vec<Host<CpuBackend>>,
     /// The scalar reference as a backend.
     pub reference: Host<ScalarReference>,
     /// Listed, not built.
@@ -778,6 +794,7 @@ impl Default for Backends {
     fn default() -> Self {
         Backends {
             cpu: Host::cpu("cpu", Some(3)),
+            cpu_builds: Host::cpu_builds(Some(3)),
             reference: Host::reference(),
             absent: vec![NotBuilt::cuda(), NotBuilt::hip(), NotBuilt::host_emulator()],
         }
@@ -785,9 +802,13 @@ impl Default for Backends {
 }
 
 impl Backends {
-    /// Visits every backend, in report order: cpu, reference, cuda, hip, host-emulator.
+    /// Visits every backend, in report order: cpu, its other kernel builds, reference, cuda,
+    /// hip, host-emulator.
     pub fn for_each(&self, v: &mut impl BackendVisitor) {
         v.visit(&self.cpu);
+        for b in &self.cpu_builds {
+            v.visit(b);
+        }
         v.visit(&self.reference);
         for b in &self.absent {
             v.visit(b);

@@ -845,7 +845,8 @@ fn every_case_on_every_backend() {
     let order: Vec<&str> = names.iter().map(String::as_str).collect();
     failures += print_reports("conformance", &reports, &order);
     kvlayout_conformance::report(&format!(
-        "conformance: cpu ran the {} kernels",
+        "conformance: cpu ran the {} kernels; every other build this machine runs ran as \
+         cpu/<build>",
         kvlayout_cpu::CpuBackend::kernels()
     ));
     for (build, why) in kvlayout_cpu::CpuBackend::kernels_not_run() {

@@ -29,6 +29,7 @@ pub(crate) struct StepArgs {
     pub window: Option<u64>,
     pub soft_cap: Option<f32>,
     pub threads: Option<usize>,
+    pub kernels: Option<String>,
     pub runs: usize,
     pub check_seqs: usize,
     pub seed: u64,
@@ -223,8 +224,11 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
     let mut rng = Rng(a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let table = random_blocks(&mut rng, g.num_blocks, blocks)?;
     let per_seq = per_seq as usize;
+    let be = match &a.kernels {
+        Some(k) => CpuBackend::with_kernels(a.threads, k)?,
+        None => CpuBackend::new(a.threads),
+    };
     let mut cache = HostCache::new(layout.clone())?;
-    let be = CpuBackend::new(a.threads);
     // Every token of every sequence written once, at the slot its block table gives, in
     // chunks of `WRITE_CHUNK` tokens (the activations of a chunk are all that is held).
     let bs = g.block_size;
@@ -322,7 +326,7 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
         kv_heads,
         blocks_used: blocks as usize,
         seed: a.seed,
-        kernels: CpuBackend::kernels(),
+        kernels: be.kernel_build(),
         threads: be.threads(),
         write_kv_ms,
         checked_seqs: checked,

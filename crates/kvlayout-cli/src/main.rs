@@ -128,6 +128,10 @@ enum Command {
         /// Threads (default: every core).
         #[arg(long, value_name = "N")]
         threads: Option<usize>,
+        /// Kernel build to run (avx512-bf16, avx512, avx2, scalar; default: the best this
+        /// machine runs).
+        #[arg(long, value_name = "BUILD")]
+        kernels: Option<String>,
         /// Timed runs, each right after a pass of the read bound.
         #[arg(long, value_name = "N", default_value_t = 10)]
         runs: usize,
@@ -320,6 +324,7 @@ fn run(command: Command) -> Result<String, CliError> {
             window,
             soft_cap,
             threads,
+            kernels,
             runs,
             check_seqs,
             seed,
@@ -335,6 +340,7 @@ fn run(command: Command) -> Result<String, CliError> {
                 window,
                 soft_cap,
                 threads,
+                kernels,
                 runs,
                 check_seqs,
                 seed,

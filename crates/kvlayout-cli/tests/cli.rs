@@ -415,6 +415,18 @@ fn decode_step_as_text() {
 }
 
 #[test]
+fn decode_step_on_a_chosen_kernel_build() {
+    let v = decode_json(
+        "kv L=1 B=8 N=16 H=2 D=40 dtype=bf16 order=HND",
+        &["--seqs", "2", "--context", "50", "--kernels", "scalar"],
+    );
+    assert_eq!(v["kernels"], "scalar");
+    assert!(num(&v, "max_error") <= 1e-5, "{v}");
+    let e = user_error(&["decode", "llama-3-8b", "--kernels", "sse9"]);
+    assert!(e.contains("no kernel build \"sse9\""), "{e}");
+}
+
+#[test]
 fn decode_refusals_are_one_line() {
     let small = "kv L=1 B=8 N=16 H=2 D=16 dtype=f16 order=NHD";
     let e = user_error(&["decode", "mamba2-2.7b"]);

@@ -14,6 +14,8 @@ pub struct CpuBackend {
     /// Partial softmax states of split-context decode, kept across calls (no allocation per
     /// step once grown).
     pub(crate) decode_partials: std::sync::Mutex<Vec<f32>>,
+    /// The kernel build this backend runs: the best this machine has, unless chosen.
+    pub(crate) isa: crate::simd::Isa,
 }
 
 impl CpuBackend {
@@ -30,7 +32,58 @@ impl CpuBackend {
         CpuBackend {
             pool,
             decode_partials: std::sync::Mutex::new(Vec::new()),
+            isa: crate::simd::detect(),
         }
+    }
+
+    /// A backend that runs the kernel build named `kernels` (one of [`CpuBackend::kernel_builds`]):
+    /// to compare builds, or to test one a machine would not pick. A build this machine cannot
+    /// run, or an unknown name, is refused (`Unsupported`, with the reason).
+    ///
+    /// ```
+    /// use kvlayout_cpu::CpuBackend;
+    /// let be = CpuBackend::with_kernels(Some(1), "scalar")?;
+    /// assert_eq!(be.kernel_build(), "scalar");
+    /// assert!(CpuBackend::with_kernels(None, "sse9").is_err());
+    /// # Ok::<(), kvlayout_cpu::OpError>(())
+    /// ```
+    pub fn with_kernels(threads: Option<usize>, kernels: &str) -> Result<Self, OpError> {
+        let refuse = |reason: String| OpError::Unsupported {
+            op: "kernels",
+            reason,
+        };
+        let isa = crate::simd::Isa::ALL
+            .iter()
+            .copied()
+            .find(|i| i.name() == kernels)
+            .ok_or_else(|| {
+                let names: Vec<&str> = crate::simd::Isa::ALL.iter().map(|i| i.name()).collect();
+                refuse(format!(
+                    "no kernel build {kernels:?} (builds: {})",
+                    names.join(", ")
+                ))
+            })?;
+        isa.runs_here()
+            .map_err(|why| refuse(format!("kernel build {kernels}: {why}")))?;
+        Ok(CpuBackend {
+            isa,
+            ..CpuBackend::new(threads)
+        })
+    }
+
+    /// The kernel build this backend runs.
+    pub fn kernel_build(&self) -> &'static str {
+        self.isa.name()
+    }
+
+    /// The kernel builds this machine runs, best first (the first is what [`CpuBackend::new`]
+    /// picks).
+    pub fn kernel_builds() -> Vec<&'static str> {
+        crate::simd::Isa::ALL
+            .iter()
+            .filter(|i| i.runs())
+            .map(|i| i.name())
+            .collect()
     }
 
     /// Threads in the pool.
