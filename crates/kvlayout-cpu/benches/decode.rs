@@ -15,7 +15,8 @@
 //! order (4 KiB to 1 MiB): what the memory gives to pages scattered by a block table, before
 //! any compute. One adds compute that does not depend on the data between the bound's loads:
 //! how much of the read bandwidth a core keeps while it computes. The last times the decode
-//! with its rows in L2 on one thread: what the kernels cost, before any memory.
+//! with its rows in L2 on one thread: what the kernels cost, before any memory, for every
+//! kernel build the machine runs (the scalar build aside).
 //!
 //! `cargo bench -p kvlayout-cpu --bench decode` prints all tables (a few minutes).
 //! `KVLAYOUT_BENCH_CONTEXTS=64,256` replaces the contexts, `KVLAYOUT_BENCH_ONLY="bf16 HND"`
@@ -247,7 +248,6 @@ fn kernel_costs(read_bw: f64) {
     const CONTEXT: u32 = 128;
     const ITERS: usize = 400;
     const RUNS: usize = 7;
-    let one = CpuBackend::new(Some(1));
     let blocks = CONTEXT as usize / BLOCK as usize;
     let table: Vec<i32> = (0..blocks as i32).collect();
     let lens = [CONTEXT];
@@ -257,34 +257,40 @@ fn kernel_costs(read_bw: f64) {
     let mut out = vec![0f32; q.len()];
     println!();
     println!(
-        "| kernels, rows in L2 (kernels: {}) | ns per token x KV head | 2 cores, as a fraction of the read bandwidth |",
-        CpuBackend::kernels()
+        "| kernels, rows in L2 | ns per token x KV head | 2 cores, as a fraction of the read bandwidth |"
     );
     println!("|---|---|---|");
-    for dtype in ["f32", "bf16", "fp8_e4m3"] {
-        for order in ["NHD", "HND"] {
-            let cache = filled_cache(blocks, dtype, order);
-            let row_bytes = 2.0 * HEAD as f64 * cache.layout().dtype().size_bytes() as f64;
-            let d = decode(&q, &table, blocks, &lens);
-            let cache = cache.as_ref();
-            // The least disturbed of `RUNS` runs: the kernels' own cost.
-            let secs = one.pool().install(|| {
-                one.paged_decode(&cache, &d, &mut out).expect("decode");
-                (0..RUNS)
-                    .map(|_| {
-                        let t = Instant::now();
-                        for _ in 0..ITERS {
-                            one.paged_decode(&cache, &d, &mut out).expect("decode");
-                        }
-                        t.elapsed().as_secs_f64()
-                    })
-                    .fold(f64::INFINITY, f64::min)
-            });
-            let ns = secs * 1e9 / ITERS as f64 / (f64::from(CONTEXT) * KV_HEADS as f64);
-            println!(
-                "| {dtype} {order} | {ns:.1} | {:.2} |",
-                2.0 * row_bytes / ns / (read_bw / 1e9)
-            );
+    // Every kernel build this machine runs, the one the backend picks first.
+    for build in CpuBackend::kernel_builds() {
+        if build == "scalar" {
+            continue;
+        }
+        let one = CpuBackend::with_kernels(Some(1), build).expect("a build this machine runs");
+        for dtype in ["f32", "bf16", "fp8_e4m3"] {
+            for order in ["NHD", "HND"] {
+                let cache = filled_cache(blocks, dtype, order);
+                let row_bytes = 2.0 * HEAD as f64 * cache.layout().dtype().size_bytes() as f64;
+                let d = decode(&q, &table, blocks, &lens);
+                let cache = cache.as_ref();
+                // The least disturbed of `RUNS` runs: the kernels' own cost.
+                let secs = one.pool().install(|| {
+                    one.paged_decode(&cache, &d, &mut out).expect("decode");
+                    (0..RUNS)
+                        .map(|_| {
+                            let t = Instant::now();
+                            for _ in 0..ITERS {
+                                one.paged_decode(&cache, &d, &mut out).expect("decode");
+                            }
+                            t.elapsed().as_secs_f64()
+                        })
+                        .fold(f64::INFINITY, f64::min)
+                });
+                let ns = secs * 1e9 / ITERS as f64 / (f64::from(CONTEXT) * KV_HEADS as f64);
+                println!(
+                    "| {build}: {dtype} {order} | {ns:.1} | {:.2} |",
+                    2.0 * row_bytes / ns / (read_bw / 1e9)
+                );
+            }
         }
     }
 }

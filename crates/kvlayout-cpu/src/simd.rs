@@ -231,14 +231,14 @@ pub(crate) fn elem(kind: RowKind) -> usize {
     }
 }
 
-/// For fp8 rows on AVX-512: the square root of the power of two the widened values lack
-/// (2^4 for e4m3, widened as its value times 2^-8; e5m2 lacks none). A caller that reads
+/// For fp8 rows on AVX-512 and AVX2: the square root of the power of two the widened values
+/// lack (2^4 for e4m3, widened as its value times 2^-8; e5m2 lacks none). A caller that reads
 /// fp8 rows `raw` multiplies the query and the logits by it (keys), or the weights and the
 /// final accumulators (values).
 pub(crate) fn fp8_fold(isa: Isa, kind: RowKind) -> Option<f32> {
     match (isa, kind) {
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, RowKind::Fp8E4m3) => Some(16.0),
+        (Isa::Avx512 | Isa::Avx2, RowKind::Fp8E4m3) => Some(16.0),
         _ => None,
     }
 }
@@ -521,6 +521,7 @@ pub(crate) fn qk_tile(
         return unsafe {
             avx2::qk(
                 kind,
+                raw,
                 &rows.ptrs[..nt],
                 (&next.ptrs[..next.n], next_hoff),
                 hoff,
@@ -613,6 +614,7 @@ pub(crate) fn pv_tile(
         return unsafe {
             avx2::pv(
                 kind,
+                raw,
                 &rows.ptrs[..nt],
                 (&next.ptrs[..next.n], next_hoff),
                 hoff,

@@ -11,24 +11,27 @@
 use super::RowKind;
 use std::arch::x86_64::*;
 
-/// Row kinds as const parameters.
+/// Row kinds as const parameters. `E4M3_RAW`: e4m3 without its power of two (2^-8, see
+/// [`fp8_lanes`]), which the caller folds ([`super::fp8_fold`]).
 const F32: u8 = 0;
 const F16: u8 = 1;
 const BF16: u8 = 2;
 const E4M3: u8 = 3;
 const E5M2: u8 = 4;
 const I8: u8 = 5;
+const E4M3_RAW: u8 = 6;
 
-/// Calls `$f::<K>` with the const code of `$kind`.
+/// Calls `$f::<K>` with the const code of `$kind` (`$raw`: e4m3 without its power of two).
 macro_rules! by_kind {
-    ($kind:expr, $f:ident ( $($arg:expr),* )) => {
-        match $kind {
-            RowKind::F32 => $f::<F32>($($arg),*),
-            RowKind::F16 => $f::<F16>($($arg),*),
-            RowKind::Bf16 => $f::<BF16>($($arg),*),
-            RowKind::Fp8E4m3 => $f::<E4M3>($($arg),*),
-            RowKind::Fp8E5m2 => $f::<E5M2>($($arg),*),
-            RowKind::I8 => $f::<I8>($($arg),*),
+    ($kind:expr, $raw:expr, $f:ident ( $($arg:expr),* )) => {
+        match ($kind, $raw) {
+            (RowKind::F32, _) => $f::<F32>($($arg),*),
+            (RowKind::F16, _) => $f::<F16>($($arg),*),
+            (RowKind::Bf16, _) => $f::<BF16>($($arg),*),
+            (RowKind::Fp8E4m3, false) => $f::<E4M3>($($arg),*),
+            (RowKind::Fp8E4m3, true) => $f::<E4M3_RAW>($($arg),*),
+            (RowKind::Fp8E5m2, _) => $f::<E5M2>($($arg),*),
+            (RowKind::I8, _) => $f::<I8>($($arg),*),
         }
     };
 }
@@ -76,24 +79,27 @@ unsafe fn load<const K: u8>(row: *const u8, d: usize, n: usize) -> __m256 {
                 _mm_loadu_si128(p.cast()),
             ))),
             I8 => _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()))),
-            _ => fp8_lanes(K == E4M3, _mm_loadl_epi64(p.cast())),
+            _ => fp8_lanes::<K>(_mm_loadl_epi64(p.cast())),
         }
     }
 }
 
-/// 8 fp8 bytes (the low half of `b`) as f32, through f16 (as the AVX-512 kernels do): e4m3
-/// moved to f16 bits as its value times 2^-8 (subnormals too) and multiplied back, e5m2 the
-/// high byte of its own f16. `vcvtph2ps` takes f16 subnormals at full speed; no f32
-/// subnormal reaches an FMA.
+/// 8 fp8 bytes (the low half of `b`) of kind `K` as f32, through f16 (as the AVX-512 kernels
+/// do): e4m3 moved to f16 bits as its value times 2^-8 (subnormals too), multiplied back
+/// unless `E4M3_RAW`; e5m2 the high byte of its own f16. `vcvtph2ps` takes f16 subnormals at
+/// full speed; no f32 subnormal reaches an FMA.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn fp8_lanes(e4m3: bool, b: __m128i) -> __m256 {
-    if e4m3 {
-        let w = _mm_slli_epi16::<7>(_mm_cvtepi8_epi16(b));
-        let h = _mm_and_si128(w, _mm_set1_epi16(0xBF80u16 as i16));
-        _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0))
+fn fp8_lanes<const K: u8>(b: __m128i) -> __m256 {
+    if K == E5M2 {
+        return _mm256_cvtph_ps(_mm_slli_epi16::<8>(_mm_cvtepu8_epi16(b)));
+    }
+    let w = _mm_slli_epi16::<7>(_mm_cvtepi8_epi16(b));
+    let v = _mm256_cvtph_ps(_mm_and_si128(w, _mm_set1_epi16(0xBF80u16 as i16)));
+    if K == E4M3 {
+        _mm256_mul_ps(v, _mm256_set1_ps(256.0))
     } else {
-        _mm256_cvtph_ps(_mm_slli_epi16::<8>(_mm_cvtepu8_epi16(b)))
+        v
     }
 }
 
@@ -112,7 +118,8 @@ fn hsum8(v: [__m256; 8]) -> __m256 {
 }
 
 /// `logits[j * ld + i] = sum_d q[j * qs + d] * row_i[d]` for the rows (at `hoff`, `width`
-/// elements of `kind`) and `g` query rows. `pf`: rows (and their offset) read next, each line
+/// elements of `kind`; with `raw`, e4m3 without its power of two) and `g` query rows. `pf`:
+/// rows (and their offset) read next, each line
 /// prefetched as the same line of the matching row is loaded (rows past the tile's at the
 /// end).
 ///
@@ -124,6 +131,7 @@ fn hsum8(v: [__m256; 8]) -> __m256 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn qk(
     kind: RowKind,
+    raw: bool,
     rows: &[*const u8],
     pf: (&[*const u8], usize),
     hoff: usize,
@@ -135,7 +143,7 @@ pub(super) unsafe fn qk(
     ld: usize,
 ) {
     // SAFETY: the caller's contract.
-    unsafe { by_kind!(kind, qk_k(rows, pf, hoff, width, q, qs, g, logits, ld)) }
+    unsafe { by_kind!(kind, raw, qk_k(rows, pf, hoff, width, q, qs, g, logits, ld)) }
 }
 
 /// Blocks of 4 rows x 2 heads (rows past the tile repeat its last row, a head past the group
@@ -231,8 +239,8 @@ fn prefetch_row(p: *const u8, bytes: usize, level: super::PrefetchLevel) {
 }
 
 /// `acc[j * s + d] += sum_i w[j * ld + i] * row_i[d]` for the rows (at `hoff`, `width`
-/// elements of `kind`) and the `g` accumulator rows. `pf` as in [`qk`] (prefetched along the
-/// first heads' passes).
+/// elements of `kind`; `raw` as in [`qk`]) and the `g` accumulator rows. `pf` as in [`qk`]
+/// (prefetched along the first heads' passes).
 ///
 /// # Safety
 /// AVX2, FMA and F16C present; every row pointer plus `hoff` valid for `width` elements of
@@ -242,6 +250,7 @@ fn prefetch_row(p: *const u8, bytes: usize, level: super::PrefetchLevel) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn pv(
     kind: RowKind,
+    raw: bool,
     rows: &[*const u8],
     pf: (&[*const u8], usize),
     hoff: usize,
@@ -253,7 +262,7 @@ pub(super) unsafe fn pv(
     s: usize,
 ) {
     // SAFETY: the caller's contract.
-    unsafe { by_kind!(kind, pv_k(rows, pf, hoff, width, w, ld, g, acc, s)) }
+    unsafe { by_kind!(kind, raw, pv_k(rows, pf, hoff, width, w, ld, g, acc, s)) }
 }
 
 /// Passes of up to 4 heads x 16 elements, held in registers across all the rows.
