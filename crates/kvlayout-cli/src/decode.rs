@@ -212,6 +212,12 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
             a.seqs, a.context, g.block_size, g.num_blocks
         )));
     }
+    if !(a.max_cache_gib.is_finite() && a.max_cache_gib > 0.0) {
+        return Err(usage(format!(
+            "--max-cache-gib {} must be a positive number",
+            a.max_cache_gib
+        )));
+    }
     let cache_bytes: u64 = layout.extents().iter().map(|x| x.end).sum();
     let cache_gib = cache_bytes as f64 / f64::from(1u32 << 30);
     if cache_gib > a.max_cache_gib {
