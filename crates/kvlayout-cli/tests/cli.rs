@@ -459,7 +459,16 @@ fn decode_refusals_are_one_line() {
         "16",
     ]);
     assert!(e.contains("multiple of 2"), "{e}");
-    let e = user_error(&["decode", small, "--max-cache-gib", "NaN"]);
+    let e = user_error(&[
+        "decode",
+        small,
+        "--seqs",
+        "1",
+        "--context",
+        "16",
+        "--max-cache-gib",
+        "NaN",
+    ]);
     assert!(e.contains("--max-cache-gib NaN"), "{e}");
     let e = user_error(&["decode", "llama-3-8b B=100000"]);
     assert!(e.contains("--max-cache-gib 8"), "{e}");
