@@ -645,8 +645,9 @@ pub(crate) fn pv_tile(
 
 /// Row `j` of `logits` (`nt` values at `j * ld`, for each of the `g` heads): each logit times
 /// its token's key scale `ks[i]`, then, with a soft-cap `c`, `c * tanh(l / c)`. The AVX-512
-/// and AVX2 builds compute tanh from the softmax's exponential, `(1 - e^-2|x|) / (1 + e^-2|x|)`: within
-/// 1.2e-7 absolute (of tanh, so `c` times that of the logit), what the softmax resolves.
+/// and AVX2 builds compute tanh from the softmax's exponential, `(1 - e^-2|x|) /
+/// (1 + e^-2|x|)`: within 1.2e-7 absolute (of tanh, so `c` times that of the logit), what
+/// the softmax resolves.
 pub(crate) fn adjust_logits(
     isa: Isa,
     nt: usize,
