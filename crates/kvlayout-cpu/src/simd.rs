@@ -8,8 +8,8 @@
 //! same contract, chosen once per call at run time (four with the bf16-operand kernels of
 //! `avx512bf16`, on AVX-512 with BF16 and VBMI):
 //!
-//! - AVX-512 F/BW/VL (`avx512`): rows are widened in registers, once per row for all heads of the group.
-//!   `qk` works on blocks of rows x heads sharing 16 accumulators (one transposed reduction per
+//! - AVX-512 F/BW/VL (`avx512`): rows are widened in registers, once per row for all heads
+//!   of the group. `qk` works on blocks of rows x heads sharing 16 accumulators (one transposed reduction per
 //!   block); `pv` holds the accumulators of up to 4 heads x 64 elements in registers across
 //!   all rows of the tile. f16 widens by `vcvtph2ps`; bf16 by a shift (even elements) and a
 //!   mask (odd elements) of one 512-bit load, so query rows and accumulators are kept in an
@@ -456,9 +456,10 @@ pub(crate) fn pv_transposed(
 
 /// Logits of a tile: `logits[j * ld + i] = sum_d q[j * qs + d] * row_i[d]` over the rows of
 /// `rows` (at `hoff`) and the `g` query rows, which are in [`Order::of`]`(isa, kind, Key)`
-/// (packed bf16 for the bf16-operand kernels) and zero-padded to `qs` slots. With `raw`, fp8 rows are read without their power of two
-/// ([`fp8_fold`]). The rows of `next` at `next_hoff` (the rows the caller reads next) are
-/// prefetched (into L1) as the rows of this one are read. `scratch` holds `width` f32.
+/// (packed bf16 for the bf16-operand kernels) and zero-padded to `qs` slots. With `raw`, fp8
+/// rows are read without their power of two ([`fp8_fold`]). The rows of `next` at `next_hoff`
+/// (the rows the caller reads next) are prefetched (to [`prefetch_level`]) as the rows of this
+/// one are read. `scratch` holds `width` f32.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn qk_tile(
     isa: Isa,
@@ -552,7 +553,8 @@ pub(crate) fn qk_tile(
 
 /// Value accumulation of a tile: `acc[j * s + d] += sum_i w[j * ld + i] * row_i[d]` over the
 /// rows of `rows` (at `hoff`) and the `g` accumulator rows, which are in [`Order::of`]`(isa,
-/// kind, Value)` and padded to `s`. The bf16-operand kernels round the weights to bf16. `raw`, `next` and `scratch` as in [`qk_tile`].
+/// kind, Value)` and padded to `s`. The bf16-operand kernels round the weights to bf16. `raw`,
+/// `next` and `scratch` as in [`qk_tile`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pv_tile(
     isa: Isa,

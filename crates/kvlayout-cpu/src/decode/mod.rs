@@ -6,8 +6,9 @@
 //! are too few items to keep every thread busy, each item's context is also split into
 //! partitions whose partial softmax states are reduced afterwards (flash-decoding).
 //!
-//! An item runs an online softmax over tiles of up to [`TILE`](simd::TILE) tokens (a tile may span blocks:
-//! its rows are located token by token through the block table and the field maps). Per tile
+//! An item runs an online softmax over tiles of up to [`TILE`](simd::TILE) tokens (a tile may
+//! span blocks: its rows are located token by token through the block table and the field
+//! maps). Per tile
 //! and KV head: the logits of all rows against all query heads of the group (one kernel call),
 //! one vectorized max/exp/sum pass, then the value rows accumulated into the group's
 //! accumulators (one kernel call). Rows are addressed only through the layout's field maps.
