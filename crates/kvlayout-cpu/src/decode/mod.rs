@@ -8,16 +8,15 @@
 //!
 //! An item runs an online softmax over tiles of up to [`TILE`](simd::TILE) tokens (a tile may
 //! span blocks: its rows are located token by token through the block table and the field
-//! maps). Per tile
-//! and KV head: the logits of all rows against all query heads of the group (one kernel call),
-//! one vectorized max/exp/sum pass, then the value rows accumulated into the group's
-//! accumulators (one kernel call). Rows are addressed only through the layout's field maps.
-//! Contiguous rows of every dtype (f32, f16, bf16, fp8, int8) are read in place and widened
-//! in registers; other rows (x-split legacy keys, any non-unit element stride) are first
-//! copied through the strides into contiguous rows of the same dtype and go through the same
-//! kernels. Transposed values (the legacy vLLM value) are read in place on AVX-512 by a kernel
-//! of their own ([`Plan::pv_transposed`]), copied elsewhere. The rows a few (tile, head) steps
-//! ahead are prefetched while the current ones are computed ([`plan::PREFETCH_AHEAD`]).
+//! maps). Per tile and KV head: the logits of all rows against all query heads of the group
+//! (one kernel call), one vectorized max/exp/sum pass, then the value rows accumulated into the
+//! group's accumulators (one kernel call). Rows are addressed only through the layout's field
+//! maps. Contiguous rows of every dtype (f32, f16, bf16, fp8, int8) are read in place and
+//! widened in registers; other rows (x-split legacy keys, any non-unit element stride) are
+//! first copied through the strides into contiguous rows of the same dtype and go through the
+//! same kernels. Transposed values (the legacy vLLM value) are read in place on AVX-512 by a
+//! kernel of their own ([`Plan::pv_transposed`]), copied elsewhere. The rows a few (tile, head)
+//! steps ahead are prefetched while the current ones are computed ([`plan::PREFETCH_AHEAD`]).
 //!
 //! Per-tensor scales fold into the query (`k_scale`) and the final normalization (`v_scale`);
 //! inline scales multiply the logits and the weights per token; the power of two the fp8
