@@ -482,3 +482,133 @@ fn tile_lengths() {
     assert_eq!(plan::tile_len(1 << 20, L2), 8);
     assert_eq!(plan::tile_len(16, L2), 64);
 }
+
+/// Memory of `len` bytes that ends right at an inaccessible page: a read of one byte past
+/// the end faults (and fails the test run) instead of reading a neighbour.
+#[cfg(unix)]
+struct Guarded {
+    base: *mut libc::c_void,
+    map_len: usize,
+    len: usize,
+}
+
+#[cfg(unix)]
+impl Guarded {
+    fn new(bytes: &[u8]) -> Guarded {
+        // SAFETY: `sysconf` has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let len = bytes.len();
+        let data = len.div_ceil(page) * page;
+        let map_len = data + page;
+        // SAFETY: an anonymous private mapping of `map_len` bytes, checked below; the last
+        // page is then made inaccessible and the data copied to end right before it.
+        unsafe {
+            let base = libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(base, libc::MAP_FAILED, "mmap");
+            let guard = base.cast::<u8>().add(data);
+            assert_eq!(libc::mprotect(guard.cast(), page, libc::PROT_NONE), 0);
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), guard.sub(len), len);
+            Guarded { base, map_len, len }
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the `len` bytes before the guard page are mapped, initialized and live
+        // as long as `self`.
+        unsafe {
+            let end = self.base.cast::<u8>().add(self.map_len - self.page());
+            std::slice::from_raw_parts(end.sub(self.len), self.len)
+        }
+    }
+
+    fn page(&self) -> usize {
+        // SAFETY: `sysconf` has no preconditions.
+        unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+    }
+}
+
+#[cfg(unix)]
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.base, self.map_len) };
+    }
+}
+
+/// Every kernel build reads no byte past a buffer: each buffer of the cache ends right at an
+/// inaccessible page, and the last rows of the last block (K and V in separate buffers,
+/// packed [K|V] rows, and the legacy vLLM transposed value) are attended, in widths that
+/// leave partial vectors of every build (36, 76) and every dtype; the result still matches
+/// the reference.
+#[cfg(unix)]
+#[test]
+fn no_read_past_the_buffers() {
+    for dtype in ["f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8"] {
+        for (d, place) in [
+            (36, "order=HND"),
+            (76, "order=NHD"),
+            (36, "legacy=separate-hnd"),
+            (76, "legacy=separate-nhd"),
+            (48, "legacy=vllm-paged-v1"),
+        ] {
+            let spec = format!("kv L=1 B=3 N=16 H=2 D={d} dtype={dtype} {place}");
+            let l: KvCacheLayout = spec.parse().unwrap();
+            let mut cache = HostCache::new(l.clone()).unwrap();
+            let slots: Vec<i64> = (0..48).collect();
+            let k = data(48 * 2 * d, 5);
+            let v = data(48 * 2 * d, 6);
+            let w = WriteKv {
+                layer: 0,
+                key: Activations::F32(&k),
+                value: Some(Activations::F32(&v)),
+                slot_mapping: &slots,
+            };
+            reference::write_kv(&mut cache.as_mut(), &w).unwrap();
+            let guarded: Vec<Guarded> = (0..l.num_buffers())
+                .map(|i| Guarded::new(cache.bytes(i)))
+                .collect();
+            let bufs: Vec<&[u8]> = guarded.iter().map(Guarded::bytes).collect();
+            let edge = CacheRef::new(&l, bufs).unwrap();
+            let q = data(8 * d, 7);
+            let dec = Decode {
+                layer: 0,
+                query: Activations::F32(&q),
+                block_table: &[0, 1, 2],
+                blocks_per_seq: 3,
+                seq_lens: &[48],
+                params: DecodeParams {
+                    num_q_heads: 8,
+                    scale: 0.1,
+                    sliding_window: None,
+                    soft_cap: None,
+                },
+            };
+            let mut want = vec![0f32; 8 * d];
+            reference::paged_decode(&cache.as_ref(), &dec, &mut want).unwrap();
+            let be = CpuBackend::new(Some(2));
+            for isa in simd::available() {
+                let mut got = vec![f32::NAN; 8 * d];
+                let opts = Options {
+                    partitions: Some(2),
+                    isa: Some(isa),
+                    inline: Some(true),
+                };
+                decode_with(&be, &edge, &dec, &mut got, opts).unwrap();
+                let tol = tolerance(isa, l.dtype());
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (a - b).abs() <= tol * b.abs().max(1.0),
+                        "{spec} {isa:?}: out[{i}] = {a}, reference {b}"
+                    );
+                }
+            }
+        }
+    }
+}
