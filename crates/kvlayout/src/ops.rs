@@ -110,6 +110,14 @@ pub enum OpError {
         /// Why.
         reason: String,
     },
+    /// Host memory the machine could not provide for a cache's buffer.
+    #[error("cannot allocate buffer {buffer}: {bytes} bytes")]
+    OutOfMemory {
+        /// Buffer index.
+        buffer: usize,
+        /// Bytes asked for.
+        bytes: u64,
+    },
     /// An op this layout's content does not support.
     #[error("{op} does not apply: {reason}")]
     Unsupported {
