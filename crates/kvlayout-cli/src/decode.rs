@@ -54,6 +54,7 @@ pub(crate) struct StepReport {
     pub seed: u64,
     pub kernels: &'static str,
     pub threads: usize,
+    /// Time of the `write_kv` calls, which are the first writes to the cache's pages.
     pub write_kv_ms: f64,
     /// Sequences compared with the reference (the first ones).
     pub checked_seqs: usize,
@@ -84,7 +85,7 @@ impl StepReport {
             "layout   {} ({gib:.2} GiB)\n\
              step     layer {}: {} sequences x {} tokens{}; query heads {}, KV heads {}; \
              {} blocks of a random block table (seed {})\n\
-             write_kv {} tokens in {:.1} ms\n\
+             write_kv {} tokens in {:.1} ms (the first writes to the cache's pages)\n\
              check    the first {} of {} sequences against the f64 reference: max error \
              {:.1e} (relative to max(|ref|, 1)), tolerance {:.1e}: {verdict}\n\
              speed    cpu ({} kernels, {} threads): {:.1} MiB of K and V per step, median \
