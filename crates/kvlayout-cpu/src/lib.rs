@@ -18,6 +18,8 @@ pub mod cache;
 mod copy;
 mod decode;
 pub mod elem;
+#[cfg(all(test, unix))]
+mod guard;
 pub(crate) mod hostbuf;
 mod quant;
 pub mod reference;

@@ -1,4 +1,6 @@
 use super::*;
+#[cfg(unix)]
+use crate::guard::Guarded;
 use crate::simd::{Role, RowKind};
 use crate::{reference, Activations, DecodeParams, HostCache, WriteKv};
 use half::{bf16, f16};
@@ -481,65 +483,6 @@ fn tile_lengths() {
     assert_eq!(plan::tile_len(4160 * 2, L2), 24);
     assert_eq!(plan::tile_len(1 << 20, L2), 8);
     assert_eq!(plan::tile_len(16, L2), 64);
-}
-
-/// Memory of `len` bytes that ends right at an inaccessible page: a read of one byte past
-/// the end faults (and fails the test run) instead of reading a neighbour.
-#[cfg(unix)]
-struct Guarded {
-    base: *mut libc::c_void,
-    map_len: usize,
-    len: usize,
-}
-
-#[cfg(unix)]
-impl Guarded {
-    fn new(bytes: &[u8]) -> Guarded {
-        // SAFETY: `sysconf` has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let len = bytes.len();
-        let data = len.div_ceil(page) * page;
-        let map_len = data + page;
-        // SAFETY: an anonymous private mapping of `map_len` bytes, checked below; the last
-        // page is then made inaccessible and the data copied to end right before it.
-        unsafe {
-            let base = libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert_ne!(base, libc::MAP_FAILED, "mmap");
-            let guard = base.cast::<u8>().add(data);
-            assert_eq!(libc::mprotect(guard.cast(), page, libc::PROT_NONE), 0);
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), guard.sub(len), len);
-            Guarded { base, map_len, len }
-        }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: the `len` bytes before the guard page are mapped, initialized and live
-        // as long as `self`.
-        unsafe {
-            let end = self.base.cast::<u8>().add(self.map_len - self.page());
-            std::slice::from_raw_parts(end.sub(self.len), self.len)
-        }
-    }
-
-    fn page(&self) -> usize {
-        // SAFETY: `sysconf` has no preconditions.
-        unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
-    }
-}
-
-#[cfg(unix)]
-impl Drop for Guarded {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`, unmapped once.
-        unsafe { libc::munmap(self.base, self.map_len) };
-    }
 }
 
 /// Every kernel build reads no byte past a buffer: each buffer of the cache ends right at an
