@@ -201,4 +201,25 @@ fn no_write_past_the_buffers() {
             }
         }
     }
+    // A convert large enough for the streaming stores (10 MiB, 512-byte units) into a
+    // destination that ends at the guard.
+    let src: KvCacheLayout = "kv L=1 B=160 N=16 H=8 D=128 dtype=f16 order=NHD"
+        .parse()
+        .unwrap();
+    let dst: KvCacheLayout = "kv L=1 B=160 N=16 H=8 D=128 dtype=f16 order=HND"
+        .parse()
+        .unwrap();
+    let mut a = HostCache::new(src).unwrap();
+    for (i, b) in a.bytes_mut(0).iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let mut want = HostCache::new(dst.clone()).unwrap();
+    reference::convert(&a.as_ref(), &mut want.as_mut()).unwrap();
+    let mut g = Guarded::new(&vec![0u8; want.bytes(0).len()]);
+    be.convert(
+        &a.as_ref(),
+        &mut CacheMut::new(&dst, vec![g.bytes_mut()]).unwrap(),
+    )
+    .unwrap();
+    assert!(g.bytes() == want.bytes(0), "streamed convert");
 }
