@@ -89,21 +89,20 @@ fn no_write_past_the_buffers() {
                 }
                 let spec = format!("{kind} L=1 B=3 N=16 H=2 D={d} dtype={dtype} {place}");
                 let l: KvCacheLayout = spec.parse().unwrap();
-                let want = {
-                    let mut c = HostCache::new(l.clone()).unwrap();
-                    let slots: Vec<i64> = (0..48).collect();
-                    let k: Vec<f32> = (0..48 * 2 * d)
-                        .map(|i| (i % 97) as f32 * 0.03 - 1.4)
-                        .collect();
-                    let w = WriteKv {
-                        layer: 0,
-                        key: Activations::F32(&k),
-                        value: Some(Activations::F32(&k)),
-                        slot_mapping: &slots,
-                    };
-                    reference::write_kv(&mut c.as_mut(), &w).unwrap();
-                    c
+                // Every slot written: the last block's last rows end at the buffers' ends.
+                let slots: Vec<i64> = (0..48).collect();
+                let k: Vec<f32> = (0..48 * 2 * d)
+                    .map(|i| (i % 97) as f32 * 0.03 - 1.4)
+                    .collect();
+                let w = WriteKv {
+                    layer: 0,
+                    key: Activations::F32(&k),
+                    value: Some(Activations::F32(&k)),
+                    slot_mapping: &slots,
                 };
+                let mut want = HostCache::new(l.clone()).unwrap();
+                reference::write_kv(&mut want.as_mut(), &w).unwrap();
+                let want = want;
                 let zeros: Vec<Vec<u8>> = (0..l.num_buffers())
                     .map(|i| vec![0u8; want.bytes(i).len()])
                     .collect();
@@ -113,18 +112,7 @@ fn no_write_past_the_buffers() {
                         assert!(g.bytes() == want.bytes(i), "{spec}: {what}, buffer {i}");
                     }
                 };
-                // write_kv of every slot, the last block's last rows at the buffers' ends.
                 {
-                    let slots: Vec<i64> = (0..48).collect();
-                    let k: Vec<f32> = (0..48 * 2 * d)
-                        .map(|i| (i % 97) as f32 * 0.03 - 1.4)
-                        .collect();
-                    let w = WriteKv {
-                        layer: 0,
-                        key: Activations::F32(&k),
-                        value: Some(Activations::F32(&k)),
-                        slot_mapping: &slots,
-                    };
                     let bufs: Vec<&mut [u8]> = dst.iter_mut().map(Guarded::bytes_mut).collect();
                     be.write_kv(&mut CacheMut::new(&l, bufs).unwrap(), &w)
                         .unwrap();
