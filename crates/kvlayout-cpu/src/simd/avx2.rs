@@ -1,12 +1,13 @@
-//! The AVX2 + FMA + F16C kernels of the decode (x86_64 machines without AVX-512): rows of
-//! every kind read in place and widened to f32 in registers, eight elements at a time (bf16
-//! by a shift, f16 by `vcvtph2ps`, fp8 through f16 as the AVX-512 kernels do, int8 by
-//! `vcvtdq2ps`), then register-blocked loops: the logits of 4 rows x 2 query heads share 8
-//! accumulators and one transposed reduction; the values of up to 4 heads x 16 elements stay
-//! in registers across all rows of the tile; the softmax weights eight at a time. The rows of
-//! the next step are prefetched line by line as the current ones are read. Rows, query
-//! rows and accumulators are in natural order, unpadded: the last partial vector of a row is
-//! read through a zeroed copy (rows) or with lane masks (query rows, accumulators).
+//! The AVX2 + FMA + F16C kernels of the decode (x86_64 machines without AVX-512): rows of every
+//! kind read in place and widened to f32 in registers, eight elements at a time (bf16 by a
+//! shift, f16 by `vcvtph2ps`, fp8 through f16 as the AVX-512 kernels do, int8 by `vcvtdq2ps`),
+//! then register-blocked loops: the logits of 2 rows x 4 query heads (4 x 2 for groups of 2 or
+//! 3, 8 x 1 for one) share 8 accumulators and one transposed reduction; the values of up to 4
+//! heads x 16 elements stay in registers across all rows of the tile; the softmax weights eight
+//! at a time. The rows of the next step are prefetched line by line as the current ones are
+//! read. Rows, query rows and accumulators are in natural order, unpadded: the last partial
+//! vector of a row is read through a zeroed copy (rows) or with lane masks (query rows,
+//! accumulators).
 
 use super::RowKind;
 use std::arch::x86_64::*;
@@ -146,8 +147,9 @@ pub(super) unsafe fn qk(
     unsafe { by_kind!(kind, raw, qk_k(rows, pf, hoff, width, q, qs, g, logits, ld)) }
 }
 
-/// Blocks of 4 rows x 2 heads (rows past the tile repeat its last row, a head past the group
-/// repeats the last head; their sums are dropped).
+/// Blocks of `R` rows x `H` heads (`R * H` = 8 accumulators; rows past the tile repeat its
+/// last row, heads past the group repeat the last head; their sums are dropped): each row
+/// is widened once for the `H` heads.
 ///
 /// # Safety
 /// As [`qk`].
@@ -164,6 +166,36 @@ unsafe fn qk_k<const K: u8>(
     logits: &mut [f32],
     ld: usize,
 ) {
+    let a = (rows, pf, hoff, width, q, qs, g, logits, ld);
+    // SAFETY: the caller's contract.
+    unsafe {
+        match g {
+            1 => qk_rh::<K, 8, 1>(a),
+            2 | 3 => qk_rh::<K, 4, 2>(a),
+            _ => qk_rh::<K, 2, 4>(a),
+        }
+    }
+}
+
+type QkArgs<'a> = (
+    &'a [*const u8],
+    (&'a [*const u8], usize),
+    usize,
+    usize,
+    &'a [f32],
+    usize,
+    usize,
+    &'a mut [f32],
+    usize,
+);
+
+/// [`qk_k`] with `R` rows x `H` heads per block.
+///
+/// # Safety
+/// As [`qk`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn qk_rh<const K: u8, const R: usize, const H: usize>(a: QkArgs<'_>) {
+    let (rows, pf, hoff, width, q, qs, g, logits, ld) = a;
     let nt = rows.len();
     let (full, tail) = (width / 8 * 8, width % 8);
     let m = lanes(tail);
@@ -171,14 +203,14 @@ unsafe fn qk_k<const K: u8>(
     let level = super::prefetch_level();
     let mut i0 = 0;
     while i0 < nt {
-        let rp: [*const u8; 4] =
+        let rp: [*const u8; R] =
             std::array::from_fn(|r| rows[(i0 + r).min(nt - 1)].wrapping_add(hoff));
         // The matching rows of `pf` (a row without one prefetches its own, cached, line).
-        let pfp: [*const u8; 4] =
+        let pfp: [*const u8; R] =
             std::array::from_fn(|r| pf.get(i0 + r).map_or(rp[r], |p| p.wrapping_add(pf_hoff)));
         let mut j0 = 0;
         while j0 < g {
-            let qp: [*const f32; 2] =
+            let qp: [*const f32; H] =
                 std::array::from_fn(|h| q[(j0 + h).min(g - 1) * qs..].as_ptr());
             // SAFETY: rows hold `width` elements from `hoff`, query rows `width` values
             // (caller's contract); the tail is read with a lane mask and a zeroed copy.
@@ -186,7 +218,7 @@ unsafe fn qk_k<const K: u8>(
                 let mut acc = [_mm256_setzero_ps(); 8];
                 let mut d = 0;
                 while d < full {
-                    let qv = [_mm256_loadu_ps(qp[0].add(d)), _mm256_loadu_ps(qp[1].add(d))];
+                    let qv: [__m256; H] = std::array::from_fn(|h| _mm256_loadu_ps(qp[h].add(d)));
                     let at = d * esize(K);
                     let pf_on = j0 == 0 && at.is_multiple_of(64);
                     for (r, &row) in rp.iter().enumerate() {
@@ -194,35 +226,35 @@ unsafe fn qk_k<const K: u8>(
                             super::prefetch_to(pfp[r].wrapping_add(at), level);
                         }
                         let x = load::<K>(row, d, 8);
-                        acc[r] = _mm256_fmadd_ps(qv[0], x, acc[r]);
-                        acc[4 + r] = _mm256_fmadd_ps(qv[1], x, acc[4 + r]);
+                        for (h, qh) in qv.iter().enumerate() {
+                            acc[h * R + r] = _mm256_fmadd_ps(*qh, x, acc[h * R + r]);
+                        }
                     }
                     d += 8;
                 }
                 if tail > 0 {
-                    let qv = [
-                        _mm256_maskload_ps(qp[0].add(d), m),
-                        _mm256_maskload_ps(qp[1].add(d), m),
-                    ];
+                    let qv: [__m256; H] =
+                        std::array::from_fn(|h| _mm256_maskload_ps(qp[h].add(d), m));
                     for (r, &row) in rp.iter().enumerate() {
                         let x = load::<K>(row, d, tail);
-                        acc[r] = _mm256_fmadd_ps(qv[0], x, acc[r]);
-                        acc[4 + r] = _mm256_fmadd_ps(qv[1], x, acc[4 + r]);
+                        for (h, qh) in qv.iter().enumerate() {
+                            acc[h * R + r] = _mm256_fmadd_ps(*qh, x, acc[h * R + r]);
+                        }
                     }
                 }
                 let mut out = [0f32; 8];
                 _mm256_storeu_ps(out.as_mut_ptr(), hsum8(acc));
                 out
             };
-            // Lane `h * 4 + r`: head `j0 + h`, row `i0 + r`.
-            for h in 0..2.min(g - j0) {
-                for r in 0..4.min(nt - i0) {
-                    logits[(j0 + h) * ld + i0 + r] = sums[h * 4 + r];
+            // Lane `h * R + r`: head `j0 + h`, row `i0 + r`.
+            for h in 0..H.min(g - j0) {
+                for r in 0..R.min(nt - i0) {
+                    logits[(j0 + h) * ld + i0 + r] = sums[h * R + r];
                 }
             }
-            j0 += 2;
+            j0 += H;
         }
-        i0 += 4;
+        i0 += R;
     }
     // Rows of `pf` past this tile's.
     for &p in pf.iter().skip(nt) {
