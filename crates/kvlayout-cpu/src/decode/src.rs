@@ -176,9 +176,27 @@ impl<'a> Src<'a> {
             // x-split legacy key: 16 bytes): copied piece by piece across a run of tokens.
             runs(piece as u64, &mut |i0, i1, base| {
                 let dst = &mut rows[i0 * w * E..i1 * w * E];
-                for c in 0..w / split {
+                let (n, pieces) = (i1 - i0, w / split);
+                if piece == 16 {
+                    // Every piece of the run inside the buffer: the last one's end checked.
+                    let src = &self.buf[base..base + (pieces - 1) * chunk + n * 16];
+                    let (s0, d0) = (src.as_ptr(), dst.as_mut_ptr());
+                    for c in 0..pieces {
+                        for t in 0..n {
+                            // SAFETY: piece `c` of token `t` is the 16 bytes at `c * chunk +
+                            // t * 16` of `src` (checked above) and goes to bytes `t * w * E +
+                            // c * 16 ..` of `dst` (`n` rows of `w * E = pieces * 16` bytes).
+                            unsafe {
+                                let x = s0.add(c * chunk + t * 16).cast::<u128>().read_unaligned();
+                                d0.add(t * w * E + c * 16).cast::<u128>().write_unaligned(x);
+                            }
+                        }
+                    }
+                    return;
+                }
+                for c in 0..pieces {
                     let p = base + c * chunk;
-                    let src = &self.buf[p..p + (i1 - i0) * piece];
+                    let src = &self.buf[p..p + n * piece];
                     for (row, x) in dst.chunks_exact_mut(w * E).zip(src.chunks_exact(piece)) {
                         copy_piece(&mut row[c * piece..(c + 1) * piece], x);
                     }
