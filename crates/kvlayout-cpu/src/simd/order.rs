@@ -16,7 +16,7 @@ pub(crate) enum Role {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Perm {
     Natural,
-    /// Blocks of 32: even elements first, then odd (bf16 and fp8 widened to f32 on AVX-512).
+    /// Blocks of 32: even elements first, then odd (bf16 widened to f32 on AVX-512).
     EvenOdd,
     /// Blocks of 64: element `16 l + 8 z + j` at `32 z + 8 l + j` (fp8 keys widened to bf16:
     /// the words of a byte unpack, 128-bit lane `l`).
