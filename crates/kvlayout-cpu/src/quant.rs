@@ -1,6 +1,7 @@
 //! Row encoders of `write_kv` for the one-byte dtypes (fp8 e4m3 and e5m2, int8): each element
 //! divided by the per-tensor scale, then by the row's inline scale, then encoded exactly as
-//! [`crate::elem::encode`] does (which the reference uses), 16 at a time on AVX-512.
+//! [`crate::elem::encode`] does (which the reference uses), 16 at a time on AVX-512, 8 on
+//! AVX2.
 //!
 //! fp8 as in `cuda_fp8.hpp` (the `float8` crate): round to nearest even, finite values and
 //! infinities past the largest finite one saturate to it, NaN keeps its sign (e4m3: `0x7F`;
@@ -10,19 +11,127 @@
 use kvlayout::DType;
 
 use crate::elem::encode;
+use crate::simd::Isa;
 
 /// `out[i]` = the encoding of `xs[i] / tensor / q` in `dtype` (one byte per element for fp8
-/// and int8; any other dtype goes element by element through [`encode`]).
-pub(crate) fn encode_row(dtype: DType, xs: &[f32], tensor: f32, q: f32, out: &mut [u8]) {
+/// and int8; any other dtype goes element by element through [`encode`]), with the build
+/// `isa` (one this machine runs).
+pub(crate) fn encode_row(isa: Isa, dtype: DType, xs: &[f32], tensor: f32, q: f32, out: &mut [u8]) {
     let e = dtype.size_bytes() as usize;
     assert_eq!(out.len(), xs.len() * e, "one encoded element per value");
+    assert!(
+        isa.runs(),
+        "{} build on a machine that does not run it",
+        isa.name()
+    );
     #[cfg(target_arch = "x86_64")]
-    if e == 1 && dtype != DType::U8 && crate::simd::has_avx512() {
-        // SAFETY: AVX-512 F/BW/VL detected; `out` is as long as `xs` (asserted above).
-        return unsafe { avx512::encode_row(dtype, xs, tensor, q, out) };
+    if e == 1 && dtype != DType::U8 {
+        if isa.avx512() {
+            // SAFETY: AVX-512 F/BW/VL present (asserted above); `out` is as long as `xs`.
+            return unsafe { avx512::encode_row(dtype, xs, tensor, q, out) };
+        }
+        if isa == Isa::Avx2 {
+            // SAFETY: AVX2 present (asserted above); `out` is as long as `xs`.
+            return unsafe { avx2::encode_row(dtype, xs, tensor, q, out) };
+        }
     }
     for (v, o) in xs.iter().zip(out.chunks_exact_mut(e)) {
         encode(dtype, v / tensor / q, o);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use kvlayout::DType;
+    use std::arch::x86_64::*;
+
+    /// [`super::encode_row`] for fp8 and int8, 8 elements at a time.
+    ///
+    /// # Safety
+    /// AVX2 present; `out.len() == xs.len()`; `dtype` fp8 or int8.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn encode_row(dtype: DType, xs: &[f32], tensor: f32, q: f32, out: &mut [u8]) {
+        let (t, qv) = (_mm256_set1_ps(tensor), _mm256_set1_ps(q));
+        // Byte 0 of each dword of a 128-bit lane into that lane's first four bytes.
+        let low_bytes = _mm256_setr_epi8(
+            0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1,
+            -1, -1, -1, -1, -1, -1, -1, -1, -1,
+        );
+        let mut i = 0;
+        while i < xs.len() {
+            let n = (xs.len() - i).min(8);
+            let mut lanes = [0f32; 8];
+            lanes[..n].copy_from_slice(&xs[i..i + n]);
+            // SAFETY: `lanes` holds 8 floats.
+            let x = unsafe { _mm256_loadu_ps(lanes.as_ptr()) };
+            let x = _mm256_div_ps(_mm256_div_ps(x, t), qv);
+            let code = match dtype {
+                DType::Fp8E4m3 => fp8::<3, 7>(x),
+                DType::Fp8E5m2 => fp8::<2, 15>(x),
+                _ => int8(x),
+            };
+            let b = _mm256_shuffle_epi8(code, low_bytes);
+            let packed =
+                _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
+            let bytes = (_mm_cvtsi128_si64(packed) as u64).to_le_bytes();
+            out[i..i + n].copy_from_slice(&bytes[..n]);
+            i += 8;
+        }
+    }
+
+    /// As the AVX-512 `fp8`, 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn fp8<const M: u32, const B: i32>(x: __m256) -> __m256i {
+        let bits = _mm256_castps_si256(x);
+        let sign = _mm256_and_si256(_mm256_srli_epi32::<24>(bits), _mm256_set1_epi32(0x80));
+        let abs_bits = _mm256_and_si256(bits, _mm256_set1_epi32(i32::MAX));
+        let a = _mm256_castsi256_ps(abs_bits);
+        let shift = _mm_cvtsi32_si128((23 - M) as i32);
+        let half = _mm256_set1_epi32((1i32 << (22 - M)) - 1);
+        let odd = _mm256_and_si256(_mm256_srl_epi32(abs_bits, shift), _mm256_set1_epi32(1));
+        let rounded = _mm256_add_epi32(_mm256_add_epi32(abs_bits, half), odd);
+        let normal = _mm256_sub_epi32(
+            _mm256_srl_epi32(rounded, shift),
+            _mm256_set1_epi32((127 - B) << M),
+        );
+        let max_code = if M == 3 { 0x7E } else { 0x7B };
+        let normal = _mm256_min_epi32(normal, _mm256_set1_epi32(max_code));
+        let min_normal = f32::from_bits(((128 - B) as u32) << 23);
+        let scale = f32::from_bits(((127 + B - 1 + M as i32) as u32) << 23);
+        let sub = _mm256_cvtps_epi32(_mm256_round_ps::<
+            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+        >(_mm256_mul_ps(a, _mm256_set1_ps(scale))));
+        let small = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LT_OQ>(a, _mm256_set1_ps(min_normal)));
+        let code = _mm256_blendv_epi8(normal, sub, small);
+        let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+        let nan_code = if M == 3 {
+            _mm256_set1_epi32(0x7F)
+        } else {
+            _mm256_or_si256(
+                _mm256_set1_epi32(0x7E),
+                _mm256_and_si256(_mm256_srli_epi32::<21>(abs_bits), _mm256_set1_epi32(3)),
+            )
+        };
+        _mm256_or_si256(_mm256_blendv_epi8(code, nan_code, nan), sign)
+    }
+
+    /// As the AVX-512 `int8`, 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn int8(x: __m256) -> __m256i {
+        let sign = _mm256_set1_ps(-0.0);
+        let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(x);
+        let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(x, t));
+        let away = _mm256_cmp_ps::<_CMP_GE_OQ>(frac, _mm256_set1_ps(0.5));
+        let one = _mm256_or_ps(_mm256_set1_ps(1.0), _mm256_and_ps(sign, x));
+        let r = _mm256_add_ps(t, _mm256_and_ps(one, away));
+        let r = _mm256_max_ps(
+            _mm256_min_ps(r, _mm256_set1_ps(127.0)),
+            _mm256_set1_ps(-127.0),
+        );
+        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
+        _mm256_cvtps_epi32(_mm256_andnot_ps(nan, r))
     }
 }
 
@@ -190,17 +299,19 @@ mod tests {
                 (1.0, 0.37),
                 (3.0, 1.0 / 448.0),
             ] {
-                let mut got = vec![0u8; xs.len()];
-                encode_row(dtype, &xs, tensor, q, &mut got);
-                for (i, (&x, &g)) in xs.iter().zip(&got).enumerate() {
-                    let mut want = [0u8];
-                    encode(dtype, x / tensor / q, &mut want);
-                    assert_eq!(
-                        g,
-                        want[0],
-                        "{dtype} x {x:e} (bits {:#x}) / {tensor} / {q}, element {i}",
-                        x.to_bits()
-                    );
+                for isa in crate::simd::available() {
+                    let mut got = vec![0u8; xs.len()];
+                    encode_row(isa, dtype, &xs, tensor, q, &mut got);
+                    for (i, (&x, &g)) in xs.iter().zip(&got).enumerate() {
+                        let mut want = [0u8];
+                        encode(dtype, x / tensor / q, &mut want);
+                        assert_eq!(
+                            g,
+                            want[0],
+                            "{isa:?} {dtype} x {x:e} (bits {:#x}) / {tensor} / {q}, element {i}",
+                            x.to_bits()
+                        );
+                    }
                 }
             }
         }

@@ -14,6 +14,7 @@ use crate::args::{check_write, WriteKv};
 use crate::backend::CpuBackend;
 use crate::cache::CacheMut;
 use crate::elem::{encode, inline_scale};
+use crate::simd::Isa;
 use crate::tensor::Activations;
 
 /// Destination buffers shared by the workers, each writing disjoint rows.
@@ -41,7 +42,9 @@ fn contiguous(m: &FieldMap) -> bool {
 
 /// Writes `x[start .. start + width] / tensor / q` into a contiguous row of `dtype` (the same
 /// operations, in the same order, as the reference).
+#[allow(clippy::too_many_arguments)]
 fn write_row(
+    isa: Isa,
     row: &mut [u8],
     dtype: DType,
     x: &Activations<'_>,
@@ -75,7 +78,7 @@ fn write_row(
     }
     scratch.resize(width, 0.0);
     x.read_into(start, scratch);
-    crate::quant::encode_row(dtype, scratch, tensor, q, row);
+    crate::quant::encode_row(isa, dtype, scratch, tensor, q, row);
 }
 
 pub(crate) fn write_kv(
@@ -149,7 +152,16 @@ pub(crate) fn write_kv(
                             let off = m.offset_unchecked(w.layer, b, h as u64, n, 0) as usize;
                             // SAFETY: this (slot, head) row is written only by this token.
                             let row = unsafe { buf.slice(off, width * e) };
-                            write_row(row, m.dtype, src, start, *width, (*tensor, q), scratch);
+                            write_row(
+                                be.isa,
+                                row,
+                                m.dtype,
+                                src,
+                                start,
+                                *width,
+                                (*tensor, q),
+                                scratch,
+                            );
                         } else {
                             for d in 0..*width {
                                 let off =
