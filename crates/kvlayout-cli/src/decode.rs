@@ -11,8 +11,8 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use kvlayout::ops::{decode_widths, DecodeParams, OpError};
-use kvlayout::{Content, Field, KvCacheLayout};
+use kvlayout::ops::{decode_widths, DecodeParams};
+use kvlayout::{Content, KvCacheLayout};
 use kvlayout_cpu::bench::{paired, ReadBound};
 use kvlayout_cpu::{reference, Activations, CpuBackend, Decode, HostCache, WriteKv};
 use serde::Serialize;
@@ -147,20 +147,14 @@ impl Rng {
     }
 }
 
-/// K and V bytes one decode step reads per token and KV head: each field the decode reads,
-/// once (the MLA latent serves as both).
-fn row_bytes(layout: &KvCacheLayout) -> Result<u64, OpError> {
-    let fields: &[Field] = match layout.content() {
-        Content::Mla { .. } => &[Field::Latent],
-        Content::KvScaled { .. } => &[Field::K, Field::V, Field::KScale, Field::VScale],
-        _ => &[Field::K, Field::V],
-    };
-    let mut bytes = 0;
-    for &f in fields {
-        let m = layout.field_map(f)?;
-        bytes += m.width * m.elem_bytes();
-    }
-    Ok(bytes)
+/// Bytes one decode step reads per token and KV head: every stored field of the row (K and
+/// V, their inline scales, or the MLA latent that serves as both), each once.
+fn row_bytes(layout: &KvCacheLayout) -> u64 {
+    layout
+        .stored_fields()
+        .iter()
+        .map(|m| m.width * m.elem_bytes())
+        .sum()
 }
 
 /// Tokens written per `write_kv` call.
@@ -302,7 +296,7 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
 
     // Each sequence reads its last `window` tokens (all of them without a window).
     let attended = u64::from(a.context).min(a.window.unwrap_or(u64::MAX));
-    let kv_bytes = row_bytes(&layout)? * kv_heads * a.seqs as u64 * attended;
+    let kv_bytes = row_bytes(&layout) * kv_heads * a.seqs as u64 * attended;
     let bound = ReadBound::new(be.pool(), a.bound_mib << 20);
     bound.pass(be.pool()); // first touch
     let d = step(a.seqs);
