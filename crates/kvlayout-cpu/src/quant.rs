@@ -60,10 +60,15 @@ mod avx2 {
         let mut i = 0;
         while i < xs.len() {
             let n = (xs.len() - i).min(8);
-            let mut lanes = [0f32; 8];
-            lanes[..n].copy_from_slice(&xs[i..i + n]);
-            // SAFETY: `lanes` holds 8 floats.
-            let x = unsafe { _mm256_loadu_ps(lanes.as_ptr()) };
+            let x = if n == 8 {
+                // SAFETY: `xs[i .. i + 8]` is in bounds.
+                unsafe { _mm256_loadu_ps(xs.as_ptr().add(i)) }
+            } else {
+                let mut lanes = [0f32; 8];
+                lanes[..n].copy_from_slice(&xs[i..i + n]);
+                // SAFETY: `lanes` holds 8 floats.
+                unsafe { _mm256_loadu_ps(lanes.as_ptr()) }
+            };
             let x = _mm256_div_ps(_mm256_div_ps(x, t), qv);
             let code = match dtype {
                 DType::Fp8E4m3 => fp8::<3, 7>(x),

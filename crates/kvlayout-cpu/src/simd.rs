@@ -731,10 +731,9 @@ pub(crate) fn softmax_tile(
         };
     }
     #[cfg(target_arch = "x86_64")]
-    let avx2 = isa == Isa::Avx2 && !round && {
-        assert!(has_avx2(), "AVX2 build on a machine without AVX2");
-        true
-    };
+    let avx2 = isa == Isa::Avx2 && !round;
+    #[cfg(target_arch = "x86_64")]
+    assert!(!avx2 || has_avx2(), "AVX2 build on a machine without AVX2");
     for j in 0..g {
         let l = &mut logits[j * ld..j * ld + nt];
         let tile_max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);

@@ -63,15 +63,27 @@ fn lanes(n: usize) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn load<const K: u8>(row: *const u8, d: usize, n: usize) -> __m256 {
     let e = esize(K);
+    if n >= 8 {
+        // SAFETY: the 8 elements lie inside the row (caller's contract).
+        return unsafe { widen8::<K>(row.wrapping_add(d * e)) };
+    }
     let mut buf = [0u8; 32];
-    let p = if n >= 8 {
-        row.wrapping_add(d * e)
-    } else {
-        // SAFETY: the first `n` elements lie inside the row (caller's contract).
-        unsafe { std::ptr::copy_nonoverlapping(row.add(d * e), buf.as_mut_ptr(), n * e) };
-        buf.as_ptr()
-    };
-    // SAFETY: `p` holds 8 elements: inside the row, or the buffer.
+    // SAFETY: the first `n` elements lie inside the row (caller's contract); `buf` holds 8
+    // elements of any kind.
+    unsafe {
+        std::ptr::copy_nonoverlapping(row.add(d * e), buf.as_mut_ptr(), n * e);
+        widen8::<K>(buf.as_ptr())
+    }
+}
+
+/// The 8 elements of kind `K` at `p`, widened to f32.
+///
+/// # Safety
+/// AVX2, FMA and F16C present; `p` valid for 8 elements of kind `K`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen8<const K: u8>(p: *const u8) -> __m256 {
+    // SAFETY: the caller's contract.
     unsafe {
         match K {
             F32 => _mm256_loadu_ps(p.cast()),
@@ -341,14 +353,18 @@ unsafe fn pv_k<const K: u8>(
                         }
                     }
                 }
-                // The pass's bytes of each row (16 elements), from its first line.
-                let (at, pass_bytes) = (d0 * esize(K), 16 * esize(K));
+                // The lines of each `pf` row that start within this pass's bytes (a pass of
+                // fewer than 64 bytes prefetches only where a line starts, so no line twice).
+                let (at, end) = (d0 * esize(K), ((d0 + 16).min(width)) * esize(K));
+                let (line, pf_bytes) = {
+                    let line = at.next_multiple_of(64);
+                    (line, end.saturating_sub(line))
+                };
                 for (i, &row) in rows.iter().enumerate() {
                     let row = row.wrapping_add(hoff);
-                    if j0 == 0 {
+                    if j0 == 0 && pf_bytes > 0 {
                         if let Some(p) = pf.get(i) {
-                            let p = p.wrapping_add(pf_hoff + at);
-                            prefetch_row(p, pass_bytes.min((width - d0) * esize(K)), level);
+                            prefetch_row(p.wrapping_add(pf_hoff + line), pf_bytes, level);
                         }
                     }
                     let x = [
