@@ -91,7 +91,7 @@ pub(crate) fn detect() -> Isa {
 /// Whether this machine runs the AVX-512 kernels (the safe wrappers check it before every
 /// call into them).
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn has_avx512() -> bool {
+fn has_avx512() -> bool {
     Isa::Avx512.runs()
 }
 
