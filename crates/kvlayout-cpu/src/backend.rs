@@ -76,14 +76,11 @@ impl CpuBackend {
         self.isa.name()
     }
 
-    /// The kernel builds this machine runs, best first (the first is what [`CpuBackend::new`]
-    /// picks).
+    /// The kernel builds this machine runs, in the order they are preferred (the first is what
+    /// [`CpuBackend::new`] picks; on Intel cores `avx512` comes before `avx512-bf16`, whose
+    /// `vdpbf16ps` is slower there than widening to f32).
     pub fn kernel_builds() -> Vec<&'static str> {
-        crate::simd::Isa::ALL
-            .iter()
-            .filter(|i| i.runs())
-            .map(|i| i.name())
-            .collect()
+        crate::simd::ranked().iter().map(|i| i.name()).collect()
     }
 
     /// Threads in the pool.
@@ -91,8 +88,8 @@ impl CpuBackend {
         self.pool.current_num_threads()
     }
 
-    /// The build of the SIMD kernels this backend runs here (runtime-detected): `avx512-bf16`,
-    /// `avx512`, `avx2` or `scalar`.
+    /// The build of the SIMD kernels [`CpuBackend::new`] runs here (runtime-detected, the first
+    /// of [`CpuBackend::kernel_builds`]): `avx512-bf16`, `avx512`, `avx2` or `scalar`.
     pub fn kernels() -> &'static str {
         crate::simd::detect().name()
     }

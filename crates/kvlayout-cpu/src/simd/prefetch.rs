@@ -63,16 +63,7 @@ pub(crate) fn prefetch_level() -> PrefetchLevel {
 #[inline]
 pub(crate) fn prefetch_level() -> PrefetchLevel {
     static LEVEL: std::sync::OnceLock<PrefetchLevel> = std::sync::OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        // SAFETY (on toolchains where `__cpuid` is unsafe): leaf 0 exists on every x86_64.
-        #[allow(unused_unsafe)]
-        let r = unsafe { std::arch::x86_64::__cpuid(0) };
-        let mut vendor = [0u8; 12];
-        vendor[..4].copy_from_slice(&r.ebx.to_le_bytes());
-        vendor[4..8].copy_from_slice(&r.edx.to_le_bytes());
-        vendor[8..].copy_from_slice(&r.ecx.to_le_bytes());
-        prefetch_level_for(&vendor)
-    })
+    *LEVEL.get_or_init(|| prefetch_level_for(&super::cpu_vendor()))
 }
 
 #[cfg(test)]

@@ -1,5 +1,33 @@
 use super::*;
 
+#[test]
+fn the_preferred_build_order() {
+    let ranked = ranked();
+    // The builds that run, each once, the first one picked.
+    let mut sorted = ranked.clone();
+    sorted.sort_by_key(|i| Isa::ALL.iter().position(|a| a == i));
+    assert_eq!(sorted, available());
+    assert_eq!(Some(&detect()), ranked.first());
+    #[cfg(target_arch = "x86_64")]
+    {
+        let at = |isa| ranked.iter().position(|&i| i == isa);
+        if let (Some(bf16), Some(plain)) = (at(Isa::Avx512Bf16), at(Isa::Avx512)) {
+            assert_eq!(plain < bf16, widening_before_bf16_dot(&cpu_vendor()));
+        }
+        // Without both AVX-512 builds, the order is Isa::ALL's.
+        if at(Isa::Avx512Bf16).is_none() {
+            assert_eq!(ranked, available());
+        }
+    }
+}
+
+#[test]
+fn bf16_dot_order_by_vendor() {
+    assert!(widening_before_bf16_dot(b"GenuineIntel"));
+    assert!(!widening_before_bf16_dot(b"AuthenticAMD"));
+    assert!(!widening_before_bf16_dot(b"HygonGenuine"));
+}
+
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn hsum16_lane_order() {
