@@ -437,10 +437,10 @@ pub(crate) fn reads_transposed(isa: Isa) -> bool {
 
 /// The values of a tile whose rows are transposed, read in place: run `(off, i0, n)` holds,
 /// for each element index `d < width`, tokens `i0 .. i0 + n` of the tile side by side at
-/// `buf[off + d * dim ..]` (`n <= 16`). `out[j * width + d]` = the sum over the runs' tokens
+/// `buf[off + d * dim ..]` (`n <= 16`). `out[j * ow + d] +=` the sum over the runs' tokens
 /// of `w[j * ld + i0 + t]` times element `d` of token `i0 + t`, for the `g` heads, in natural
-/// order. `raw`: fp8 values without their power of two ([`fp8_fold`]). Only where
-/// [`reads_transposed`].
+/// order (`ow >= width`). `raw`: fp8 values without their power of two ([`fp8_fold`]). Only
+/// where [`reads_transposed`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pv_transposed(
     isa: Isa,
@@ -454,6 +454,7 @@ pub(crate) fn pv_transposed(
     ld: usize,
     g: usize,
     out: &mut [f32],
+    ow: usize,
 ) {
     assert!(
         reads_transposed(isa),
@@ -467,7 +468,7 @@ pub(crate) fn pv_transposed(
         assert!(n <= 16 && off + (width - 1) * dim + n * e <= buf.len());
         assert!(i0 + n <= ld && (g - 1) * ld + i0 + n <= w.len());
     }
-    assert!(out.len() >= g * width);
+    assert!(ow >= width && out.len() >= (g - 1) * ow + width);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = raw;
     #[cfg(target_arch = "x86_64")]
@@ -476,19 +477,7 @@ pub(crate) fn pv_transposed(
         // SAFETY: AVX-512 F/BW/VL detected just above; every run's bytes, the weights and
         // the outputs are inside their slices (asserted above).
         unsafe {
-            avx512::pv_transposed(
-                kind,
-                raw,
-                buf.as_ptr(),
-                runs,
-                dim,
-                width,
-                w,
-                ld,
-                g,
-                out,
-                width,
-            )
+            avx512::pv_transposed(kind, raw, buf.as_ptr(), runs, dim, width, w, ld, g, out, ow)
         }
     }
 }

@@ -10,7 +10,7 @@ use kvlayout::{Content, Field};
 use super::src::{Rows, Src};
 use crate::args::{Decode, DecodeShape};
 use crate::cache::CacheRef;
-use crate::simd::{self, Isa, Role, RowSet, SUM_LANES, TILE};
+use crate::simd::{self, Isa, Order, Role, RowKind, RowSet, SUM_LANES, TILE};
 
 /// How many (tile, head) steps ahead the rows are prefetched (into L1 or L2, see
 /// [`simd::PrefetchLevel`]): far enough to hide the memory latency, near enough that the
@@ -111,8 +111,6 @@ pub(super) struct Scratch {
     /// per element, kept in f32 storage.
     rows: Vec<f32>,
     widen: Vec<f32>,
-    /// Transposed values read in place: a tile's contribution to the group's accumulators.
-    transposed: Vec<f32>,
     pub(super) state: Vec<f32>,
     /// Partial softmax sums of the item's heads, `SUM_LANES` per query head.
     lane_sums: Vec<f32>,
@@ -138,7 +136,11 @@ impl<'a> Plan<'a> {
     ) -> Result<Self, OpError> {
         let layout = cache.layout;
         let k = Src::new(cache, layout.field_map(Field::K)?, isa, Role::Key)?;
-        let v = Src::new(cache, layout.field_map(Field::V)?, isa, Role::Value)?;
+        let mut v = Src::new(cache, layout.field_map(Field::V)?, isa, Role::Value)?;
+        if v.transposed() && simd::reads_transposed(isa) {
+            // `pv_transposed` adds into the accumulators in natural order, as f32 rows do.
+            v.set_order(Order::of(isa, RowKind::F32, Role::Value));
+        }
         let scaled = matches!(layout.content(), Content::KvScaled { .. });
         let inline = |f: Field| -> Result<Option<Src<'a>>, OpError> {
             Ok(if scaled {
@@ -200,10 +202,19 @@ impl<'a> Plan<'a> {
     }
 
     /// The values of head `h` of a tile (`offs`: head 0 of each token) whose rows are
-    /// transposed ([`Src::transposed`]), read in place: `out[j * width + d]` = the sum over
+    /// transposed ([`Src::transposed`]), read in place: `acc[j * stride + d] +=` the sum over
     /// the tile's tokens of `w[j * TILE + i]` times element `d` of token `i`, for the `g`
     /// heads ([`simd::pv_transposed`], on runs of at most 16 tokens consecutive in memory).
-    fn pv_transposed(&self, offs: &[u64], h: u64, w: &[f32], g: usize, out: &mut [f32]) {
+    #[allow(clippy::too_many_arguments)]
+    fn pv_transposed(
+        &self,
+        offs: &[u64],
+        h: u64,
+        w: &[f32],
+        g: usize,
+        acc: &mut [f32],
+        stride: usize,
+    ) {
         let src = &self.v;
         let e = src.map.elem_bytes();
         let hs = h * src.map.strides.head;
@@ -232,7 +243,8 @@ impl<'a> Plan<'a> {
             w,
             TILE,
             g,
-            out,
+            acc,
+            stride,
         );
     }
 
@@ -266,7 +278,6 @@ impl<'a> Plan<'a> {
             vscale,
             rows,
             widen,
-            transposed,
             lane_sums,
             ..
         } = s;
@@ -279,7 +290,6 @@ impl<'a> Plan<'a> {
         grow(vscale, TILE);
         grow(rows, 2 * TILE * qk.max(vw));
         grow(widen, qk.max(vw));
-        grow(transposed, g * vw);
         let v_in_place = self.v.transposed() && simd::reads_transposed(self.isa);
         // Query rows of the item, scaled, in the key kernels' order.
         let q0 = (seq * self.shape.q_heads + heads.start * g) * qk;
@@ -398,11 +408,7 @@ impl<'a> Plan<'a> {
                 );
                 // Values: acc[j] += sum_i w[j * TILE + i] * v_i.
                 if v_in_place {
-                    let out = &mut transposed[..g * vw];
-                    self.pv_transposed(&cur.v[..nt], h, logits, g, out);
-                    for (o, a) in out.chunks_exact(vw).zip(acc.chunks_exact_mut(vstride)) {
-                        self.v.order.add_to(o, a);
-                    }
+                    self.pv_transposed(&cur.v[..nt], h, logits, g, acc, vstride);
                     continue;
                 }
                 let gathered;

@@ -86,6 +86,12 @@ impl<'a> Src<'a> {
         })
     }
 
+    /// Holds query or accumulator rows in `order` instead of the kind's kernel order.
+    pub(super) fn set_order(&mut self, order: Order) {
+        self.order = order;
+        self.padded = order.padded(self.map.width as usize);
+    }
+
     /// Byte offset of `(layer, block, head 0, slot, d 0)`.
     pub(super) fn slot_offset(&self, layer: u64, block: u64, slot: u64) -> u64 {
         let s = &self.map.strides;

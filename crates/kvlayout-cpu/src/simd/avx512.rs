@@ -19,15 +19,15 @@ const E4M3_RAW: u8 = 6;
 /// Calls `$f::<K, ...>` with the const code of `$kind` (`$raw`: fp8 without its power of
 /// two), so each row kind gets its own loops.
 macro_rules! by_kind {
-    ($kind:expr, $raw:expr, $f:ident :: <$($c:tt),*> ( $($arg:expr),* )) => {
+    ($kind:expr, $raw:expr, $f:ident $(:: <$($c:tt),+>)? ( $($arg:expr),* )) => {
         match ($kind, $raw) {
-            (RowKind::F32, _) => $f::<F32, $($c),*>($($arg),*),
-            (RowKind::F16, _) => $f::<F16, $($c),*>($($arg),*),
-            (RowKind::Bf16, _) => $f::<BF16, $($c),*>($($arg),*),
-            (RowKind::Fp8E4m3, false) => $f::<E4M3, $($c),*>($($arg),*),
-            (RowKind::Fp8E4m3, true) => $f::<E4M3_RAW, $($c),*>($($arg),*),
-            (RowKind::Fp8E5m2, _) => $f::<E5M2, $($c),*>($($arg),*),
-            (RowKind::I8, _) => $f::<I8, $($c),*>($($arg),*),
+            (RowKind::F32, _) => $f::<F32 $($(, $c)+)?>($($arg),*),
+            (RowKind::F16, _) => $f::<F16 $($(, $c)+)?>($($arg),*),
+            (RowKind::Bf16, _) => $f::<BF16 $($(, $c)+)?>($($arg),*),
+            (RowKind::Fp8E4m3, false) => $f::<E4M3 $($(, $c)+)?>($($arg),*),
+            (RowKind::Fp8E4m3, true) => $f::<E4M3_RAW $($(, $c)+)?>($($arg),*),
+            (RowKind::Fp8E5m2, _) => $f::<E5M2 $($(, $c)+)?>($($arg),*),
+            (RowKind::I8, _) => $f::<I8 $($(, $c)+)?>($($arg),*),
         }
     };
 }
@@ -584,9 +584,10 @@ unsafe fn pv_rows<const K: u8, const H: usize, const C: usize, const FULL: bool>
 /// tokens `i0 .. i0 + n` side by side at `buf + off + d * dim`. One token per lane, in
 /// order: fp8 bytes are zero-extended and their sign and magnitude bits moved as in `load`
 /// (with `raw`, without the power of two), int8 sign-extended.
-/// `out[j * ow + d] = sum over the runs and their tokens t of w[j * ld + i0 + t] * v(d, t)`
-/// for the `g` heads and the `width` elements. Per block of 4 heads x 4 elements, the 16
-/// accumulators hold one lane per token of a run across all the runs, and are reduced once.
+/// `out[j * ow + d] += sum over the runs and their tokens t of w[j * ld + i0 + t] * v(d, t)`
+/// for the `g` heads and the `width` elements, in natural order. Per block of 4 heads x 4
+/// elements, the 16 accumulators hold one lane per token of a run across all the runs, and
+/// are reduced once.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL present; each run's bytes `off .. off + (width - 1) * dim + n * elem`
@@ -607,64 +608,143 @@ pub(super) unsafe fn pv_transposed(
     out: &mut [f32],
     ow: usize,
 ) {
-    let k = match (kind, raw) {
-        (RowKind::F32, _) => F32,
-        (RowKind::F16, _) => F16,
-        (RowKind::Bf16, _) => BF16,
-        (RowKind::Fp8E4m3, false) => E4M3,
-        (RowKind::Fp8E4m3, true) => E4M3_RAW,
-        (RowKind::Fp8E5m2, _) => E5M2,
-        (RowKind::I8, _) => I8,
-    };
-    let z = _mm512_setzero_ps();
+    let a = (buf, runs, dim, width, w, ld, g, out, ow);
+    // SAFETY (each arm): the caller's contract.
+    unsafe { by_kind!(kind, raw, pv_transposed_k(a)) }
+}
+
+type PvTransposedArgs<'a> = (
+    *const u8,
+    &'a [(usize, usize, usize)],
+    usize,
+    usize,
+    &'a [f32],
+    usize,
+    usize,
+    &'a mut [f32],
+    usize,
+);
+
+/// [`pv_transposed`] for rows of kind `K`.
+///
+/// # Safety
+/// As [`pv_transposed`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn pv_transposed_k<const K: u8>(a: PvTransposedArgs<'_>) {
+    let (buf, runs, dim, width, w, ld, g, out, ow) = a;
     let mut j0 = 0;
     while j0 < g {
         let hn = (g - j0).min(4);
         let mut d0 = 0;
         while d0 < width {
             let dn = (width - d0).min(4);
-            let mut acc = [z; 16];
-            for &(off, i0, n) in runs {
-                let m = mask(n);
-                // SAFETY: weights `(j0 + h) * ld + i0 .. + n` are inside `w`, and elements
-                // `d0 + dd` (below `width`) of the run inside the buffer (caller's contract);
-                // masked-off lanes are not read.
-                unsafe {
-                    let wv: [__m512; 4] = std::array::from_fn(|h| {
-                        if h < hn {
-                            _mm512_maskz_loadu_ps(m, w.as_ptr().add((j0 + h) * ld + i0))
-                        } else {
-                            z
-                        }
-                    });
-                    for dd in 0..dn {
-                        let p = buf.add(off + (d0 + dd) * dim);
-                        let x = match k {
-                            F32 => _mm512_maskz_loadu_ps(m, p as *const f32),
-                            F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p as *const i16)),
-                            BF16 => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(
-                                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p as *const i16)),
-                            )),
-                            I8 => _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(
-                                m,
-                                p as *const i8,
-                            ))),
-                            _ => fp8_lanes(k, _mm_maskz_loadu_epi8(m, p as *const i8)),
-                        };
-                        for (h, wh) in wv.iter().enumerate() {
-                            // Lane `h * 4 + dd` of the reduction (see `hsum16`).
-                            let l = h * 4 + dd;
-                            let a = l % 4 * 4 + l / 4;
-                            acc[a] = _mm512_fmadd_ps(*wh, x, acc[a]);
-                        }
-                    }
+            // SAFETY: the caller's contract, for heads `j0 ..` and elements `d0 ..`.
+            let sums = unsafe {
+                if hn == 4 && dn == 4 {
+                    transposed_block::<K, true>(buf, runs, dim, w, ld, j0, d0, 4, 4)
+                } else {
+                    transposed_block::<K, false>(buf, runs, dim, w, ld, j0, d0, hn, dn)
                 }
-            }
-            // Elements `d0 .. d0 + dn` of heads `j0 .. j0 + hn`, as `store_logits` stores rows.
-            store_logits::<4, 4>(hsum16(acc), out, ow, d0, j0, width, g);
+            };
+            add_sums(sums, out, ow, d0, j0, dn, hn);
             d0 += 4;
         }
         j0 += 4;
+    }
+}
+
+/// The sums of [`pv_transposed`] for heads `j0 .. j0 + hn` and elements `d0 .. d0 + dn`
+/// (at most 4 each; 4 and 4 when `FULL`), as `hsum16` leaves them (lane `h * 4 + dd`).
+///
+/// # Safety
+/// As [`pv_transposed`], for those heads and elements.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn transposed_block<const K: u8, const FULL: bool>(
+    buf: *const u8,
+    runs: &[(usize, usize, usize)],
+    dim: usize,
+    w: &[f32],
+    ld: usize,
+    j0: usize,
+    d0: usize,
+    hn: usize,
+    dn: usize,
+) -> __m512 {
+    let z = _mm512_setzero_ps();
+    let (hn, dn) = if FULL { (4, 4) } else { (hn, dn) };
+    let mut acc = [z; 16];
+    for &(off, i0, n) in runs {
+        let m = mask(n);
+        // SAFETY: weights `(j0 + h) * ld + i0 .. + n` are inside `w`, and elements `d0 + dd`
+        // (below `width`) of the run inside the buffer (caller's contract); masked-off lanes
+        // are not read.
+        unsafe {
+            let wv: [__m512; 4] = std::array::from_fn(|h| {
+                if h < hn {
+                    _mm512_maskz_loadu_ps(m, w.as_ptr().add((j0 + h) * ld + i0))
+                } else {
+                    z
+                }
+            });
+            for dd in 0..dn {
+                let x = transposed_lanes::<K>(buf.add(off + (d0 + dd) * dim), m);
+                for (h, wh) in wv.iter().enumerate() {
+                    // Lane `h * 4 + dd` of the reduction (see `hsum16`).
+                    let l = h * 4 + dd;
+                    let a = l % 4 * 4 + l / 4;
+                    acc[a] = _mm512_fmadd_ps(*wh, x, acc[a]);
+                }
+            }
+        }
+    }
+    hsum16(acc)
+}
+
+/// The lanes of `m` (at most 16 consecutive elements of kind `K` at `p`) widened to f32,
+/// zeros elsewhere.
+///
+/// # Safety
+/// AVX-512 F/BW/VL present; the elements `m` selects lie inside the buffer `p` points into
+/// (masked-off lanes are not read).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn transposed_lanes<const K: u8>(p: *const u8, m: __mmask16) -> __m512 {
+    // SAFETY: the caller's contract; masked loads suppress faults on masked-off lanes.
+    unsafe {
+        match K {
+            F32 => _mm512_maskz_loadu_ps(m, p as *const f32),
+            F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p as *const i16)),
+            BF16 => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+                _mm256_maskz_loadu_epi16(m, p as *const i16),
+            ))),
+            I8 => _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(
+                m,
+                p as *const i8,
+            ))),
+            _ => fp8_lanes(K, _mm_maskz_loadu_epi8(m, p as *const i8)),
+        }
+    }
+}
+
+/// `out[(j0 + h) * ow + d0 + dd] += ` lane `h * 4 + dd` of `sums` (as `hsum16` leaves a block
+/// of 4 heads x 4 elements), for `h < hn` and `dd < dn`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn add_sums(sums: __m512, out: &mut [f32], ow: usize, d0: usize, j0: usize, dn: usize, hn: usize) {
+    let m = mask(dn) as __mmask8;
+    for h in 0..hn {
+        let at = (j0 + h) * ow + d0;
+        let dst = out[at..at + dn].as_mut_ptr();
+        let v = match h {
+            0 => _mm512_castps512_ps128(sums),
+            1 => _mm512_extractf32x4_ps::<1>(sums),
+            2 => _mm512_extractf32x4_ps::<2>(sums),
+            _ => _mm512_extractf32x4_ps::<3>(sums),
+        };
+        // SAFETY: `dst` starts `dn` in-bounds floats; the masks read and write exactly those.
+        unsafe { _mm_mask_storeu_ps(dst, m, _mm_add_ps(_mm_maskz_loadu_ps(m, dst), v)) }
     }
 }
 

@@ -132,22 +132,6 @@ impl Order {
         p
     }
 
-    /// `acc[pos(d)] += x[d]` for every `d`: values in natural order added at their places in
-    /// this order (not packed).
-    pub(crate) fn add_to(&self, x: &[f32], acc: &mut [f32]) {
-        assert!(
-            !self.packed,
-            "packed rows are query rows, never accumulated"
-        );
-        if self.perm == Perm::Natural {
-            for (a, v) in acc[..x.len()].iter_mut().zip(x) {
-                *a += v;
-            }
-            return;
-        }
-        self.each(x.len(), |d, p| acc[p] += x[d]);
-    }
-
     /// Calls `f(d, pos(d))` for `d` in `0..n`, in increasing `d`.
     #[inline(always)]
     fn each(&self, n: usize, mut f: impl FnMut(usize, usize)) {

@@ -199,7 +199,8 @@ fn adjust_logits_scale_and_cap() {
 }
 
 /// `pv_transposed` on every kind, with and without the fp8 power of two, against the
-/// element decoder: two runs (16 tokens, then 5) of 24 elements, 3 heads.
+/// element decoder: two runs (16 tokens, then 5) of 23 elements, 3 heads, added to
+/// accumulator rows 28 apart whose other slots stay as they were.
 #[test]
 fn transposed_values_every_kind() {
     use kvlayout::DType;
@@ -212,7 +213,8 @@ fn transposed_values_every_kind() {
         );
         return;
     };
-    let (width, tokens, g) = (24, 21, 3);
+    let (width, tokens, g, ow) = (23, 21, 3, 28);
+    let before = |i: usize| ((i % 13) as f32 - 6.0) / 1024.0;
     let runs = |e: usize| [(0, 0, 16), (16 * e, 16, 5)];
     let w: Vec<f32> = (0..(g - 1) * TILE + tokens)
         .map(|i| ((i % TILE) as f32 + 1.0) * 0.01 * (i / TILE + 1) as f32)
@@ -233,7 +235,7 @@ fn transposed_values_every_kind() {
             crate::elem::encode(dtype, v, x);
         }
         for raw in [false, true] {
-            let mut out = vec![0f32; g * width];
+            let mut out: Vec<f32> = (0..g * ow).map(before).collect();
             pv_transposed(
                 isa,
                 kind,
@@ -246,8 +248,12 @@ fn transposed_values_every_kind() {
                 TILE,
                 g,
                 &mut out,
+                ow,
             );
             let f = if raw { 2f32.powi(fold) } else { 1.0 };
+            for (i, &x) in out.iter().enumerate().filter(|(i, _)| i % ow >= width) {
+                assert_eq!(x, before(i), "{kind:?}: slot {i} past the row changed");
+            }
             for j in 0..g {
                 for d in 0..width {
                     let want: f64 = (0..tokens)
@@ -257,7 +263,8 @@ fn transposed_values_every_kind() {
                                 * f64::from(crate::elem::decode(dtype, &buf[at..at + e]))
                         })
                         .sum();
-                    let got = f64::from(out[j * width + d]) * f64::from(f);
+                    let at = j * ow + d;
+                    let got = f64::from(out[at] - before(at)) * f64::from(f);
                     assert!(
                         (got - want).abs() <= 1e-5 * want.abs().max(1.0),
                         "{kind:?} raw {raw} head {j} element {d}: {got} against {want}"
