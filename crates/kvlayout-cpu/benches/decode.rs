@@ -1,7 +1,8 @@
 //! `paged_decode` throughput as a ratio to the memory read bandwidth measured in the same run.
 //! Configuration of `shared/baselines.md`: 32 sequences, 32 query heads, 8 KV heads, head 128,
 //! block 16, context 1024 and 4096, a random block table (a permutation of the blocks), caches
-//! `order=NHD` and `order=HND` in f32, bf16 and fp8 e4m3, 2 threads.
+//! `order=NHD`, `order=HND` and (informative) vLLM's legacy layout in f32, bf16 and fp8 e4m3,
+//! 2 threads.
 //!
 //! KV bytes are counted once: tokens x KV heads x (K + V) x element size. The machine is
 //! shared and its bandwidth moves by tens of percent within seconds, so each of the `REPS`
@@ -71,7 +72,11 @@ fn fill(cache: &mut HostCache) {
 
 /// A cache of `blocks` blocks of the bench's geometry, filled (see [`fill`]).
 fn filled_cache(blocks: usize, dtype: &str, order: &str) -> HostCache {
-    let spec = format!("kv B={blocks} N={BLOCK} H={KV_HEADS} D={HEAD} dtype={dtype} order={order}");
+    let place = match order {
+        "legacy" => "legacy=vllm-paged-v1".to_string(),
+        _ => format!("order={order}"),
+    };
+    let spec = format!("kv B={blocks} N={BLOCK} H={KV_HEADS} D={HEAD} dtype={dtype} {place}");
     let layout: KvCacheLayout = spec.parse().expect("bench layout");
     let mut cache = HostCache::new(layout).expect("allocation");
     fill(&mut cache);
@@ -103,7 +108,8 @@ struct Row {
     tokens: f64,
     /// The decode's runs against their read passes.
     p: Paired,
-    target: f64,
+    /// The target ratio (none for the informative legacy layout).
+    target: Option<f64>,
 }
 
 fn main() {
@@ -126,7 +132,9 @@ fn main() {
         let table = permutation(blocks, u64::from(context));
         let lens = vec![context; SEQS];
         for (dtype, target) in [("f32", 0.8), ("bf16", 0.8), ("fp8_e4m3", 0.5)] {
-            for order in ["NHD", "HND"] {
+            // `legacy`: vLLM's paged-attention layout (x-split keys, transposed values),
+            // informative (the targets are for the standardized orders).
+            for order in ["NHD", "HND", "legacy"] {
                 // `KVLAYOUT_BENCH_ONLY="bf16 HND"` runs the matching configurations only.
                 if let Ok(only) = std::env::var("KVLAYOUT_BENCH_ONLY") {
                     if !format!("{dtype} {order}").contains(only.as_str()) {
@@ -152,7 +160,7 @@ fn main() {
                     kv_bytes,
                     tokens,
                     p,
-                    target,
+                    target: (order != "legacy").then_some(target),
                 });
             }
         }
@@ -165,7 +173,7 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
             r.name,
             r.context,
             r.kv_bytes / r.p.op_best / 1e9,
@@ -174,7 +182,7 @@ fn main() {
             r.p.bound_median / 1e9,
             r.p.ratio_best,
             r.p.ratio_median,
-            r.target,
+            r.target.map_or("-".to_string(), |t| format!("{t:.2}")),
         );
     }
     // Informative: the same read, chunk by chunk in a random order, as a block table
@@ -267,7 +275,9 @@ fn kernel_costs(read_bw: f64) {
         }
         let one = CpuBackend::with_kernels(Some(1), build).expect("a build this machine runs");
         for dtype in ["f32", "bf16", "fp8_e4m3"] {
-            for order in ["NHD", "HND"] {
+            // `legacy`: vLLM's paged-attention layout (x-split keys, transposed values),
+            // informative (the targets are for the standardized orders).
+            for order in ["NHD", "HND", "legacy"] {
                 let cache = filled_cache(blocks, dtype, order);
                 let row_bytes = 2.0 * HEAD as f64 * cache.layout().dtype().size_bytes() as f64;
                 let d = decode(&q, &table, blocks, &lens);

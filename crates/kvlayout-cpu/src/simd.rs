@@ -25,9 +25,11 @@
 //!   (It replaced a row-by-row widening into scratch with portable loops: 1.8-2.2x faster.)
 //! - scalar: each row widened into a scratch row, then portable loops.
 //!
-//! Transposed values (the legacy vLLM value: a block's tokens side by side per element index)
-//! are read in place on AVX-512 by [`pv_transposed`], which keeps one token per lane and
-//! reduces once per tile; elsewhere they are copied into rows first.
+//! The legacy vLLM layout is read in place on AVX-512: x-split keys (16-byte pieces of a row
+//! `chunk` bytes apart) by [`qk_tile_split`], the logits kernel with each block assembled from
+//! its pieces; transposed values (a block's tokens side by side per element index) by
+//! [`pv_transposed`], which keeps one token per lane and reduces once per tile. Elsewhere
+//! they are copied into rows first.
 //!
 //! Rows come in a [`RowSet`]: each row is bounds-checked against its buffer when it is added
 //! (for every head the kernels may read), then read through raw pointers with unaligned,
@@ -439,8 +441,9 @@ pub(crate) fn reads_transposed(isa: Isa) -> bool {
 /// for each element index `d < width`, tokens `i0 .. i0 + n` of the tile side by side at
 /// `buf[off + d * dim ..]` (`n <= 16`). `out[j * ow + d] +=` the sum over the runs' tokens
 /// of `w[j * ld + i0 + t]` times element `d` of token `i0 + t`, for the `g` heads, in natural
-/// order (`ow >= width`). `raw`: fp8 values without their power of two ([`fp8_fold`]). Only
-/// where [`reads_transposed`].
+/// order (`ow >= width`). `raw`: fp8 values without their power of two ([`fp8_fold`]). The
+/// runs of `pf` (the step read later) are prefetched, each along the run of `runs` at its
+/// index. Only where [`reads_transposed`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pv_transposed(
     isa: Isa,
@@ -448,6 +451,7 @@ pub(crate) fn pv_transposed(
     raw: bool,
     buf: &[u8],
     runs: &[(usize, usize, usize)],
+    pf: &[(usize, usize, usize)],
     dim: usize,
     width: usize,
     w: &[f32],
@@ -475,9 +479,107 @@ pub(crate) fn pv_transposed(
     {
         assert!(has_avx512(), "AVX-512 kernels on a machine without AVX-512");
         // SAFETY: AVX-512 F/BW/VL detected just above; every run's bytes, the weights and
-        // the outputs are inside their slices (asserted above).
+        // the outputs are inside their slices (asserted above); `pf` is only prefetched.
         unsafe {
-            avx512::pv_transposed(kind, raw, buf.as_ptr(), runs, dim, width, w, ld, g, out, ow)
+            avx512::pv_transposed(
+                kind,
+                raw,
+                buf.as_ptr(),
+                runs,
+                pf,
+                dim,
+                width,
+                w,
+                ld,
+                g,
+                out,
+                ow,
+            )
+        }
+    }
+}
+
+/// Bytes of a piece of an x-split row (the legacy vLLM key: `x` elements of 16 bytes).
+pub(crate) const SPLIT_PIECE: usize = 16;
+
+/// Whether [`qk_tile_split`] reads x-split key rows in place on `isa` (on the AVX-512
+/// builds; elsewhere they are copied into rows first).
+pub(crate) fn reads_split(isa: Isa) -> bool {
+    isa.avx512()
+}
+
+/// The order of the query rows [`qk_tile_split`] takes on `isa`: the plain AVX-512 kernels'
+/// (the bf16-operand build reads split keys with them too).
+pub(crate) fn split_key_order(isa: Isa, kind: RowKind) -> Order {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx512() {
+        return Order::of(Isa::Avx512, kind, Role::Key);
+    }
+    Order::of(isa, kind, Role::Key)
+}
+
+/// [`qk_tile`] on key rows split into pieces of [`SPLIT_PIECE`] bytes `chunk` bytes apart
+/// (the legacy vLLM key `[blocks, heads, head / x, block, x]`: element `d` of a row at
+/// `(d / x) * chunk + (d % x) * elem`), read in place; `width` a multiple of `x`; query rows
+/// in [`split_key_order`]. The rows of `next` at `next_hoff` (split alike) are prefetched as
+/// the rows of this one are read. Only where [`reads_split`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn qk_tile_split(
+    isa: Isa,
+    kind: RowKind,
+    raw: bool,
+    rows: &RowSet<'_>,
+    next: &RowSet<'_>,
+    hoff: usize,
+    next_hoff: usize,
+    width: usize,
+    chunk: usize,
+    q: &[f32],
+    qs: usize,
+    g: usize,
+    logits: &mut [f32],
+    ld: usize,
+) {
+    assert!(
+        reads_split(isa),
+        "split keys are not read in place on {isa:?}"
+    );
+    let nt = rows.len();
+    if nt == 0 || g == 0 {
+        return;
+    }
+    let x = SPLIT_PIECE / elem(kind);
+    assert!(width > 0 && width.is_multiple_of(x) && chunk >= SPLIT_PIECE);
+    let need = (width / x - 1) * chunk + SPLIT_PIECE;
+    let padded = split_key_order(isa, kind).padded(width);
+    assert!(nt <= ld && rows.holds(hoff, need) && next.holds(next_hoff, need));
+    assert!(qs >= padded && q.len() >= (g - 1) * qs + padded);
+    assert!(logits.len() >= (g - 1) * ld + nt);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (raw, q, logits);
+    #[cfg(target_arch = "x86_64")]
+    {
+        assert!(has_avx512(), "AVX-512 kernels on a machine without AVX-512");
+        // SAFETY: AVX-512 F/BW/VL detected just above; every row holds its pieces from
+        // `hoff` (`need` bytes, checked by `RowSet::push` and `holds` above); the query rows
+        // hold `padded` values at stride `qs` and the logits `(g - 1) * ld + nt` (asserted
+        // above). The rows of `next` are only prefetched.
+        unsafe {
+            avx512::qk_tile_split(
+                kind,
+                raw,
+                &rows.ptrs[..nt],
+                &next.ptrs[..next.n],
+                hoff,
+                next_hoff,
+                width,
+                chunk,
+                q,
+                qs,
+                g,
+                logits,
+                ld,
+            )
         }
     }
 }

@@ -135,7 +135,11 @@ impl<'a> Plan<'a> {
         isa: Isa,
     ) -> Result<Self, OpError> {
         let layout = cache.layout;
-        let k = Src::new(cache, layout.field_map(Field::K)?, isa, Role::Key)?;
+        let mut k = Src::new(cache, layout.field_map(Field::K)?, isa, Role::Key)?;
+        if k.rows == Rows::Gathered && k.x_split() && simd::reads_split(isa) {
+            k.rows = Rows::Split;
+            k.set_order(simd::split_key_order(isa, k.kind));
+        }
         let mut v = Src::new(cache, layout.field_map(Field::V)?, isa, Role::Value)?;
         if v.transposed() && simd::reads_transposed(isa) {
             // `pv_transposed` adds into the accumulators in natural order, as f32 rows do.
@@ -210,34 +214,24 @@ impl<'a> Plan<'a> {
         &self,
         offs: &[u64],
         h: u64,
+        pf: (&[u64], u64),
         w: &[f32],
         g: usize,
         acc: &mut [f32],
         stride: usize,
     ) {
         let src = &self.v;
-        let e = src.map.elem_bytes();
-        let hs = h * src.map.strides.head;
         let mut runs = [(0usize, 0usize, 0usize); TILE];
-        let mut n = 0usize;
-        for (i, &off) in offs.iter().enumerate() {
-            let at = (off + hs) as usize;
-            // Token `i` extends the last run when it lies right after it in memory.
-            if let Some((o, _, len)) = n.checked_sub(1).map(|r| runs[r]) {
-                if len < 16 && at == o + len * e as usize {
-                    runs[n - 1].2 += 1;
-                    continue;
-                }
-            }
-            runs[n] = (at, i, 1);
-            n += 1;
-        }
+        let mut pf_runs = [(0usize, 0usize, 0usize); TILE];
+        let n = self.transposed_runs(offs, h, &mut runs);
+        let pf_n = self.transposed_runs(pf.0, pf.1, &mut pf_runs);
         simd::pv_transposed(
             self.isa,
             src.kind,
             self.v_raw,
             src.buf,
             &runs[..n],
+            &pf_runs[..pf_n],
             src.map.strides.dim as usize,
             src.map.width as usize,
             w,
@@ -246,6 +240,28 @@ impl<'a> Plan<'a> {
             acc,
             stride,
         );
+    }
+
+    /// The runs of head `h` of a tile's transposed values (`offs`: head 0 of each token):
+    /// `(byte offset, first token, tokens)` for at most 16 tokens consecutive in memory each.
+    /// Returns how many.
+    fn transposed_runs(&self, offs: &[u64], h: u64, runs: &mut [(usize, usize, usize)]) -> usize {
+        let e = self.v.map.elem_bytes() as usize;
+        let hs = h * self.v.map.strides.head;
+        let mut n = 0usize;
+        for (i, &off) in offs.iter().enumerate() {
+            let at = (off + hs) as usize;
+            // Token `i` extends the last run when it lies right after it in memory.
+            if let Some((o, _, len)) = n.checked_sub(1).map(|r| runs[r]) {
+                if len < 16 && at == o + len * e {
+                    runs[n - 1].2 += 1;
+                    continue;
+                }
+            }
+            runs[n] = (at, i, 1);
+            n += 1;
+        }
+        n
     }
 
     /// Online softmax of the KV heads `heads` over tokens `range` of sequence `seq`, tile by
@@ -323,7 +339,7 @@ impl<'a> Plan<'a> {
             let mut vcur = RowSet::new(v_span);
             let mut knext = RowSet::new(k_span);
             let mut vnext = RowSet::new(v_span);
-            if self.k.rows == Rows::Direct {
+            if self.k.rows != Rows::Gathered {
                 self.k.direct_rows(&cur.k[..nt], &heads, &mut kcur);
                 self.k.direct_rows(&next.k[..next.n], &heads, &mut knext);
             }
@@ -348,30 +364,51 @@ impl<'a> Plan<'a> {
                 let sums =
                     &mut lane_sums[item_head * g * SUM_LANES..(item_head + 1) * g * SUM_LANES];
                 // Logits of the tile: logits[j * TILE + i].
-                let gathered;
-                let (krows, hoff) = match self.k.rows {
-                    Rows::Direct => (&kcur, (hh - heads.start) * self.k.map.strides.head as usize),
-                    Rows::Gathered => {
-                        gathered = self.k.gather_tile(&cur.k[..nt], h, k_gathered);
-                        (&gathered, 0)
-                    }
-                };
-                simd::qk_tile(
-                    self.isa,
-                    self.k.kind,
-                    self.k.fold.is_some(),
-                    krows,
-                    kpf,
-                    hoff,
-                    pf_head * self.k.map.strides.head as usize,
-                    qk,
-                    q,
-                    qstride,
-                    g,
-                    logits,
-                    TILE,
-                    widen,
-                );
+                let khoff = (hh - heads.start) * self.k.map.strides.head as usize;
+                if self.k.rows == Rows::Split {
+                    simd::qk_tile_split(
+                        self.isa,
+                        self.k.kind,
+                        self.k.fold.is_some(),
+                        &kcur,
+                        kpf,
+                        khoff,
+                        pf_head * self.k.map.strides.head as usize,
+                        qk,
+                        self.k.map.strides.dim_chunk as usize,
+                        q,
+                        qstride,
+                        g,
+                        logits,
+                        TILE,
+                    );
+                } else {
+                    let gathered;
+                    let (krows, hoff) = match self.k.rows {
+                        Rows::Direct => (&kcur, khoff),
+                        // (Split keys are read above.)
+                        Rows::Gathered | Rows::Split => {
+                            gathered = self.k.gather_tile(&cur.k[..nt], h, k_gathered);
+                            (&gathered, 0)
+                        }
+                    };
+                    simd::qk_tile(
+                        self.isa,
+                        self.k.kind,
+                        self.k.fold.is_some(),
+                        krows,
+                        kpf,
+                        hoff,
+                        pf_head * self.k.map.strides.head as usize,
+                        qk,
+                        q,
+                        qstride,
+                        g,
+                        logits,
+                        TILE,
+                        widen,
+                    );
+                }
                 if adjust {
                     if let Some(src) = &self.k_inline {
                         let hs = h * src.map.strides.head;
@@ -408,13 +445,16 @@ impl<'a> Plan<'a> {
                 );
                 // Values: acc[j] += sum_i w[j * TILE + i] * v_i.
                 if v_in_place {
-                    self.pv_transposed(&cur.v[..nt], h, logits, g, acc, vstride);
+                    let pf_tile = if ahead < nh { cur } else { next };
+                    let pf = (&pf_tile.v[..pf_tile.n], (heads.start + pf_head) as u64);
+                    self.pv_transposed(&cur.v[..nt], h, pf, logits, g, acc, vstride);
                     continue;
                 }
                 let gathered;
                 let (vrows, hoff) = match self.v.rows {
                     Rows::Direct => (&vcur, (hh - heads.start) * self.v.map.strides.head as usize),
-                    Rows::Gathered => {
+                    // (Values are never split.)
+                    Rows::Gathered | Rows::Split => {
                         gathered = self.v.gather_tile(&cur.v[..nt], h, v_gathered);
                         (&gathered, 0)
                     }

@@ -19,6 +19,9 @@ pub(super) enum Rows {
     /// Anything else: copied element by element through the strides into contiguous rows
     /// of the same dtype, then read as direct rows are.
     Gathered,
+    /// Keys in pieces of 16 bytes (the legacy vLLM key: `x` elements), read in place where
+    /// [`simd::reads_split`] ([`Src::x_split`]).
+    Split,
 }
 
 fn rows_of(m: &FieldMap) -> Rows {
@@ -86,6 +89,17 @@ impl<'a> Src<'a> {
         })
     }
 
+    /// Whether the rows are split into pieces of [`simd::SPLIT_PIECE`] bytes of consecutive
+    /// elements, each row a whole number of them (the legacy vLLM key); the piece stride is
+    /// `dim_chunk`.
+    pub(super) fn x_split(&self) -> bool {
+        let (s, e) = (&self.map.strides, self.map.elem_bytes());
+        s.dim == e
+            && s.dim_split * e == simd::SPLIT_PIECE as u64
+            && self.map.width.is_multiple_of(s.dim_split)
+            && s.dim_chunk >= simd::SPLIT_PIECE as u64
+    }
+
     /// Holds query or accumulator rows in `order` instead of the kind's kernel order.
     pub(super) fn set_order(&mut self, order: Order) {
         self.order = order;
@@ -96,11 +110,6 @@ impl<'a> Src<'a> {
     pub(super) fn slot_offset(&self, layer: u64, block: u64, slot: u64) -> u64 {
         let s = &self.map.strides;
         s.base_offset + layer * s.layer + block * s.block + slot * s.slot
-    }
-
-    /// Bytes of a contiguous row.
-    pub(super) fn row_len(&self) -> usize {
-        self.map.width as usize * self.map.elem_bytes() as usize
     }
 
     /// The f32 stored at `off` (inline scales).
@@ -233,8 +242,8 @@ impl<'a> Src<'a> {
         self.rows == Rows::Gathered && s.slot == e && s.dim_split == self.map.width && s.dim != e
     }
 
-    /// The contiguous rows of a tile (`offs`: head 0 of each token) for the heads `heads`:
-    /// each row checked to span all of them.
+    /// The rows read in place (contiguous or split) of a tile (`offs`: head 0 of each token)
+    /// for the heads `heads`: each row checked to span all of them.
     pub(super) fn direct_rows(&self, offs: &[u64], heads: &Range<usize>, rows: &mut RowSet<'a>) {
         let hs = self.map.strides.head;
         let first = heads.start as u64 * hs;
@@ -245,7 +254,15 @@ impl<'a> Src<'a> {
 
     /// Bytes from the first head's row of an item to the end of its last head's row.
     pub(super) fn span(&self, heads: &Range<usize>) -> usize {
-        (heads.len() - 1) * self.map.strides.head as usize + self.row_len()
+        (heads.len() - 1) * self.map.strides.head as usize + self.row_extent()
+    }
+
+    /// Bytes from a row's first element to the end of its last (a contiguous row's length).
+    fn row_extent(&self) -> usize {
+        let s = &self.map.strides;
+        let (w, split) = (self.map.width, s.dim_split);
+        ((w.div_ceil(split) - 1) * s.dim_chunk + (split.min(w) - 1) * s.dim) as usize
+            + self.map.elem_bytes() as usize
     }
 }
 

@@ -83,57 +83,102 @@ pub(super) fn mask32(rem: usize) -> __mmask32 {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn load<const K: u8, const FULL: bool>(row: *const u8, b: usize, n: usize) -> [__m512; 2] {
-    let z = _mm512_setzero_ps();
     let p = row.wrapping_add(b * block(K) * esize(K));
     // SAFETY: the caller keeps the first `n` elements of the block inside the row; the
     // masks select exactly those (all of the block when `FULL`), and masked-off lanes are
     // not read (masked loads suppress faults).
-    unsafe {
+    let x = unsafe {
         match K {
-            F32 if FULL => [_mm512_loadu_ps(p as *const f32), z],
-            F32 => [_mm512_maskz_loadu_ps(mask(n), p as *const f32), z],
-            F16 if FULL => [_mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)), z],
-            F16 => [
-                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask(n), p as *const i16)),
-                z,
-            ],
-            BF16 => {
-                let x = if FULL {
-                    _mm512_loadu_si512(p as *const __m512i)
-                } else {
-                    _mm512_maskz_loadu_epi16(mask32(n), p as *const i16)
-                };
-                let even = _mm512_slli_epi32::<16>(x);
-                let odd = _mm512_and_si512(x, _mm512_set1_epi32(0xFFFF_0000u32 as i32));
-                [_mm512_castsi512_ps(even), _mm512_castsi512_ps(odd)]
+            F32 if FULL => _mm512_loadu_si512(p as *const __m512i),
+            F32 => _mm512_maskz_loadu_epi32(mask(n), p as *const i32),
+            F16 if FULL => _mm512_castsi256_si512(_mm256_loadu_si256(p as *const __m256i)),
+            F16 => _mm512_castsi256_si512(_mm256_maskz_loadu_epi16(mask(n), p as *const i16)),
+            BF16 if FULL => _mm512_loadu_si512(p as *const __m512i),
+            BF16 => _mm512_maskz_loadu_epi16(mask32(n), p as *const i16),
+            E4M3 | E4M3_RAW | E5M2 if FULL => {
+                _mm512_castsi256_si512(_mm256_loadu_si256(p as *const __m256i))
             }
             E4M3 | E4M3_RAW | E5M2 => {
-                let b = if FULL {
-                    _mm256_loadu_si256(p as *const __m256i)
-                } else {
-                    _mm256_maskz_loadu_epi8(mask32(n), p as *const i8)
-                };
-                let h = fp8_halves::<K>(b);
-                let v = [
-                    _mm512_cvtph_ps(_mm512_castsi512_si256(h)),
-                    _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(h)),
-                ];
-                if K == E4M3 {
-                    let s = _mm512_set1_ps(FP8_E4M3_HALF_SCALE);
-                    [_mm512_mul_ps(v[0], s), _mm512_mul_ps(v[1], s)]
-                } else {
-                    v
-                }
+                _mm512_castsi256_si512(_mm256_maskz_loadu_epi8(mask32(n), p as *const i8))
             }
-            _ => {
-                let b = if FULL {
-                    _mm_loadu_si128(p as *const __m128i)
-                } else {
-                    _mm_maskz_loadu_epi8(mask(n), p as *const i8)
-                };
-                [_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), z]
+            _ if FULL => _mm512_castsi128_si512(_mm_loadu_si128(p as *const __m128i)),
+            _ => _mm512_castsi128_si512(_mm_maskz_loadu_epi8(mask(n), p as *const i8)),
+        }
+    };
+    widen::<K>(x)
+}
+
+/// [`load`] for a row split into pieces of 16 bytes (the legacy vLLM key, `x` = 16 bytes of
+/// elements): piece `c` (elements `c * 16 / esize ..`) at `row + c * chunk`. A block is one
+/// piece (int8), two (f16, fp8) or four (f32, bf16), put side by side in a register; pieces
+/// past the block's first `n` elements are zero and not read (`n` a whole number of pieces).
+///
+/// # Safety
+/// AVX-512 F/BW/VL present; the pieces holding the block's first `n` elements lie inside
+/// the row's buffer.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn load_split<const K: u8, const FULL: bool>(
+    row: *const u8,
+    b: usize,
+    n: usize,
+    chunk: usize,
+) -> [__m512; 2] {
+    const PIECE: usize = super::SPLIT_PIECE;
+    let pieces = block(K) * esize(K) / PIECE;
+    let have = if FULL { pieces } else { n * esize(K) / PIECE };
+    let first = row.wrapping_add(b * pieces * chunk);
+    // SAFETY: pieces `0 .. have` of the block lie inside the buffer (caller's contract); the
+    // others are not read.
+    let piece = |c: usize| unsafe {
+        if c < have {
+            _mm_loadu_si128(first.add(c * chunk) as *const __m128i)
+        } else {
+            _mm_setzero_si128()
+        }
+    };
+    let x = match pieces {
+        1 => _mm512_castsi128_si512(piece(0)),
+        2 => _mm512_castsi256_si512(_mm256_set_m128i(piece(1), piece(0))),
+        _ => _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set_m128i(piece(1), piece(0))),
+            _mm256_set_m128i(piece(3), piece(2)),
+        ),
+    };
+    widen::<K>(x)
+}
+
+/// The widening of [`load`]: a block of kind `K` (its bytes at the bottom of `x`, zero past
+/// its elements) to f32 in the kernel order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn widen<const K: u8>(x: __m512i) -> [__m512; 2] {
+    let z = _mm512_setzero_ps();
+    match K {
+        F32 => [_mm512_castsi512_ps(x), z],
+        F16 => [_mm512_cvtph_ps(_mm512_castsi512_si256(x)), z],
+        BF16 => {
+            let even = _mm512_slli_epi32::<16>(x);
+            let odd = _mm512_and_si512(x, _mm512_set1_epi32(0xFFFF_0000u32 as i32));
+            [_mm512_castsi512_ps(even), _mm512_castsi512_ps(odd)]
+        }
+        E4M3 | E4M3_RAW | E5M2 => {
+            let h = fp8_halves::<K>(_mm512_castsi512_si256(x));
+            let v = [
+                _mm512_cvtph_ps(_mm512_castsi512_si256(h)),
+                _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(h)),
+            ];
+            if K == E4M3 {
+                let s = _mm512_set1_ps(FP8_E4M3_HALF_SCALE);
+                [_mm512_mul_ps(v[0], s), _mm512_mul_ps(v[1], s)]
+            } else {
+                v
             }
         }
+        _ => [
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_castsi512_si128(x))),
+            z,
+        ],
     }
 }
 
@@ -216,9 +261,46 @@ pub(super) unsafe fn qk_tile(
     // SAFETY (each arm): the caller's contract.
     unsafe {
         match g {
-            1 => by_kind!(kind, raw, qk_k::<16, 1>(a)),
-            2 => by_kind!(kind, raw, qk_k::<8, 2>(a)),
-            _ => by_kind!(kind, raw, qk_k::<4, 4>(a)),
+            1 => by_kind!(kind, raw, qk_k::<16, 1, false>(a, 0)),
+            2 => by_kind!(kind, raw, qk_k::<8, 2, false>(a, 0)),
+            _ => by_kind!(kind, raw, qk_k::<4, 4, false>(a, 0)),
+        }
+    }
+}
+
+/// [`qk_tile`] on rows split into 16-byte pieces `chunk` bytes apart (the legacy vLLM key:
+/// element `d` of a row at `(d / x) * chunk + (d % x) * esize`, `x` = 16 bytes of elements),
+/// read in place; the rows of `pf` (at `pf_hoff`, split alike) are prefetched a line of
+/// four rows' pieces at a time.
+///
+/// # Safety
+/// AVX-512 F/BW/VL present; `width` a multiple of `x`; every row pointer plus `hoff` valid
+/// for `(width / x - 1) * chunk + 16` bytes; `q` holds `g` rows of `block`-padded width at
+/// stride `qs`; `logits.len() >= (g - 1) * ld + rows.len()`. `pf` is only prefetched.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn qk_tile_split(
+    kind: RowKind,
+    raw: bool,
+    rows: &[*const u8],
+    pf: &[*const u8],
+    hoff: usize,
+    pf_hoff: usize,
+    width: usize,
+    chunk: usize,
+    q: &[f32],
+    qs: usize,
+    g: usize,
+    logits: &mut [f32],
+    ld: usize,
+) {
+    let a = (rows, pf, hoff, pf_hoff, width, q, qs, g, logits, ld);
+    // SAFETY (each arm): the caller's contract.
+    unsafe {
+        match g {
+            1 => by_kind!(kind, raw, qk_k::<16, 1, true>(a, chunk)),
+            2 => by_kind!(kind, raw, qk_k::<8, 2, true>(a, chunk)),
+            _ => by_kind!(kind, raw, qk_k::<4, 4, true>(a, chunk)),
         }
     }
 }
@@ -243,11 +325,17 @@ pub(super) type QkArgs<'a> = (
 /// dropped. Along the first head block, each row's load prefetches the same line of the
 /// matching row of `pf`: one prefetch per line, spaced between the loads, no branch (a
 /// burst of prefetches before each row block read head-major caches from memory slower).
+/// `SPLIT`: rows in 16-byte pieces `chunk` bytes apart (see [`load_split`]); the first of
+/// each four rows prefetches the lines of its block's pieces in the matching row of `pf`
+/// (four rows' pieces side by side share a line).
 ///
 /// # Safety
-/// As [`qk_tile`].
+/// As [`qk_tile`] (`SPLIT`: as [`qk_tile_split`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn qk_k<const K: u8, const R: usize, const H: usize>(a: QkArgs<'_>) {
+unsafe fn qk_k<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(
+    a: QkArgs<'_>,
+    chunk: usize,
+) {
     let (rows, pf, hoff, pf_hoff, width, q, qs, g, logits, ld) = a;
     let nt = rows.len();
     let bw = block(K);
@@ -274,10 +362,10 @@ unsafe fn qk_k<const K: u8, const R: usize, const H: usize>(a: QkArgs<'_>) {
                 let mut acc = [_mm512_setzero_ps(); 16];
                 let pf = (&pfp, pf_on, level);
                 for b in 0..full {
-                    qk_block::<K, R, H, true>(&mut acc, &qp, &rp, pf, b, bw);
+                    qk_block::<K, R, H, true, SPLIT>(&mut acc, &qp, &rp, pf, b, bw, chunk);
                 }
                 if tail > 0 {
-                    qk_block::<K, R, H, false>(&mut acc, &qp, &rp, pf, full, tail);
+                    qk_block::<K, R, H, false, SPLIT>(&mut acc, &qp, &rp, pf, full, tail, chunk);
                 }
                 hsum16(acc)
             };
@@ -296,26 +384,34 @@ unsafe fn qk_k<const K: u8, const R: usize, const H: usize>(a: QkArgs<'_>) {
 /// rows `qp`, into the accumulators (`acc[l % 4 * 4 + l / 4]` for head `h`, row `r`,
 /// `l = h * R + r`, so that `hsum16` puts head `h`'s rows in lanes `h * R .. h * R + R`).
 /// `pf`: rows whose line at the block's offset is prefetched as each row is loaded (when
-/// on), and the level.
+/// on), and the level. `SPLIT`: rows in pieces `chunk` bytes apart ([`load_split`]).
 ///
 /// # Safety
 /// AVX-512 F/BW/VL present; the query rows hold the whole block; the rows hold its first
 /// `n` elements. The rows of `pf` are only prefetched.
+#[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn qk_block<const K: u8, const R: usize, const H: usize, const FULL: bool>(
+unsafe fn qk_block<
+    const K: u8,
+    const R: usize,
+    const H: usize,
+    const FULL: bool,
+    const SPLIT: bool,
+>(
     acc: &mut [__m512; 16],
     qp: &[*const f32; H],
     rp: &[*const u8; R],
     pf: (&[*const u8; R], bool, super::PrefetchLevel),
     b: usize,
     n: usize,
+    chunk: usize,
 ) {
     let (bw, nv) = (block(K), block(K) / 16);
     let (pfp, pf_on, level) = pf;
     // One prefetch per line: every block of 64 bytes or more, every other block of 32.
     let at = b * bw * esize(K);
-    let pf_on = pf_on && at.is_multiple_of(64);
+    let pf_on = pf_on && (SPLIT || at.is_multiple_of(64));
     // SAFETY: the caller's contract.
     unsafe {
         let qv: [[__m512; 2]; H] = std::array::from_fn(|h| {
@@ -328,10 +424,23 @@ unsafe fn qk_block<const K: u8, const R: usize, const H: usize, const FULL: bool
             })
         });
         for (r, &row) in rp.iter().enumerate() {
-            if pf_on {
+            if SPLIT {
+                // Four rows' pieces share a line (16 bytes each, side by side).
+                if pf_on && r % 4 == 0 {
+                    let pieces = bw * esize(K) / super::SPLIT_PIECE;
+                    for c in 0..pieces {
+                        let p = pfp[r].wrapping_add((b * pieces + c) * chunk);
+                        super::prefetch_to(p, level);
+                    }
+                }
+            } else if pf_on {
                 super::prefetch_to(pfp[r].wrapping_add(at), level);
             }
-            let x = load::<K, FULL>(row, b, n);
+            let x = if SPLIT {
+                load_split::<K, FULL>(row, b, n, chunk)
+            } else {
+                load::<K, FULL>(row, b, n)
+            };
             for (v, &x) in x.iter().enumerate().take(nv) {
                 for (h, qh) in qv.iter().enumerate() {
                     let l = h * R + r;
@@ -600,6 +709,7 @@ pub(super) unsafe fn pv_transposed(
     raw: bool,
     buf: *const u8,
     runs: &[(usize, usize, usize)],
+    pf: &[(usize, usize, usize)],
     dim: usize,
     width: usize,
     w: &[f32],
@@ -608,13 +718,22 @@ pub(super) unsafe fn pv_transposed(
     out: &mut [f32],
     ow: usize,
 ) {
-    let a = (buf, runs, dim, width, w, ld, g, out, ow);
+    let a = (buf, runs, pf, dim, width, w, ld, g, out, ow);
     // SAFETY (each arm): the caller's contract.
     unsafe { by_kind!(kind, raw, pv_transposed_k(a)) }
 }
 
+/// The runs of a tile's transposed values, those of the step read later (only prefetched),
+/// and the prefetch level.
+type RunsAndPrefetch<'a> = (
+    &'a [(usize, usize, usize)],
+    &'a [(usize, usize, usize)],
+    super::PrefetchLevel,
+);
+
 type PvTransposedArgs<'a> = (
     *const u8,
+    &'a [(usize, usize, usize)],
     &'a [(usize, usize, usize)],
     usize,
     usize,
@@ -631,7 +750,8 @@ type PvTransposedArgs<'a> = (
 /// As [`pv_transposed`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn pv_transposed_k<const K: u8>(a: PvTransposedArgs<'_>) {
-    let (buf, runs, dim, width, w, ld, g, out, ow) = a;
+    let (buf, runs, pf, dim, width, w, ld, g, out, ow) = a;
+    let level = super::prefetch_level();
     let mut j0 = 0;
     while j0 < g {
         let hn = (g - j0).min(4);
@@ -640,6 +760,9 @@ unsafe fn pv_transposed_k<const K: u8>(a: PvTransposedArgs<'_>) {
             let dn = (width - d0).min(4);
             // SAFETY: the caller's contract, for heads `j0 ..` and elements `d0 ..`.
             let sums = unsafe {
+                // The later step's runs, prefetched along the first head block.
+                let pf = if j0 == 0 { pf } else { &[] };
+                let runs = (runs, pf, level);
                 if hn == 4 && dn == 4 {
                     transposed_block::<K, true>(buf, runs, dim, w, ld, j0, d0, 4, 4)
                 } else {
@@ -654,7 +777,9 @@ unsafe fn pv_transposed_k<const K: u8>(a: PvTransposedArgs<'_>) {
 }
 
 /// The sums of [`pv_transposed`] for heads `j0 .. j0 + hn` and elements `d0 .. d0 + dn`
-/// (at most 4 each; 4 and 4 when `FULL`), as `hsum16` leaves them (lane `h * 4 + dd`).
+/// (at most 4 each; 4 and 4 when `FULL`), as `hsum16` leaves them (lane `h * 4 + dd`). The
+/// same elements of each run of `pf` are prefetched (to the level given) with the run of
+/// `runs` at its index.
 ///
 /// # Safety
 /// As [`pv_transposed`], for those heads and elements.
@@ -663,7 +788,7 @@ unsafe fn pv_transposed_k<const K: u8>(a: PvTransposedArgs<'_>) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn transposed_block<const K: u8, const FULL: bool>(
     buf: *const u8,
-    runs: &[(usize, usize, usize)],
+    runs: RunsAndPrefetch<'_>,
     dim: usize,
     w: &[f32],
     ld: usize,
@@ -674,8 +799,18 @@ unsafe fn transposed_block<const K: u8, const FULL: bool>(
 ) -> __m512 {
     let z = _mm512_setzero_ps();
     let (hn, dn) = if FULL { (4, 4) } else { (hn, dn) };
+    let (runs, pf, level) = runs;
     let mut acc = [z; 16];
-    for &(off, i0, n) in runs {
+    for (ri, &(off, i0, n)) in runs.iter().enumerate() {
+        if let Some(&(pf_off, _, _)) = pf.get(ri) {
+            // The lines of elements `d0 .. d0 + dn` of the later run.
+            let (first, end) = (pf_off + d0 * dim, pf_off + (d0 + dn) * dim);
+            let mut at = first & !63;
+            while at < end {
+                super::prefetch_to(buf.wrapping_add(at), level);
+                at += 64;
+            }
+        }
         let m = mask(n);
         // SAFETY: weights `(j0 + h) * ld + i0 .. + n` are inside `w`, and elements `d0 + dd`
         // (below `width`) of the run inside the buffer (caller's contract); masked-off lanes

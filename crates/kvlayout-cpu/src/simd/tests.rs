@@ -242,6 +242,7 @@ fn transposed_values_every_kind() {
                 raw,
                 &buf,
                 &runs(e),
+                &runs(e),
                 tokens * e,
                 width,
                 &w,
