@@ -281,11 +281,12 @@ fn window_soft_cap_and_empty_sequences() {
     ));
 }
 
-/// The legacy vLLM value, read in place on AVX-512: blocks of 32 tokens (runs split at
-/// 16), blocks of 8 (runs cut by the block table), windows that start a tile inside a
-/// block, groups of 1, 3 and 6 (head blocks of 4 with a remainder), widths that are not a
-/// multiple of 32; int8, and fp8 with per-tensor scales (raw fp8 values, the power of two
-/// folded).
+/// The legacy vLLM layout, read in place on AVX-512 (x-split keys and transposed values):
+/// blocks of 32 tokens (runs split at 16), blocks of 8 (runs cut by the block table),
+/// windows that start a tile inside a block, groups of 1, 3 and 6 (head blocks of 4 with a
+/// remainder), widths that are not a multiple of a kernel block (keys' last blocks of one
+/// to three 16-byte pieces); int8, and fp8 with per-tensor scales (raw fp8 values, the
+/// power of two folded).
 #[test]
 fn transposed_values() {
     for spec in [
@@ -311,6 +312,14 @@ fn transposed_values() {
             c.window = Some(21);
             run_case(&c);
         }
+    }
+    // f32 keys whose last kernel block (16 elements) is one or three pieces of 4.
+    for d in [36, 44] {
+        run_case(&case(
+            &format!("kv L=1 B=40 N=16 H=2 D={d} dtype=f32 legacy=vllm-paged-v1"),
+            4,
+            &[75, 1, 33],
+        ));
     }
 }
 
