@@ -381,16 +381,9 @@ unsafe fn qk_k<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(
         }
         i0 += R;
     }
-    // Rows of the next tile past this one's length (split rows: the pieces of every fourth).
-    for (i, &p) in pf.iter().enumerate().skip(nt) {
-        let p = p.wrapping_add(pf_hoff);
-        if !SPLIT {
-            prefetch_span(p, row_bytes, level);
-        } else if i % 4 == 0 {
-            for c in 0..row_bytes / super::SPLIT_PIECE {
-                super::prefetch_to(p.wrapping_add(c * chunk), level);
-            }
-        }
+    // Rows of the next tile past this one's length.
+    for &p in pf.iter().skip(nt) {
+        prefetch_span(p.wrapping_add(pf_hoff), row_bytes, level);
     }
 }
 
