@@ -25,11 +25,11 @@
 //!   (It replaced a row-by-row widening into scratch with portable loops: 1.8-2.2x faster.)
 //! - scalar: each row widened into a scratch row, then portable loops.
 //!
-//! The legacy vLLM layout is read in place on AVX-512: x-split keys (16-byte pieces of a row
-//! `chunk` bytes apart) by [`qk_tile_split`], the logits kernel with each block assembled from
-//! its pieces; transposed values (a block's tokens side by side per element index) by
-//! [`pv_transposed`], which keeps one token per lane and reduces once per tile. Elsewhere
-//! they are copied into rows first.
+//! The legacy vLLM layout is read in place on AVX-512 and AVX2: x-split keys (16-byte pieces
+//! of a row `chunk` bytes apart) by [`qk_tile_split`], the logits kernels with each block
+//! assembled from its pieces; transposed values (a block's tokens side by side per element
+//! index) by [`pv_transposed`], which keeps one token per lane and reduces once per tile.
+//! The scalar build copies them into rows first.
 //!
 //! Rows come in a [`RowSet`]: each row is bounds-checked against its buffer when it is added
 //! (for every head the kernels may read), then read through raw pointers with unaligned,
@@ -234,10 +234,10 @@ fn avx512_kernels(isa: Isa, kind: RowKind) -> (TileKernel, TileKernel) {
     }
 }
 
-/// Whether [`pv_transposed`] reads transposed value rows in place on `isa` (on AVX-512, of
-/// every kind; elsewhere they are copied into rows first).
+/// Whether [`pv_transposed`] reads transposed value rows in place on `isa` (on AVX-512 and
+/// AVX2, of every kind; the scalar build copies them into rows first).
 pub(crate) fn reads_transposed(isa: Isa) -> bool {
-    isa.avx512()
+    isa != Isa::Scalar
 }
 
 /// The values of a tile whose rows are transposed, read in place: run `(off, i0, n)` holds,
@@ -280,11 +280,18 @@ pub(crate) fn pv_transposed(
     let _ = raw;
     #[cfg(target_arch = "x86_64")]
     {
-        assert!(has_avx512(), "AVX-512 kernels on a machine without AVX-512");
-        // SAFETY: AVX-512 F/BW/VL detected just above; every run's bytes, the weights and
-        // the outputs are inside their slices (asserted above); `pf` is only prefetched.
+        let kernel = if isa.avx512() {
+            assert!(has_avx512(), "AVX-512 kernels on a machine without AVX-512");
+            avx512::pv_transposed
+        } else {
+            assert!(has_avx2(), "AVX2 build on a machine without AVX2");
+            avx2::pv_transposed
+        };
+        // SAFETY: the kernel's instruction sets detected just above; every run's bytes, the
+        // weights and the outputs are inside their slices (asserted above); `pf` is only
+        // prefetched.
         unsafe {
-            avx512::pv_transposed(
+            kernel(
                 kind,
                 raw,
                 buf.as_ptr(),
@@ -305,10 +312,10 @@ pub(crate) fn pv_transposed(
 /// Bytes of a piece of an x-split row (the legacy vLLM key: `x` elements of 16 bytes).
 pub(crate) const SPLIT_PIECE: usize = 16;
 
-/// Whether [`qk_tile_split`] reads x-split key rows in place on `isa` (on the AVX-512
-/// builds; elsewhere they are copied into rows first).
+/// Whether [`qk_tile_split`] reads x-split key rows in place on `isa` (on AVX-512 and AVX2;
+/// the scalar build copies them into rows first).
 pub(crate) fn reads_split(isa: Isa) -> bool {
-    isa.avx512()
+    isa != Isa::Scalar
 }
 
 /// The order of the query rows [`qk_tile_split`] takes on `isa`: the plain AVX-512 kernels'
@@ -361,7 +368,7 @@ pub(crate) fn qk_tile_split(
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (raw, q, logits);
     #[cfg(target_arch = "x86_64")]
-    {
+    if isa.avx512() {
         assert!(has_avx512(), "AVX-512 kernels on a machine without AVX-512");
         // SAFETY: AVX-512 F/BW/VL detected just above; every row holds its pieces from
         // `hoff` (`need` bytes, checked by `RowSet::push` and `holds` above); the query rows
@@ -375,6 +382,25 @@ pub(crate) fn qk_tile_split(
                 &next.ptrs[..next.n],
                 hoff,
                 next_hoff,
+                width,
+                chunk,
+                q,
+                qs,
+                g,
+                logits,
+                ld,
+            )
+        }
+    } else {
+        assert!(has_avx2(), "AVX2 build on a machine without AVX2");
+        // SAFETY: AVX2, FMA and F16C detected just above; the rest as above.
+        unsafe {
+            avx2::qk_split(
+                kind,
+                raw,
+                &rows.ptrs[..nt],
+                (&next.ptrs[..next.n], next_hoff),
+                hoff,
                 width,
                 chunk,
                 q,

@@ -14,9 +14,10 @@
 //! maps. Contiguous rows of every dtype (f32, f16, bf16, fp8, int8) are read in place and
 //! widened in registers; other rows (any non-unit element stride) are first copied through the
 //! strides into contiguous rows of the same dtype and go through the same kernels. On AVX-512
-//! the legacy vLLM layout is read in place: x-split keys by the logits kernel assembling each
-//! block from its 16-byte pieces ([`simd::qk_tile_split`]), transposed values by a kernel of
-//! their own ([`Plan::pv_transposed`]); elsewhere they are copied. The rows a few (tile, head)
+//! and AVX2 the legacy vLLM layout is read in place: x-split keys by the logits kernels
+//! assembling each block from its 16-byte pieces ([`simd::qk_tile_split`]), transposed values
+//! by kernels of their own ([`Plan::pv_transposed`]); the scalar build copies them. The rows
+//! a few (tile, head)
 //! steps ahead are prefetched while the current ones are computed ([`plan::PREFETCH_AHEAD`]).
 //!
 //! Per-tensor scales fold into the query (`k_scale`) and the final normalization (`v_scale`);

@@ -281,7 +281,7 @@ fn window_soft_cap_and_empty_sequences() {
     ));
 }
 
-/// The legacy vLLM layout, read in place on AVX-512 (x-split keys and transposed values):
+/// The legacy vLLM layout, read in place on AVX-512 and AVX2 (x-split keys, transposed values):
 /// blocks of 32 tokens (runs split at 16), blocks of 8 (runs cut by the block table),
 /// windows that start a tile inside a block, groups of 1, 3 and 6 (head blocks of 4 with a
 /// remainder), widths that are not a multiple of a kernel block (keys' last blocks of one

@@ -7,7 +7,8 @@
 //! at a time. The rows of the next step are prefetched line by line as the current ones are
 //! read. Rows, query rows and accumulators are in natural order, unpadded: the last partial
 //! vector of a row is read through a zeroed copy (rows) or with lane masks (query rows,
-//! accumulators).
+//! accumulators). The legacy vLLM layout is read in place too: x-split keys by the logits
+//! kernel (`qk_split`), transposed values by a kernel of their own (`transposed`).
 
 use super::RowKind;
 use std::arch::x86_64::*;
@@ -22,20 +23,25 @@ const E5M2: u8 = 4;
 const I8: u8 = 5;
 const E4M3_RAW: u8 = 6;
 
-/// Calls `$f::<K>` with the const code of `$kind` (`$raw`: e4m3 without its power of two).
+/// Calls `$f::<K, ...>` with the const code of `$kind` (`$raw`: e4m3 without its power of
+/// two).
 macro_rules! by_kind {
-    ($kind:expr, $raw:expr, $f:ident ( $($arg:expr),* )) => {
+    ($kind:expr, $raw:expr, $f:ident $(:: <$($c:tt),+>)? ( $($arg:expr),* )) => {
         match ($kind, $raw) {
-            (RowKind::F32, _) => $f::<F32>($($arg),*),
-            (RowKind::F16, _) => $f::<F16>($($arg),*),
-            (RowKind::Bf16, _) => $f::<BF16>($($arg),*),
-            (RowKind::Fp8E4m3, false) => $f::<E4M3>($($arg),*),
-            (RowKind::Fp8E4m3, true) => $f::<E4M3_RAW>($($arg),*),
-            (RowKind::Fp8E5m2, _) => $f::<E5M2>($($arg),*),
-            (RowKind::I8, _) => $f::<I8>($($arg),*),
+            (RowKind::F32, _) => $f::<F32 $($(, $c)+)?>($($arg),*),
+            (RowKind::F16, _) => $f::<F16 $($(, $c)+)?>($($arg),*),
+            (RowKind::Bf16, _) => $f::<BF16 $($(, $c)+)?>($($arg),*),
+            (RowKind::Fp8E4m3, false) => $f::<E4M3 $($(, $c)+)?>($($arg),*),
+            (RowKind::Fp8E4m3, true) => $f::<E4M3_RAW $($(, $c)+)?>($($arg),*),
+            (RowKind::Fp8E5m2, _) => $f::<E5M2 $($(, $c)+)?>($($arg),*),
+            (RowKind::I8, _) => $f::<I8 $($(, $c)+)?>($($arg),*),
         }
     };
 }
+
+mod transposed;
+
+pub(super) use transposed::pv_transposed;
 
 const fn esize(k: u8) -> usize {
     match k {
@@ -73,6 +79,35 @@ unsafe fn load<const K: u8>(row: *const u8, d: usize, n: usize) -> __m256 {
     unsafe {
         std::ptr::copy_nonoverlapping(row.add(d * e), buf.as_mut_ptr(), n * e);
         widen8::<K>(buf.as_ptr())
+    }
+}
+
+/// [`load`] for a row split into 16-byte pieces `chunk` bytes apart (the legacy vLLM key:
+/// element `d` at `(d / x) * chunk + (d % x) * esize`, `x` = 16 bytes of elements): `d` a
+/// multiple of 8, the `n` valid elements whole pieces. Eight elements of 2 bytes or less lie
+/// in one piece; eight f32 in two, put side by side.
+///
+/// # Safety
+/// AVX2, FMA and F16C present; the pieces holding elements `d .. d + n` lie inside the row's
+/// buffer.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load_split<const K: u8>(row: *const u8, d: usize, n: usize, chunk: usize) -> __m256 {
+    const PIECE: usize = super::SPLIT_PIECE;
+    let x = PIECE / esize(K);
+    // SAFETY: the pieces of elements `d .. d + n` lie inside the buffer (caller's contract);
+    // no other byte is read.
+    unsafe {
+        if x >= 8 {
+            return load::<K>(row.wrapping_add((d / x) * chunk + (d % x) * esize(K)), 0, n);
+        }
+        let piece = |c: usize| _mm_loadu_si128(row.add(c * chunk).cast());
+        let hi = if n > x {
+            piece(d / x + 1)
+        } else {
+            _mm_setzero_si128()
+        };
+        _mm256_castsi256_ps(_mm256_set_m128i(hi, piece(d / x)))
     }
 }
 
@@ -155,23 +190,28 @@ pub(super) unsafe fn qk(
     logits: &mut [f32],
     ld: usize,
 ) {
+    let a = (rows, pf, hoff, width, q, qs, g, logits, ld);
     // SAFETY: the caller's contract.
-    unsafe { by_kind!(kind, raw, qk_k(rows, pf, hoff, width, q, qs, g, logits, ld)) }
+    unsafe { by_kind!(kind, raw, qk_k::<false>(a, 0)) }
 }
 
-/// Blocks of `R` rows x `H` heads (`R * H` = 8 accumulators; rows past the tile repeat its
-/// last row, heads past the group repeat the last head; their sums are dropped): each row
-/// is widened once for the `H` heads.
+/// [`qk`] on rows split into 16-byte pieces `chunk` bytes apart (the legacy vLLM key, see
+/// [`load_split`]), read in place; the first of each four rows prefetches the pieces of the
+/// matching row of `pf` (four rows' pieces side by side share a line).
 ///
 /// # Safety
-/// As [`qk`].
+/// As [`qk`], but every row pointer plus `hoff` valid for `(width / x - 1) * chunk + 16`
+/// bytes (`x` = 16 bytes of elements, `width` a multiple of it).
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn qk_k<const K: u8>(
+pub(super) unsafe fn qk_split(
+    kind: RowKind,
+    raw: bool,
     rows: &[*const u8],
     pf: (&[*const u8], usize),
     hoff: usize,
     width: usize,
+    chunk: usize,
     q: &[f32],
     qs: usize,
     g: usize,
@@ -180,11 +220,24 @@ unsafe fn qk_k<const K: u8>(
 ) {
     let a = (rows, pf, hoff, width, q, qs, g, logits, ld);
     // SAFETY: the caller's contract.
+    unsafe { by_kind!(kind, raw, qk_k::<true>(a, chunk)) }
+}
+
+/// Blocks of `R` rows x `H` heads (`R * H` = 8 accumulators; rows past the tile repeat its
+/// last row, heads past the group repeat the last head; their sums are dropped): each row
+/// is widened once for the `H` heads.
+///
+/// # Safety
+/// As [`qk`] (`SPLIT`: as [`qk_split`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn qk_k<const K: u8, const SPLIT: bool>(a: QkArgs<'_>, chunk: usize) {
+    let g = a.6;
+    // SAFETY: the caller's contract.
     unsafe {
         match g {
-            1 => qk_rh::<K, 8, 1>(a),
-            2 | 3 => qk_rh::<K, 4, 2>(a),
-            _ => qk_rh::<K, 2, 4>(a),
+            1 => qk_rh::<K, 8, 1, SPLIT>(a, chunk),
+            2 | 3 => qk_rh::<K, 4, 2, SPLIT>(a, chunk),
+            _ => qk_rh::<K, 2, 4, SPLIT>(a, chunk),
         }
     }
 }
@@ -201,12 +254,15 @@ type QkArgs<'a> = (
     usize,
 );
 
-/// [`qk_k`] with `R` rows x `H` heads per block.
+/// [`qk_k`] with `R` rows x `H` heads per block; `SPLIT`: rows in pieces `chunk` bytes apart.
 ///
 /// # Safety
-/// As [`qk`].
+/// As [`qk`] (`SPLIT`: as [`qk_split`]).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn qk_rh<const K: u8, const R: usize, const H: usize>(a: QkArgs<'_>) {
+unsafe fn qk_rh<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(
+    a: QkArgs<'_>,
+    chunk: usize,
+) {
     let (rows, pf, hoff, width, q, qs, g, logits, ld) = a;
     let nt = rows.len();
     let (full, tail) = (width / 8 * 8, width % 8);
@@ -232,12 +288,24 @@ unsafe fn qk_rh<const K: u8, const R: usize, const H: usize>(a: QkArgs<'_>) {
                 while d < full {
                     let qv: [__m256; H] = std::array::from_fn(|h| _mm256_loadu_ps(qp[h].add(d)));
                     let at = d * esize(K);
-                    let pf_on = j0 == 0 && at.is_multiple_of(64);
+                    let pf_on = j0 == 0 && (SPLIT || at.is_multiple_of(64));
                     for (r, &row) in rp.iter().enumerate() {
-                        if pf_on {
+                        if SPLIT {
+                            // The pieces that start among these elements, once per four rows.
+                            if pf_on && (i0 + r) % 4 == 0 {
+                                let piece = super::SPLIT_PIECE;
+                                for c in at.div_ceil(piece)..(at + 8 * esize(K)).div_ceil(piece) {
+                                    super::prefetch_to(pfp[r].wrapping_add(c * chunk), level);
+                                }
+                            }
+                        } else if pf_on {
                             super::prefetch_to(pfp[r].wrapping_add(at), level);
                         }
-                        let x = load::<K>(row, d, 8);
+                        let x = if SPLIT {
+                            load_split::<K>(row, d, 8, chunk)
+                        } else {
+                            load::<K>(row, d, 8)
+                        };
                         for (h, qh) in qv.iter().enumerate() {
                             acc[h * R + r] = _mm256_fmadd_ps(*qh, x, acc[h * R + r]);
                         }
@@ -248,7 +316,11 @@ unsafe fn qk_rh<const K: u8, const R: usize, const H: usize>(a: QkArgs<'_>) {
                     let qv: [__m256; H] =
                         std::array::from_fn(|h| _mm256_maskload_ps(qp[h].add(d), m));
                     for (r, &row) in rp.iter().enumerate() {
-                        let x = load::<K>(row, d, tail);
+                        let x = if SPLIT {
+                            load_split::<K>(row, d, tail, chunk)
+                        } else {
+                            load::<K>(row, d, tail)
+                        };
                         for (h, qh) in qv.iter().enumerate() {
                             acc[h * R + r] = _mm256_fmadd_ps(*qh, x, acc[h * R + r]);
                         }
