@@ -17,8 +17,8 @@
 //! and AVX2 the legacy vLLM layout is read in place: x-split keys by the logits kernels
 //! assembling each block from its 16-byte pieces ([`simd::qk_tile_split`]), transposed values
 //! by kernels of their own ([`Plan::pv_transposed`]); the scalar build copies them. The rows
-//! a few (tile, head)
-//! steps ahead are prefetched while the current ones are computed ([`plan::PREFETCH_AHEAD`]).
+//! a few (tile, head) steps ahead are prefetched while the current ones are computed
+//! ([`plan::PREFETCH_AHEAD`]).
 //!
 //! Per-tensor scales fold into the query (`k_scale`) and the final normalization (`v_scale`);
 //! inline scales multiply the logits and the weights per token; the power of two the fp8

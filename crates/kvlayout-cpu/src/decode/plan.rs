@@ -209,6 +209,7 @@ impl<'a> Plan<'a> {
     /// transposed ([`Src::transposed`]), read in place: `acc[j * stride + d] +=` the sum over
     /// the tile's tokens of `w[j * TILE + i]` times element `d` of token `i`, for the `g`
     /// heads ([`simd::pv_transposed`], on runs of at most 16 tokens consecutive in memory).
+    /// `pf`: the tokens and head of the step read later, whose runs are prefetched meanwhile.
     #[allow(clippy::too_many_arguments)]
     fn pv_transposed(
         &self,
