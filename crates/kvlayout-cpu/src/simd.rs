@@ -737,6 +737,38 @@ use isa::{has_avx2, has_avx512, has_avx512_bf16};
 pub(crate) use order::{Order, Role};
 pub(crate) use prefetch::{prefetch, prefetch_level, prefetch_to, PrefetchLevel};
 
+/// Row kinds as const parameters of the AVX2 and AVX-512 kernels, so each kind gets its own
+/// loops. `E4M3_RAW`: e4m3 without its power of two ([`fp8_fold`]).
+#[cfg(target_arch = "x86_64")]
+mod codes {
+    pub(super) const F32: u8 = 0;
+    pub(super) const F16: u8 = 1;
+    pub(super) const BF16: u8 = 2;
+    pub(super) const E4M3: u8 = 3;
+    pub(super) const E5M2: u8 = 4;
+    pub(super) const I8: u8 = 5;
+    pub(super) const E4M3_RAW: u8 = 6;
+}
+
+/// Calls `$f::<K, ...>` with the [`codes`] constant of `$kind` (`$raw`: fp8 without its power
+/// of two).
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_kind {
+    ($kind:expr, $raw:expr, $f:ident $(:: <$($c:tt),+>)? ( $($arg:expr),* )) => {{
+        use $crate::simd::codes::*;
+        use $crate::simd::RowKind;
+        match ($kind, $raw) {
+            (RowKind::F32, _) => $f::<F32 $($(, $c)+)?>($($arg),*),
+            (RowKind::F16, _) => $f::<F16 $($(, $c)+)?>($($arg),*),
+            (RowKind::Bf16, _) => $f::<BF16 $($(, $c)+)?>($($arg),*),
+            (RowKind::Fp8E4m3, false) => $f::<E4M3 $($(, $c)+)?>($($arg),*),
+            (RowKind::Fp8E4m3, true) => $f::<E4M3_RAW $($(, $c)+)?>($($arg),*),
+            (RowKind::Fp8E5m2, _) => $f::<E5M2 $($(, $c)+)?>($($arg),*),
+            (RowKind::I8, _) => $f::<I8 $($(, $c)+)?>($($arg),*),
+        }
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]

@@ -8,30 +8,7 @@
 use super::RowKind;
 use std::arch::x86_64::*;
 
-/// Row kinds as const parameters. `E4M3_RAW`: e4m3 without its power of two (see `load`).
-const F32: u8 = 0;
-const F16: u8 = 1;
-const BF16: u8 = 2;
-const E4M3: u8 = 3;
-const E5M2: u8 = 4;
-const I8: u8 = 5;
-const E4M3_RAW: u8 = 6;
-
-/// Calls `$f::<K, ...>` with the const code of `$kind` (`$raw`: fp8 without its power of
-/// two), so each row kind gets its own loops.
-macro_rules! by_kind {
-    ($kind:expr, $raw:expr, $f:ident $(:: <$($c:tt),+>)? ( $($arg:expr),* )) => {
-        match ($kind, $raw) {
-            (RowKind::F32, _) => $f::<F32 $($(, $c)+)?>($($arg),*),
-            (RowKind::F16, _) => $f::<F16 $($(, $c)+)?>($($arg),*),
-            (RowKind::Bf16, _) => $f::<BF16 $($(, $c)+)?>($($arg),*),
-            (RowKind::Fp8E4m3, false) => $f::<E4M3 $($(, $c)+)?>($($arg),*),
-            (RowKind::Fp8E4m3, true) => $f::<E4M3_RAW $($(, $c)+)?>($($arg),*),
-            (RowKind::Fp8E5m2, _) => $f::<E5M2 $($(, $c)+)?>($($arg),*),
-            (RowKind::I8, _) => $f::<I8 $($(, $c)+)?>($($arg),*),
-        }
-    };
-}
+use super::codes::{BF16, E4M3, E4M3_RAW, E5M2, F16, F32, I8};
 
 mod softmax;
 mod transposed;

@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{hsum8, lanes, load, BF16, E4M3, E4M3_RAW, E5M2, F16, F32, I8};
+use super::{hsum8, lanes, load, BF16, F16, F32};
 use crate::simd::{self, RowKind};
 
 /// `out[j * ow + d] +=` the sum over the runs `(off, i0, n)` (`n <= 16` tokens side by side
