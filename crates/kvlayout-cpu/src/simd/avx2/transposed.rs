@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{hsum8, lanes, load, BF16, F16, F32};
+use super::{hsum8, lanes, load, widen8, BF16, F16, F32};
 use crate::simd::{self, RowKind};
 
 /// `out[j * ow + d] +=` the sum over the runs `(off, i0, n)` (`n <= 16` tokens side by side
@@ -61,64 +61,33 @@ type Args<'a> = (
 unsafe fn pv_transposed_k<const K: u8>(a: Args<'_>) {
     let (buf, runs, pf, dim, width, w, ld, g, out, ow) = a;
     let level = simd::prefetch_level();
-    let esize = match K {
-        F32 => 4,
-        F16 | BF16 => 2,
-        _ => 1,
-    };
     let mut j0 = 0;
     while j0 < g {
         let hn = (g - j0).min(2);
         let mut d0 = 0;
         while d0 < width {
             let dn = (width - d0).min(4);
-            let mut acc = [_mm256_setzero_ps(); 8];
-            for (ri, &(off, i0, n)) in runs.iter().enumerate() {
-                if let Some(&(pf_off, _, _)) = pf.get(ri).filter(|_| j0 == 0) {
-                    // The lines of elements `d0 .. d0 + dn` of the later run.
-                    let (first, end) = (pf_off + d0 * dim, pf_off + (d0 + dn) * dim);
-                    let mut at = first & !63;
-                    while at < end {
-                        simd::prefetch_to(buf.wrapping_add(at), level);
-                        at += 64;
-                    }
+            // The later step's runs, prefetched along the first heads.
+            let pf = if j0 == 0 { pf } else { &[] };
+            let b = Block {
+                buf,
+                runs,
+                pf,
+                level,
+                dim,
+                w: &w[j0 * ld..],
+                ld,
+                d0,
+            };
+            // SAFETY: the caller's contract, for heads `j0 .. j0 + hn` and elements `d0 ..
+            // d0 + dn`.
+            let sums = unsafe {
+                if hn == 2 && dn == 4 {
+                    block::<K, true>(&b, 2, 4)
+                } else {
+                    block::<K, false>(&b, hn, dn)
                 }
-                let (n0, n1) = (n.min(8), n.saturating_sub(8));
-                // SAFETY: weights `(j0 + h) * ld + i0 .. + n` are inside `w`, and elements
-                // `d0 + dd` (below `width`) of the run's `n` tokens inside the buffer
-                // (caller's contract); lanes past `n` are masked (weights) or read through a
-                // zeroed copy (elements), so they add zero.
-                unsafe {
-                    let wv: [[__m256; 2]; 2] = std::array::from_fn(|h| {
-                        let p = w.as_ptr().add((j0 + h.min(hn - 1)) * ld + i0);
-                        [
-                            _mm256_maskload_ps(p, lanes(n0)),
-                            if n1 > 0 {
-                                _mm256_maskload_ps(p.add(8), lanes(n1))
-                            } else {
-                                _mm256_setzero_ps()
-                            },
-                        ]
-                    });
-                    for dd in 0..dn {
-                        let p = buf.add(off + (d0 + dd) * dim);
-                        let x0 = load::<K>(p, 0, n0);
-                        let x1 = if n1 > 0 {
-                            load::<K>(p.add(8 * esize), 0, n1)
-                        } else {
-                            _mm256_setzero_ps()
-                        };
-                        for (h, wh) in wv.iter().enumerate() {
-                            let k = h * 4 + dd;
-                            acc[k] = _mm256_fmadd_ps(wh[0], x0, acc[k]);
-                            acc[k] = _mm256_fmadd_ps(wh[1], x1, acc[k]);
-                        }
-                    }
-                }
-            }
-            let mut sums = [0f32; 8];
-            // SAFETY: `sums` holds 8 floats.
-            unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), hsum8(acc)) };
+            };
             // Lane `h * 4 + dd`: head `j0 + h`, element `d0 + dd`.
             for h in 0..hn {
                 let row = &mut out[(j0 + h) * ow + d0..][..dn];
@@ -130,4 +99,94 @@ unsafe fn pv_transposed_k<const K: u8>(a: Args<'_>) {
         }
         j0 += 2;
     }
+}
+
+/// A block of [`pv_transposed_k`]: the runs, those prefetched along them and the level, the
+/// element rows' stride, the weights from the block's first head (rows `ld` apart), the
+/// block's first element.
+struct Block<'a> {
+    buf: *const u8,
+    runs: &'a [(usize, usize, usize)],
+    pf: &'a [(usize, usize, usize)],
+    level: simd::PrefetchLevel,
+    dim: usize,
+    w: &'a [f32],
+    ld: usize,
+    d0: usize,
+}
+
+/// The sums of `hn` heads x `dn` elements (at most 2 x 4; exactly that when `FULL`) over the
+/// runs, lane `h * 4 + dd` as `hsum8` leaves them. Runs of 16 tokens (two whole vectors)
+/// come first, in a loop without the partial vectors' copy, so the accumulators stay in
+/// registers; shorter runs follow.
+///
+/// # Safety
+/// As [`pv_transposed`], for the block's heads and elements.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block<const K: u8, const FULL: bool>(b: &Block<'_>, hn: usize, dn: usize) -> [f32; 8] {
+    let (hn, dn) = if FULL { (2, 4) } else { (hn, dn) };
+    let esize = match K {
+        F32 => 4,
+        F16 | BF16 => 2,
+        _ => 1,
+    };
+    let mut acc = [_mm256_setzero_ps(); 8];
+    for full_runs in [true, false] {
+        for (ri, &(off, i0, n)) in b.runs.iter().enumerate() {
+            if (n == 16) != full_runs {
+                continue;
+            }
+            if let Some(&(pf_off, _, _)) = b.pf.get(ri) {
+                // The lines of elements `d0 .. d0 + dn` of the later run.
+                let (first, end) = (pf_off + b.d0 * b.dim, pf_off + (b.d0 + dn) * b.dim);
+                let mut at = first & !63;
+                while at < end {
+                    simd::prefetch_to(b.buf.wrapping_add(at), b.level);
+                    at += 64;
+                }
+            }
+            // Tokens 0..8 of the run, then 8..16: two weights and one element vector live
+            // at a time besides the 8 accumulators (16 registers in all).
+            for half in 0..2 {
+                let nh = if full_runs {
+                    8
+                } else {
+                    n.saturating_sub(8 * half).min(8)
+                };
+                if nh == 0 {
+                    continue;
+                }
+                // SAFETY: weights `(j0 + h) * ld + i0 .. + n` are inside `w`, and elements
+                // `d0 + dd` (below `width`) of the run's `n` tokens inside the buffer
+                // (caller's contract); lanes past `n` are masked (weights) or read through
+                // a zeroed copy (elements), so they add zero.
+                unsafe {
+                    let wv: [__m256; 2] = std::array::from_fn(|h| {
+                        let p = b.w.as_ptr().add(h.min(hn - 1) * b.ld + i0 + 8 * half);
+                        if full_runs {
+                            _mm256_loadu_ps(p)
+                        } else {
+                            _mm256_maskload_ps(p, lanes(nh))
+                        }
+                    });
+                    for dd in 0..dn {
+                        let p = b.buf.add(off + (b.d0 + dd) * b.dim + 8 * half * esize);
+                        let x = if full_runs {
+                            widen8::<K>(p)
+                        } else {
+                            load::<K>(p, 0, nh)
+                        };
+                        for (h, wh) in wv.iter().enumerate() {
+                            acc[h * 4 + dd] = _mm256_fmadd_ps(*wh, x, acc[h * 4 + dd]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut sums = [0f32; 8];
+    // SAFETY: `sums` holds 8 floats.
+    unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), hsum8(acc)) };
+    sums
 }
