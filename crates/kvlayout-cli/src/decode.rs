@@ -19,22 +19,50 @@ use serde::Serialize;
 
 use crate::CliError;
 
-/// What `kvlayout decode` was asked for.
-#[derive(Debug, Clone)]
+/// What `kvlayout decode` was asked for (its options, besides the spec and `--json`).
+#[derive(Debug, Clone, clap::Args)]
 pub(crate) struct StepArgs {
+    /// Query heads (default: 4 per KV head; 16 for MLA).
+    #[arg(long, value_name = "N")]
     pub q_heads: Option<u64>,
+    /// Sequences in the step.
+    #[arg(long, value_name = "S", default_value_t = 8)]
     pub seqs: usize,
+    /// Tokens in each sequence.
+    #[arg(long, value_name = "T", default_value_t = 1024)]
     pub context: u32,
+    /// Layer slot to fill and read.
+    #[arg(long, value_name = "L", default_value_t = 0)]
     pub layer: u64,
+    /// Attend only to the last W tokens of each sequence.
+    #[arg(long, value_name = "W")]
     pub window: Option<u64>,
+    /// Logits soft-cap C: s = C * tanh(s / C) (Gemma 2: 50).
+    #[arg(long, value_name = "C")]
     pub soft_cap: Option<f32>,
+    /// Threads (default: every core).
+    #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Kernel build to run (avx512-bf16, avx512, avx2, scalar; default: the one this
+    /// machine prefers, see `CpuBackend::kernel_builds`).
+    #[arg(long, value_name = "BUILD")]
     pub kernels: Option<String>,
+    /// Timed runs, each right after a pass of the read bound.
+    #[arg(long, value_name = "N", default_value_t = 10)]
     pub runs: usize,
+    /// Sequences compared with the scalar f64 reference: the first ones (it takes about
+    /// a second per 30 million tokens x query heads x (K + V width)).
+    #[arg(long, value_name = "S", default_value_t = 1)]
     pub check_seqs: usize,
+    /// Seed of the tokens, queries and block table.
+    #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Largest cache to allocate, in GiB (the whole layout is allocated).
+    #[arg(long, value_name = "GIB", default_value_t = 8.0)]
     pub max_cache_gib: f64,
-    /// MiB per thread of the read bound's buffer.
+    /// MiB per thread of the read bound's buffer (at least twice the last-level cache, so
+    /// that a pass reads memory and evicts the cache before each timed run).
+    #[arg(long, value_name = "MIB", default_value_t = 512)]
     pub bound_mib: usize,
 }
 

@@ -107,48 +107,8 @@ enum Command {
     Decode {
         #[arg(value_name = "SPEC", help = SPEC_HELP)]
         spec: String,
-        /// Query heads (default: 4 per KV head; 16 for MLA).
-        #[arg(long, value_name = "N")]
-        q_heads: Option<u64>,
-        /// Sequences in the step.
-        #[arg(long, value_name = "S", default_value_t = 8)]
-        seqs: usize,
-        /// Tokens in each sequence.
-        #[arg(long, value_name = "T", default_value_t = 1024)]
-        context: u32,
-        /// Layer slot to fill and read.
-        #[arg(long, value_name = "L", default_value_t = 0)]
-        layer: u64,
-        /// Attend only to the last W tokens of each sequence.
-        #[arg(long, value_name = "W")]
-        window: Option<u64>,
-        /// Logits soft-cap C: s = C * tanh(s / C) (Gemma 2: 50).
-        #[arg(long, value_name = "C")]
-        soft_cap: Option<f32>,
-        /// Threads (default: every core).
-        #[arg(long, value_name = "N")]
-        threads: Option<usize>,
-        /// Kernel build to run (avx512-bf16, avx512, avx2, scalar; default: the best this
-        /// machine runs).
-        #[arg(long, value_name = "BUILD")]
-        kernels: Option<String>,
-        /// Timed runs, each right after a pass of the read bound.
-        #[arg(long, value_name = "N", default_value_t = 10)]
-        runs: usize,
-        /// Sequences compared with the scalar f64 reference: the first ones (it takes about
-        /// a second per 30 million tokens x query heads x (K + V width)).
-        #[arg(long, value_name = "S", default_value_t = 1)]
-        check_seqs: usize,
-        /// Seed of the tokens, queries and block table.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Largest cache to allocate, in GiB (the whole layout is allocated).
-        #[arg(long, value_name = "GIB", default_value_t = 8.0)]
-        max_cache_gib: f64,
-        /// MiB per thread of the read bound's buffer (at least twice the last-level cache, so
-        /// that a pass reads memory and evicts the cache before each timed run).
-        #[arg(long, value_name = "MIB", default_value_t = 512)]
-        bound_mib: usize,
+        #[command(flatten)]
+        step: decode::StepArgs,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -318,37 +278,10 @@ fn run(command: Command) -> Result<String, CliError> {
         }
         Command::Decode {
             spec,
-            q_heads,
-            seqs,
-            context,
-            layer,
-            window,
-            soft_cap,
-            threads,
-            kernels,
-            runs,
-            check_seqs,
-            seed,
-            max_cache_gib,
-            bound_mib,
+            step,
             json: as_json,
         } => {
-            let args = decode::StepArgs {
-                q_heads,
-                seqs,
-                context,
-                layer,
-                window,
-                soft_cap,
-                threads,
-                kernels,
-                runs,
-                check_seqs,
-                seed,
-                max_cache_gib,
-                bound_mib,
-            };
-            let report = decode::run(load(&spec)?, &args)?;
+            let report = decode::run(load(&spec)?, &step)?;
             let text = if as_json {
                 json(serde_json::to_string_pretty(&report))?
             } else {
