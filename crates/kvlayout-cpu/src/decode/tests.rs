@@ -54,25 +54,9 @@ fn case(spec: &str, q_heads: u64, lens: &[u32]) -> Case {
 fn run_case(c: &Case) {
     let l: KvCacheLayout = c.spec.parse().unwrap();
     let g = *l.geometry();
-    let (kw, vw, mla) = match *l.content() {
-        Content::Kv {
-            head_size,
-            head_size_v,
-        }
-        | Content::KvScaled {
-            head_size,
-            head_size_v,
-        } => (head_size as usize, head_size_v as usize, false),
-        Content::Mla {
-            kv_lora_rank,
-            rope_dim,
-        } => (
-            (kv_lora_rank + rope_dim) as usize,
-            kv_lora_rank as usize,
-            true,
-        ),
-        _ => unreachable!(),
-    };
+    let (kw, vw) = kvlayout::ops::decode_widths(&l).unwrap();
+    let (kw, vw) = (kw as usize, vw as usize);
+    let mla = matches!(l.content(), Content::Mla { .. });
     let heads = g.num_kv_heads as usize;
     let bs = g.block_size as usize;
     let seqs = c.lens.len();
