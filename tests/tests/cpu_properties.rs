@@ -1,10 +1,11 @@
 //! The CPU backend's fast paths against its scalar reference over random layouts of every
 //! kind (`kvlayout_conformance::gen`): byte-identical results for the block movers and for
-//! `write_kv`.
+//! `write_kv`; and wild arguments refused alike by both, without a write.
 
+use kvlayout::ops::DecodeParams;
 use kvlayout::{Content, KvCacheLayout};
 use kvlayout_conformance::gen::any_layout;
-use kvlayout_cpu::{reference, Activations, CpuBackend, HostCache, WriteKv};
+use kvlayout_cpu::{reference, Activations, CpuBackend, Decode, HostCache, WriteKv};
 use proptest::prelude::*;
 
 fn filled(l: &KvCacheLayout, seed: u8) -> HostCache {
@@ -104,4 +105,240 @@ proptest! {
         reference::write_kv(&mut slow.as_mut(), &w).unwrap();
         prop_assert!(same(&fast, &slow), "write_kv on {l}");
     }
+}
+
+/// Arguments for every op of a cache, mostly near-valid: wrong lengths, slots, block ids,
+/// layers, head ranges and parameters now and then, at the limits of their types.
+#[derive(Debug, Clone)]
+struct Wild {
+    tokens: usize,
+    slots: Vec<i64>,
+    /// Elements added to the right key, value and query lengths (mostly 0).
+    len_err: (i64, i64, i64),
+    layer: u64,
+    seqs: usize,
+    blocks_per_seq: usize,
+    table: Vec<i32>,
+    lens: Vec<u32>,
+    /// Query heads: a multiple of the KV heads (`Ok`), or a raw count (`Err`).
+    q_heads: Result<u64, u64>,
+    window: Option<u64>,
+    cap: Option<f32>,
+    scale: f32,
+    /// Block pairs to copy; their sources are also gathered and scattered.
+    pairs: Vec<(u64, u64)>,
+    /// The head range gathered and scattered.
+    heads: (u64, u64),
+}
+
+fn wild() -> impl Strategy<Value = Wild> {
+    let off = || prop_oneof![8 => Just(0i64), 1 => -2i64..3];
+    let slot = prop_oneof![8 => -1i64..12, 1 => prop_oneof![Just(i64::MIN), Just(i64::MAX), Just(1 << 31)]];
+    let block = prop_oneof![8 => 0i32..3, 1 => prop_oneof![Just(-1), Just(i32::MIN), Just(i32::MAX), 3i32..20]];
+    let len = prop_oneof![8 => 0u32..20, 1 => prop_oneof![Just(u32::MAX), 20u32..100]];
+    let cap = prop::option::of(
+        prop_oneof![6 => Just(30.0f32), 1 => Just(0.0), 1 => Just(-1.0), 1 => Just(f32::NAN)],
+    );
+    (
+        (
+            0usize..5,
+            prop::collection::vec(slot, 0..6),
+            (off(), off(), off()),
+            prop_oneof![8 => Just(0u64), 1 => 0u64..3],
+        ),
+        (
+            0usize..4,
+            0usize..4,
+            prop::collection::vec(block, 0..12),
+            prop::collection::vec(len, 0..5),
+        ),
+        (
+            prop_oneof![8 => (1u64..4).prop_map(Ok), 1 => (0u64..9).prop_map(Err)],
+            prop::option::of(0u64..40),
+            cap,
+            prop_oneof![8 => Just(0.3f32), 1 => Just(f32::NAN)],
+        ),
+        (
+            prop::collection::vec((0u64..20, 0u64..20), 0..4),
+            (0u64..5, 0u64..9),
+        ),
+    )
+        .prop_map(
+            |(
+                (tokens, slots, len_err, layer),
+                (seqs, blocks_per_seq, table, lens),
+                (q_heads, window, cap, scale),
+                (pairs, heads),
+            )| Wild {
+                tokens,
+                slots,
+                len_err,
+                layer,
+                seqs,
+                blocks_per_seq,
+                table,
+                lens,
+                q_heads,
+                window,
+                cap,
+                scale,
+                pairs,
+                heads,
+            },
+        )
+}
+
+/// A layout `write_kv` and `paged_decode` accept: keys and values (plain or scaled) or an
+/// MLA latent, one token per state.
+fn decodable_layout() -> impl Strategy<Value = KvCacheLayout> {
+    any_layout().prop_filter("no keys and values, or compressed states", |l| {
+        l.geometry().tokens_per_state == 1 && kvlayout::ops::decode_widths(l).is_ok()
+    })
+}
+
+fn snapshot(c: &HostCache) -> Vec<Vec<u8>> {
+    (0..c.layout().num_buffers())
+        .map(|i| c.bytes(i).to_vec())
+        .collect()
+}
+
+/// Every op on wild arguments: the fast path and the reference accept or refuse alike; a
+/// refusal is a typed error that leaves the cache (and a decode's output) as it was; nothing
+/// panics. Both outcomes must come up for `write_kv` and `paged_decode`.
+#[test]
+fn wild_arguments_are_refused_alike_and_write_nothing() {
+    use proptest::test_runner::{Config, TestRunner};
+    use std::cell::Cell;
+    let counts: [Cell<u32>; 4] = Default::default(); // write ok / refused, decode ok / refused
+    let tally = |i: usize, ok: bool| {
+        counts[2 * i + usize::from(!ok)].set(counts[2 * i + usize::from(!ok)].get() + 1)
+    };
+    let be = CpuBackend::new(Some(2));
+    let config = Config {
+        cases: 1500,
+        failure_persistence: None,
+        max_global_rejects: 100_000,
+        max_local_rejects: 10_000_000,
+        ..Config::default()
+    };
+    TestRunner::new(config)
+        .run(
+            &(
+                prop_oneof![4 => decodable_layout(), 1 => any_layout()],
+                wild(),
+            ),
+            |(l, a)| {
+                let (kw, vw) = kvlayout::ops::decode_widths(&l)
+                    .map_or((8, 8), |(k, v)| (k as usize, v as usize));
+                let heads = l.geometry().num_kv_heads as usize;
+                let q_heads =
+                    a.q_heads.unwrap_or_else(|raw| raw) * a.q_heads.map_or(1, |_| heads as u64);
+                let sized = |n: usize, err: i64| (n as i64 + err).max(0) as usize;
+                let k: Vec<f32> = (0..sized(a.tokens * heads * kw, a.len_err.0))
+                    .map(|i| (i % 17) as f32 * 0.25 - 2.0)
+                    .collect();
+                let v: Vec<f32> = (0..sized(a.tokens * heads * vw, a.len_err.1))
+                    .map(|i| (i % 13) as f32 * 0.25 - 1.5)
+                    .collect();
+                let slots: Vec<i64> = a.slots.iter().copied().take(a.tokens).collect();
+                let mla = matches!(l.content(), Content::Mla { .. });
+                let w = WriteKv {
+                    layer: a.layer,
+                    key: Activations::F32(&k),
+                    value: (!mla || a.len_err.1 != 0).then_some(Activations::F32(&v)),
+                    slot_mapping: &slots,
+                };
+                let (mut fast, mut slow) = (filled(&l, 3), filled(&l, 3));
+                let before = snapshot(&fast);
+                let (rf, rs) = (
+                    be.write_kv(&mut fast.as_mut(), &w),
+                    reference::write_kv(&mut slow.as_mut(), &w),
+                );
+                prop_assert_eq!(&rf, &rs, "write_kv on {}", l);
+                prop_assert!(same(&fast, &slow), "write_kv on {}", l);
+                if rf.is_err() {
+                    prop_assert!(snapshot(&fast) == before, "refused write_kv wrote: {}", l);
+                }
+                tally(0, rf.is_ok());
+
+                let q: Vec<f32> = (0..sized(a.seqs * q_heads as usize * kw, a.len_err.2))
+                    .map(|i| (i % 7) as f32 * 0.1)
+                    .collect();
+                let lens: Vec<u32> = a.lens.iter().copied().take(a.seqs).collect();
+                let table: Vec<i32> = a
+                    .table
+                    .iter()
+                    .copied()
+                    .take(a.seqs * a.blocks_per_seq)
+                    .collect();
+                let params = DecodeParams {
+                    num_q_heads: q_heads,
+                    scale: a.scale,
+                    sliding_window: a.window,
+                    soft_cap: a.cap,
+                };
+                let d = Decode {
+                    layer: a.layer,
+                    query: Activations::F32(&q),
+                    block_table: &table,
+                    blocks_per_seq: a.blocks_per_seq,
+                    seq_lens: &lens,
+                    params,
+                };
+                let n = a.seqs * q_heads as usize * vw;
+                let (mut out_fast, mut out_slow) = (vec![-7.0f32; n], vec![-7.0f32; n]);
+                let rf = be.paged_decode(&fast.as_ref(), &d, &mut out_fast);
+                let rs = reference::paged_decode(&slow.as_ref(), &d, &mut out_slow);
+                prop_assert_eq!(&rf, &rs, "paged_decode on {}", l);
+                if rf.is_err() {
+                    prop_assert!(
+                        out_fast.iter().all(|&x| x == -7.0),
+                        "refused decode wrote its output: {}",
+                        l
+                    );
+                }
+                tally(1, rf.is_ok());
+
+                let before = snapshot(&fast);
+                let (rf, rs) = (
+                    be.copy_blocks(&mut fast.as_mut(), &a.pairs),
+                    reference::copy_blocks(&mut slow.as_mut(), &a.pairs),
+                );
+                prop_assert_eq!(&rf, &rs, "copy_blocks on {}", l);
+                prop_assert!(
+                    rf.is_ok() || snapshot(&fast) == before,
+                    "refused copy_blocks wrote: {}",
+                    l
+                );
+                let blocks: Vec<u64> = a.pairs.iter().map(|p| p.0).collect();
+                let heads = a.heads.0..a.heads.1;
+                let mut staging = filled(&l, 5);
+                let before = snapshot(&staging);
+                let r = be.gather_blocks(
+                    &fast.as_ref(),
+                    &blocks,
+                    heads.clone(),
+                    &mut staging.as_mut(),
+                );
+                prop_assert!(
+                    r.is_ok() || snapshot(&staging) == before,
+                    "refused gather wrote: {}",
+                    l
+                );
+                let before = snapshot(&fast);
+                let r = be.scatter_blocks(&staging.as_ref(), &blocks, heads, &mut fast.as_mut());
+                prop_assert!(
+                    r.is_ok() || snapshot(&fast) == before,
+                    "refused scatter wrote: {}",
+                    l
+                );
+                Ok(())
+            },
+        )
+        .unwrap();
+    let [w_ok, w_err, d_ok, d_err] = counts.map(|c| c.get());
+    assert!(
+        w_ok > 50 && w_err > 50 && d_ok > 50 && d_err > 50,
+        "write_kv {w_ok} ok / {w_err} refused, decode {d_ok} / {d_err}"
+    );
 }

@@ -1,5 +1,6 @@
 //! Properties of the descriptor over random valid layouts of every kind (see
-//! `kvlayout_conformance::gen`), each checked against an independent enumeration.
+//! `kvlayout_conformance::gen`), each checked against an independent enumeration; and edited
+//! spec strings, which parse to such a layout or fail with a typed error.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -495,4 +496,224 @@ fn brute_force_overlap(spec: &kvlayout::LayoutSpec) -> bool {
         }
     }
     false
+}
+
+/// A value a spec string may carry where a number or a name belongs: small and boundary
+/// numbers (2^31, 2^32, 2^63, 2^64), signs, fractions, non-numbers and names of other keys.
+fn wild_value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        (0u64..20).prop_map(|v| v.to_string()),
+        prop::sample::select(vec![
+            "0",
+            "128",
+            "4095",
+            "2147483648",
+            "4294967296",
+            "9223372036854775808",
+            "18446744073709551615",
+            "18446744073709551616",
+            "-1",
+            "1.5",
+            "1e3",
+            "",
+            "NaN",
+            "inf",
+            "bf16",
+            "fp8_e4m3",
+            "int8",
+            "NHD",
+            "HND",
+            "LBHNC",
+            "vllm-paged-v1",
+            "flashinfer-hnd",
+            "0..0",
+            "1:2",
+        ])
+        .prop_map(str::to_string),
+    ]
+}
+
+/// A canonical spec string with one of its tokens edited: a value replaced, a token
+/// dropped, a key repeated, or a stray `key=value` or explicit-stride token appended.
+fn edited_spec() -> impl Strategy<Value = String> {
+    let keys = prop::sample::select(vec![
+        "L",
+        "B",
+        "N",
+        "H",
+        "tps",
+        "D",
+        "Dv",
+        "rank",
+        "rope",
+        "row",
+        "conv_dim",
+        "conv_width",
+        "head_dim",
+        "state",
+        "dtype",
+        "k_scale",
+        "v_scale",
+        "order",
+        "base",
+        "align",
+        "page",
+        "layer_stride",
+        "block_stride",
+        "legacy",
+        "@K",
+        "@V",
+        "@buf1",
+    ]);
+    (
+        any_layout(),
+        0usize..64,
+        0u8..4,
+        keys,
+        wild_value(),
+        prop::collection::vec(wild_value(), 0..10),
+    )
+        .prop_map(|(l, at, edit, key, value, parts)| {
+            let mut tokens: Vec<String> = l.to_string().split(' ').map(str::to_string).collect();
+            let i = 1 + at % (tokens.len() - 1).max(1);
+            match edit {
+                0 if i < tokens.len() => {
+                    let k = tokens[i].split('=').next().unwrap_or("").to_string();
+                    tokens[i] = format!("{k}={value}");
+                }
+                1 if i < tokens.len() => {
+                    tokens.remove(i);
+                }
+                2 => tokens.push(format!("{key}={value}")),
+                _ => tokens.push(format!("{key}={}", parts.join(":"))),
+            }
+            tokens.join(" ")
+        })
+}
+
+/// Every edited spec string either gets a typed error or parses to a layout whose canonical
+/// form and JSON round-trip and whose derived views, arguments, regions and transformations
+/// answer (a value or an error) without panicking. Both outcomes must come up.
+#[test]
+fn edited_spec_strings_parse_or_fail_cleanly() {
+    use proptest::test_runner::{Config, TestRunner};
+    let (parsed, refused) = (std::cell::Cell::new(0u32), std::cell::Cell::new(0u32));
+    let mut runner = TestRunner::new(Config {
+        cases: 2000,
+        failure_persistence: None,
+        ..config(2000)
+    });
+    runner
+        .run(&edited_spec(), |s| {
+            let outcome = std::panic::catch_unwind(|| match s.parse::<KvCacheLayout>() {
+                Ok(l) => {
+                    exercise_derivations(&l);
+                    true
+                }
+                Err(_) => false,
+            });
+            match outcome {
+                Ok(true) => parsed.set(parsed.get() + 1),
+                Ok(false) => refused.set(refused.get() + 1),
+                Err(_) => return Err(TestCaseError::fail(format!("panic on {s:?}"))),
+            }
+            Ok(())
+        })
+        .unwrap();
+    let (parsed, refused) = (parsed.get(), refused.get());
+    assert!(
+        parsed > 100 && refused > 100,
+        "parsed {parsed}, refused {refused}"
+    );
+}
+
+/// Calls every derivation of a layout with ordinary and extreme arguments; panics only on a
+/// broken round trip.
+fn exercise_derivations(l: &KvCacheLayout) {
+    let text = l.to_string();
+    let back: KvCacheLayout = text.parse().unwrap_or_else(|e| panic!("{text}: {e}"));
+    assert!(back.same_addressing(l).is_ok(), "{text}");
+    let json = serde_json::to_string(l).unwrap();
+    assert!(
+        KvCacheLayout::from_json(&json)
+            .unwrap()
+            .same_addressing(l)
+            .is_ok(),
+        "{text}"
+    );
+    let _ = l.explain().to_text();
+    let _ = l.registered_spans();
+    let fields = l.readable_fields();
+    for &field in &fields {
+        let _ = l.kernel_args(field);
+        for c in [
+            [0, 0, 0, 0, 0],
+            [u64::MAX, 0, 0, 0, 0],
+            [0, u64::MAX, 0, 0, 0],
+            [0, 0, 0, 0, u64::MAX],
+        ] {
+            let coord = Coord {
+                layer: c[0],
+                block: c[1],
+                head: c[2],
+                slot: c[3],
+                field,
+                dim: c[4],
+            };
+            let _ = l.offset(&coord);
+        }
+    }
+    for tp in [0, 1, 2, 3, 8, u64::MAX] {
+        for rank in [0, 1, u64::MAX] {
+            let _ = l.tp_slice(tp, rank);
+        }
+    }
+    for ratio in [0, 1, 2, 3, 16, u64::MAX] {
+        let _ = l.split_blocks(ratio);
+    }
+    for (a, b) in [(0, 1), (0, u64::MAX), (u64::MAX, 0), (3, 2)] {
+        let _ = l.layer_range(a..b);
+        let _ = l.layer_regions(a..b);
+        let _ = l.block_regions(a, 0..1, a..b);
+    }
+    let targets = [
+        ViewTarget::Kv,
+        ViewTarget::Field(Field::K),
+        ViewTarget::Field(Field::V),
+    ];
+    for name in kvlayout::CONVENTION_NAMES {
+        let c = Convention::from_name(name).unwrap();
+        for t in targets {
+            for layer in [0, u64::MAX] {
+                let _ = l.view(c, t, layer);
+            }
+        }
+    }
+}
+
+/// A region query is counted before it is enumerated: billions of separate rows are refused
+/// with the count and the limit; billions of rows that fold into one run are not.
+#[test]
+fn region_queries_are_counted_before_they_are_enumerated() {
+    let rows: KvCacheLayout =
+        "mamba-ssm L=2 B=2 N=8 H=2147483648 head_dim=8 state=16 dtype=fp8_e5m2 order=BHLNC"
+            .parse()
+            .unwrap();
+    match rows.layer_regions(0..1) {
+        Err(LayoutError::TooManyRegions { count, limit }) => {
+            assert_eq!(limit, kvlayout::MAX_REGIONS);
+            assert_eq!(
+                count,
+                (2u64 * (1 << 31)).to_string(),
+                "one run per (block, head)"
+            );
+        }
+        other => panic!("expected TooManyRegions, got {other:?}"),
+    }
+    let folded: KvCacheLayout = "kv L=2 B=2147483648 N=16 H=8 D=128 dtype=bf16 order=LBNHC"
+        .parse()
+        .unwrap();
+    let r = folded.layer_regions(1..2).unwrap();
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].len, (1u64 << 31) * 16 * 8 * 256 * 2);
 }

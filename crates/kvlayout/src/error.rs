@@ -128,6 +128,14 @@ pub enum LayoutError {
     /// A framework tensor does not match what the layout says it must be.
     #[error("tensor does not match the layout: {0}")]
     TensorMismatch(String),
+    /// A region query whose selection would enumerate more byte ranges than allowed.
+    #[error("the selection has {count} byte ranges before merging, more than the limit of {limit}; ask for fewer layers, blocks or heads at a time")]
+    TooManyRegions {
+        /// Ranges the selection holds before merging.
+        count: String,
+        /// The most a query may enumerate ([`crate::MAX_REGIONS`]).
+        limit: u64,
+    },
     /// Two layouts address memory differently.
     #[error("layouts differ: {0}")]
     Mismatch(String),

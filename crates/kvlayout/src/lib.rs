@@ -52,7 +52,7 @@ pub use explain::{Explanation, FieldInfo, PageRun, ViewInfo};
 pub use field_map::FieldMap;
 pub use layout::{Coord, KvCacheLayout, Location};
 pub use presets::{preset, PRESETS, PRESET_NAMES};
-pub use regions::{merge_ranges, ByteRange};
+pub use regions::{merge_ranges, ByteRange, MAX_REGIONS};
 pub use serde_doc::{LayoutDocument, JSON_VERSION};
 pub use spec::{
     Axis, AxisOrder, BufferExtent, Content, Field, FieldStrides, Geometry, InPageOrder, LayoutSpec,

@@ -129,12 +129,15 @@ fn lower_paged(p: &Paged, rows: &[RowField], ext: Extents) -> Result<Lowered> {
                 })?;
                 running = page;
             } else if p.page_size_padded.is_some() || p.alignment > 1 {
+                // What sits inside `axis`: another axis, or (innermost) only the content.
+                let inside = match axes.get(i + 1) {
+                    Some(&a) => format!("{a} inside {axis}"),
+                    None => format!("{axis} innermost"),
+                };
                 return Err(LayoutError::Invalid(format!(
                     "page padding and alignment need H and N inside both L and B \
-                     (orders LB.. and BL..); {} has {} inside {}",
-                    p.order,
-                    axes[i + 1],
-                    axis
+                     (orders LB.. and BL..); {} has {inside}",
+                    p.order
                 )));
             }
         }

@@ -107,28 +107,59 @@ fn pieces(fields: &[FieldMap], sel: &Selection, slots: u64) -> Vec<Piece> {
         .collect()
 }
 
+/// Most byte ranges a region query may enumerate before merging (24 bytes each: 400 MB).
+pub const MAX_REGIONS: u64 = 1 << 24;
+
+/// A piece with its contiguous axes folded into the run: where the first run starts, how
+/// long each run is, and the `(count, stride)` axes left, innermost stride first.
+struct Folded {
+    base: u64,
+    run: u64,
+    axes: Vec<(u64, u64)>,
+}
+
+impl Folded {
+    /// `None` when an axis of the piece selects nothing.
+    fn of(p: &Piece) -> Option<Self> {
+        let mut base = p.base;
+        let mut run = p.run;
+        let mut axes: Vec<(u64, u64)> = Vec::new();
+        for &(start, count, stride) in &p.axes {
+            base += start * stride;
+            if count > 1 {
+                axes.push((count, stride));
+            } else if count == 0 {
+                return None;
+            }
+        }
+        axes.sort_by_key(|a| a.1);
+        while let Some(&(count, stride)) = axes.first() {
+            if stride == run {
+                run *= count;
+                axes.remove(0);
+            } else {
+                break;
+            }
+        }
+        Some(Folded { base, run, axes })
+    }
+
+    /// How many runs there are (`None`: more than `u64` holds).
+    fn count(&self) -> Option<u64> {
+        self.axes.iter().try_fold(1u64, |n, a| n.checked_mul(a.0))
+    }
+}
+
+/// How many runs [`runs_of`] enumerates for a piece (`None`: more than `u64` holds).
+fn run_count(p: &Piece) -> Option<u64> {
+    Folded::of(p).map_or(Some(0), |f| f.count())
+}
+
 /// Enumerates the runs of a piece after folding contiguous axes into the run.
 fn runs_of(p: &Piece, out: &mut Vec<ByteRange>) {
-    let mut base = p.base;
-    let mut run = p.run;
-    let mut axes: Vec<(u64, u64)> = Vec::new(); // (count, stride)
-    for &(start, count, stride) in &p.axes {
-        base += start * stride;
-        if count > 1 {
-            axes.push((count, stride));
-        } else if count == 0 {
-            return;
-        }
-    }
-    axes.sort_by_key(|a| a.1);
-    while let Some(&(count, stride)) = axes.first() {
-        if stride == run {
-            run *= count;
-            axes.remove(0);
-        } else {
-            break;
-        }
-    }
+    let Some(Folded { base, run, axes }) = Folded::of(p) else {
+        return;
+    };
     let total: u64 = axes.iter().map(|a| a.0).product();
     out.reserve(total as usize);
     let mut idx = vec![0u64; axes.len()];
@@ -187,9 +218,23 @@ impl KvCacheLayout {
         check_range("layer", &sel.layers, g.num_layers)?;
         check_range("block", &sel.blocks, g.num_blocks)?;
         check_range("head", &sel.heads, g.num_kv_heads)?;
+        let pieces = pieces(self.stored_fields(), &sel, self.num_slots());
+        // Counted before anything is enumerated: a huge selection is refused, not allocated.
+        let count = pieces
+            .iter()
+            .try_fold(0u64, |n, p| run_count(p).and_then(|c| n.checked_add(c)));
+        match count {
+            Some(n) if n <= MAX_REGIONS => {}
+            _ => {
+                return Err(LayoutError::TooManyRegions {
+                    count: count.map_or_else(|| "more than 2^64".into(), |n| n.to_string()),
+                    limit: MAX_REGIONS,
+                })
+            }
+        }
         let mut out = Vec::new();
-        for p in pieces(self.stored_fields(), &sel, self.num_slots()) {
-            runs_of(&p, &mut out);
+        for p in &pieces {
+            runs_of(p, &mut out);
         }
         Ok(merge_ranges(out))
     }

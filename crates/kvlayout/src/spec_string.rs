@@ -490,4 +490,32 @@ mod tests {
             other => panic!("{other:?}"),
         }
     }
+
+    /// Padding or alignment with L or B inside H or N is refused with the order named, the
+    /// innermost position included (it once indexed past the axes there).
+    #[test]
+    fn padding_needs_h_and_n_inside_l_and_b() {
+        for (spec, says) in [
+            (
+                "mla L=1 B=1 N=1 H=1 rank=4 rope=2 dtype=f32 order=BHNLC align=2",
+                "L innermost",
+            ),
+            (
+                "kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=LHNBC page=4096",
+                "B innermost",
+            ),
+            (
+                "kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=LHBNC align=64",
+                "N inside B",
+            ),
+        ] {
+            match spec.parse::<KvCacheLayout>() {
+                Err(LayoutError::Invalid(m)) => assert!(m.contains(says), "{spec}: {m}"),
+                other => panic!("{spec}: {other:?}"),
+            }
+        }
+        // H and N inside both: accepted.
+        let spec = "kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=BLHNC align=64";
+        assert!(spec.parse::<KvCacheLayout>().is_ok(), "{spec}");
+    }
 }
