@@ -156,7 +156,7 @@ proptest! {
                 let mut bad = None;
                 for_each_index(&v.shape, |idx| {
                     let want = l.offset(&coord_of(c, t, layer, x, idx)).unwrap();
-                    let got = v.byte_offset(idx);
+                    let got = v.byte_offset(idx).unwrap();
                     if (want.buffer, want.offset) != (v.buffer, got) && bad.is_none() {
                         bad = Some((idx.to_vec(), want, got));
                     }

@@ -105,15 +105,43 @@ pub struct TensorView {
 }
 
 impl TensorView {
-    /// Byte offset of a multi-index (no bounds check beyond debug assertions).
-    pub fn byte_offset(&self, index: &[u64]) -> u64 {
-        debug_assert_eq!(index.len(), self.shape.len());
-        self.offset_bytes
-            + index
-                .iter()
-                .zip(&self.strides_bytes)
-                .map(|(i, s)| i * s)
-                .sum::<u64>()
+    /// Byte offset of a multi-index, each index checked against its extent: a wrong number of
+    /// indices or one past its axis is an error naming it.
+    ///
+    /// ```
+    /// use kvlayout::{Convention, Field, KvCacheLayout, ViewTarget};
+    /// let l: KvCacheLayout = "kv B=3 N=16 H=4 D=8 dtype=f16 order=NHD".parse()?;
+    /// let v = l.view(Convention::Standard, ViewTarget::Field(Field::V), 0)?; // [B, H, N, D]
+    /// assert_eq!(v.byte_offset(&[1, 2, 3, 4])?, (16 * 4 * 16 + 3 * 4 * 16 + 2 * 16 + 8 + 4) * 2);
+    /// assert!(v.byte_offset(&[1, 4, 3, 4]).is_err()); // head 4 of 4
+    /// assert!(v.byte_offset(&[1, 2, 3]).is_err());
+    /// # Ok::<(), kvlayout::LayoutError>(())
+    /// ```
+    pub fn byte_offset(&self, index: &[u64]) -> Result<u64> {
+        if index.len() != self.shape.len() {
+            return Err(LayoutError::Invalid(format!(
+                "a {}-dim index {index:?} for a view of shape {:?}",
+                index.len(),
+                self.shape
+            )));
+        }
+        let mut offset = self.offset_bytes;
+        for (d, ((&i, &n), &stride)) in index
+            .iter()
+            .zip(&self.shape)
+            .zip(&self.strides_bytes)
+            .enumerate()
+        {
+            if i >= n {
+                return Err(LayoutError::Invalid(format!(
+                    "index[{d}] = {i} is past the view's shape {:?}",
+                    self.shape
+                )));
+            }
+            // Every element of the view lies inside the layout's checked span: no overflow.
+            offset += i * stride;
+        }
+        Ok(offset)
     }
 }
 
