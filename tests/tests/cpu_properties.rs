@@ -1,6 +1,7 @@
 //! The CPU backend's fast paths against its scalar reference over random layouts of every
 //! kind (`kvlayout_conformance::gen`): byte-identical results for the block movers and for
-//! `write_kv`; and wild arguments refused alike by both, without a write.
+//! `write_kv`, decode outputs within the dtype's tolerance for every kernel build; and wild
+//! arguments refused alike by both, without a write.
 
 use kvlayout::ops::DecodeParams;
 use kvlayout::{Content, KvCacheLayout};
@@ -341,4 +342,144 @@ fn wild_arguments_are_refused_alike_and_write_nothing() {
         w_ok > 50 && w_err > 50 && d_ok > 50 && d_err > 50,
         "write_kv {w_ok} ok / {w_err} refused, decode {d_ok} / {d_err}"
     );
+}
+
+/// A decode step drawn for a layout: sequences, lengths, a block table, the query head
+/// multiple, window, soft-cap and seeds for the values.
+#[derive(Debug, Clone)]
+struct Step {
+    lens: Vec<u32>,
+    table_seed: u64,
+    q_mult: u64,
+    window: Option<u64>,
+    cap: Option<f32>,
+    seed: u32,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    (
+        prop::collection::vec(0u32..70, 1..4),
+        any::<u64>(),
+        1u64..4,
+        prop::option::of(1u64..20),
+        prop::option::of(prop_oneof![Just(5.0f32), Just(30.0)]),
+        any::<u32>(),
+    )
+        .prop_map(|(lens, table_seed, q_mult, window, cap, seed)| Step {
+            lens,
+            table_seed,
+            q_mult,
+            window,
+            cap,
+            seed,
+        })
+}
+
+/// A value in [-2, 2) from an index and a seed.
+fn value(i: usize, seed: u32) -> f32 {
+    (((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 1024) as f32 / 256.0 - 2.0
+}
+
+/// `paged_decode` of every kernel build against the f64 reference on random decodable
+/// layouts (every order, padded pages, inline scales, MLA, and TP-sliced, block-split or
+/// layer-ranged layouts with explicit strides), every slot of layer 0 written through
+/// `write_kv`, with random lengths (sequences longer than one block, and empty ones), block
+/// tables, GQA groups, windows and soft-caps: within the dtype's tolerance.
+#[test]
+fn decode_matches_reference_on_random_layouts() {
+    use proptest::test_runner::{Config, TestRunner};
+    let builds: Vec<CpuBackend> = CpuBackend::kernel_builds()
+        .into_iter()
+        .map(|k| CpuBackend::with_kernels(Some(2), k).unwrap())
+        .collect();
+    let config = Config {
+        cases: 2000,
+        failure_persistence: None,
+        max_global_rejects: 100_000,
+        max_local_rejects: 1_000_000,
+        ..Config::default()
+    };
+    TestRunner::new(config)
+        .run(&(decodable_layout(), step()), |(l, s)| {
+            let g = *l.geometry();
+            let (kw, vw) = kvlayout::ops::decode_widths(&l).unwrap();
+            let (kw, vw) = (kw as usize, vw as usize);
+            let mla = matches!(l.content(), Content::Mla { .. });
+            let heads = g.num_kv_heads as usize;
+            let slots = (g.num_blocks * g.block_size) as usize;
+            let k: Vec<f32> = (0..slots * heads * kw).map(|i| value(i, s.seed)).collect();
+            let v: Vec<f32> = (0..slots * heads * vw).map(|i| value(i, !s.seed)).collect();
+            let mapping: Vec<i64> = (0..slots as i64).collect();
+            let w = WriteKv {
+                layer: 0,
+                key: Activations::F32(&k),
+                value: (!mla).then_some(Activations::F32(&v)),
+                slot_mapping: &mapping,
+            };
+            let mut cache = filled(&l, 1);
+            builds[0].write_kv(&mut cache.as_mut(), &w).unwrap();
+            // Lengths within the cache; block ids drawn with repeats (sequences may share).
+            let bs = g.block_size as u32;
+            let lens: Vec<u32> = s
+                .lens
+                .iter()
+                .map(|&n| n.min(bs * g.num_blocks as u32))
+                .collect();
+            let per_seq = lens
+                .iter()
+                .map(|&n| n.div_ceil(bs))
+                .max()
+                .unwrap_or(0)
+                .max(1) as usize;
+            let mut r = s.table_seed;
+            let table: Vec<i32> = (0..lens.len() * per_seq)
+                .map(|_| {
+                    r = r
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    ((r >> 33) % g.num_blocks) as i32
+                })
+                .collect();
+            let q_heads = heads as u64 * s.q_mult;
+            let q: Vec<f32> = (0..lens.len() * q_heads as usize * kw)
+                .map(|i| value(i, s.seed ^ 0x5555))
+                .collect();
+            let params = DecodeParams {
+                num_q_heads: q_heads,
+                scale: 1.0 / (kw as f32).sqrt(),
+                sliding_window: s.window,
+                soft_cap: s.cap,
+            };
+            let d = Decode {
+                layer: 0,
+                query: Activations::F32(&q),
+                block_table: &table,
+                blocks_per_seq: per_seq,
+                seq_lens: &lens,
+                params,
+            };
+            let n = lens.len() * q_heads as usize * vw;
+            let mut want = vec![0f32; n];
+            reference::paged_decode(&cache.as_ref(), &d, &mut want).unwrap();
+            let tol = reference::decode_tolerance(l.dtype());
+            for be in &builds {
+                let mut got = vec![f32::NAN; n];
+                be.paged_decode(&cache.as_ref(), &d, &mut got).unwrap();
+                for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+                    let bound = tol * f64::from(b).abs().max(1.0);
+                    prop_assert!(
+                        (f64::from(a) - f64::from(b)).abs() <= bound,
+                        "{} kernels on {}: out[{}] = {}, reference {} (lens {:?})",
+                        be.kernel_build(),
+                        l,
+                        i,
+                        a,
+                        b,
+                        lens
+                    );
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
 }
