@@ -26,11 +26,24 @@ pub(crate) fn detect() -> Isa {
 /// where [`widening_before_bf16_dot`] puts the plain AVX-512 build ahead of the bf16-operand
 /// one.
 pub(crate) fn ranked() -> Vec<Isa> {
-    let mut builds: Vec<Isa> = Isa::ALL.iter().copied().filter(|i| i.runs()).collect();
+    let builds: Vec<Isa> = Isa::ALL.iter().copied().filter(|i| i.runs()).collect();
     #[cfg(target_arch = "x86_64")]
-    if widening_before_bf16_dot(&cpu_vendor()) {
-        // Stable: the plain AVX-512 build moves ahead, the rest keep their order.
-        builds.sort_by_key(|&i| i == Isa::Avx512Bf16);
+    let builds = preferred(builds, widening_before_bf16_dot(&cpu_vendor()));
+    builds
+}
+
+/// `builds` (in [`Isa::ALL`]'s order) in the order preferred: with `widening_first`, the
+/// plain AVX-512 build and the bf16-operand one trade places; every other build keeps its
+/// place (the bf16-operand build stays ahead of AVX2 and scalar, which it outruns).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn preferred(mut builds: Vec<Isa>, widening_first: bool) -> Vec<Isa> {
+    let at = |builds: &[Isa], isa| builds.iter().position(|&i| i == isa);
+    if let (true, Some(dot), Some(plain)) = (
+        widening_first,
+        at(&builds, Isa::Avx512Bf16),
+        at(&builds, Isa::Avx512),
+    ) {
+        builds.swap(dot, plain);
     }
     builds
 }

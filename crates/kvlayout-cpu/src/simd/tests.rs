@@ -21,6 +21,22 @@ fn the_preferred_build_order() {
     }
 }
 
+/// On Intel the two AVX-512 builds trade places and nothing else moves: the bf16-operand
+/// build stays ahead of AVX2 and scalar.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn preferred_swaps_only_the_avx512_builds() {
+    use super::isa::preferred;
+    let all = Isa::ALL.to_vec();
+    assert_eq!(preferred(all.clone(), false), all);
+    assert_eq!(
+        preferred(all.clone(), true),
+        [Isa::Avx512, Isa::Avx512Bf16, Isa::Avx2, Isa::Scalar]
+    );
+    let without_dot = vec![Isa::Avx512, Isa::Avx2, Isa::Scalar];
+    assert_eq!(preferred(without_dot.clone(), true), without_dot);
+}
+
 #[test]
 fn bf16_dot_order_by_vendor() {
     assert!(widening_before_bf16_dot(b"GenuineIntel"));
