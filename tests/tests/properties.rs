@@ -356,6 +356,21 @@ fn spec_errors_name_the_column() {
     }
 }
 
+/// A field name that does not exist is an unknown name, not a field "this layout" lacks.
+#[test]
+fn unknown_field_names_are_named_as_such() {
+    let err = "q".parse::<ViewTarget>().unwrap_err().to_string();
+    assert!(
+        err.contains("unknown field 'q'") && err.contains("latent"),
+        "{err}"
+    );
+    let l: KvCacheLayout = "llama-3-8b B=4".parse().unwrap();
+    let err = l
+        .view(Convention::Standard, "latent".parse().unwrap(), 0)
+        .unwrap_err();
+    assert!(matches!(err, LayoutError::NoSuchField { .. }), "{err}");
+}
+
 /// Arbitrary explicit strides (aliasing or not) for a small K|V layout.
 fn arbitrary_strided() -> impl Strategy<Value = kvlayout::LayoutSpec> {
     use kvlayout::{

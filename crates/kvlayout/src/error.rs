@@ -76,6 +76,16 @@ pub enum LayoutError {
         /// Comma-separated list of presets.
         known: String,
     },
+    /// A name (of a convention, a field) that is not one of the known ones.
+    #[error("unknown {what} '{name}'; known: {known}")]
+    UnknownName {
+        /// What the name names, e.g. `convention`.
+        what: &'static str,
+        /// What was given.
+        name: String,
+        /// Comma-separated list of the known names.
+        known: String,
+    },
     /// A compact spec string that does not parse.
     #[error("spec column {column}: '{token}': {reason}")]
     Spec {

@@ -52,11 +52,10 @@ pub const CONVENTION_NAMES: &[&str] = &[
 impl Convention {
     /// Parses a convention name, with an error that lists the known ones.
     pub fn from_name(s: &str) -> Result<Self> {
-        s.parse().map_err(|_| {
-            LayoutError::Invalid(format!(
-                "unknown convention '{s}'; known conventions: {}",
-                CONVENTION_NAMES.join(", ")
-            ))
+        s.parse().map_err(|_| LayoutError::UnknownName {
+            what: "convention",
+            name: s.to_string(),
+            known: CONVENTION_NAMES.join(", "),
         })
     }
 }
@@ -67,12 +66,12 @@ impl std::str::FromStr for ViewTarget {
         if s.eq_ignore_ascii_case("kv") {
             return Ok(ViewTarget::Kv);
         }
-        s.parse::<Field>()
-            .map(ViewTarget::Field)
-            .map_err(|_| LayoutError::NoSuchField {
-                field: s.to_string(),
-                available: "k, v, k_scale, v_scale, latent, bytes, conv, ssm, kv".into(),
-            })
+        s.parse::<Field>().map(ViewTarget::Field).map_err(|_| {
+            LayoutError::Invalid(format!(
+                "unknown field '{s}'; field names: k, v, k_scale, v_scale, latent, bytes, \
+                     conv, ssm, kv"
+            ))
+        })
     }
 }
 
