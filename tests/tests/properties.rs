@@ -356,14 +356,31 @@ fn spec_errors_name_the_column() {
     }
 }
 
-/// A field name that does not exist is an unknown name, not a field "this layout" lacks.
+/// A field or convention name that does not exist is an unknown name (not a field "this
+/// layout" lacks, nor an invalid layout), with the known names listed.
 #[test]
-fn unknown_field_names_are_named_as_such() {
-    let err = "q".parse::<ViewTarget>().unwrap_err().to_string();
+fn unknown_names_are_named_as_such() {
+    let err = "q".parse::<ViewTarget>().unwrap_err();
     assert!(
-        err.contains("unknown field 'q'") && err.contains("latent"),
+        matches!(err, LayoutError::UnknownName { what: "field", .. }),
         "{err}"
     );
+    assert_eq!(
+        err.to_string(),
+        "unknown field 'q'; known: k, v, k_scale, v_scale, latent, bytes, conv, ssm, kv"
+    );
+    let err = Convention::from_name("flash").unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LayoutError::UnknownName {
+                what: "convention",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("flashinfer-hnd"), "{err}");
     let l: KvCacheLayout = "llama-3-8b B=4".parse().unwrap();
     let err = l
         .view(Convention::Standard, "latent".parse().unwrap(), 0)
@@ -729,6 +746,10 @@ fn region_queries_are_counted_before_they_are_enumerated() {
         .parse()
         .unwrap();
     let r = folded.layer_regions(1..2).unwrap();
+    assert!(matches!(
+        folded.layer_regions(1..1),
+        Err(LayoutError::InvalidQuery(_))
+    ));
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].len, (1u64 << 31) * 16 * 8 * 256 * 2);
 }

@@ -138,6 +138,10 @@ pub enum LayoutError {
     /// A framework tensor does not match what the layout says it must be.
     #[error("tensor does not match the layout: {0}")]
     TensorMismatch(String),
+    /// A query's own argument (an empty range, an index of the wrong length or past its axis)
+    /// that no layout could answer.
+    #[error("invalid query: {0}")]
+    InvalidQuery(String),
     /// A region query whose selection would enumerate more byte ranges than allowed.
     #[error("the selection has {count} byte ranges before merging, more than the limit of {limit}; ask for fewer layers, blocks or heads at a time")]
     TooManyRegions {

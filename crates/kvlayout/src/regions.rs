@@ -197,7 +197,7 @@ pub fn merge_ranges(mut ranges: Vec<ByteRange>) -> Vec<ByteRange> {
 
 fn check_range(axis: &'static str, r: &Range<u64>, limit: u64) -> Result<()> {
     if r.start >= r.end {
-        return Err(LayoutError::Invalid(format!(
+        return Err(LayoutError::InvalidQuery(format!(
             "empty {axis} range {}..{}",
             r.start, r.end
         )));

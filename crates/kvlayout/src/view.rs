@@ -66,12 +66,13 @@ impl std::str::FromStr for ViewTarget {
         if s.eq_ignore_ascii_case("kv") {
             return Ok(ViewTarget::Kv);
         }
-        s.parse::<Field>().map(ViewTarget::Field).map_err(|_| {
-            LayoutError::Invalid(format!(
-                "unknown field '{s}'; field names: k, v, k_scale, v_scale, latent, bytes, \
-                     conv, ssm, kv"
-            ))
-        })
+        s.parse::<Field>()
+            .map(ViewTarget::Field)
+            .map_err(|_| LayoutError::UnknownName {
+                what: "field",
+                name: s.to_string(),
+                known: "k, v, k_scale, v_scale, latent, bytes, conv, ssm, kv".into(),
+            })
     }
 }
 
@@ -118,7 +119,7 @@ impl TensorView {
     /// ```
     pub fn byte_offset(&self, index: &[u64]) -> Result<u64> {
         if index.len() != self.shape.len() {
-            return Err(LayoutError::Invalid(format!(
+            return Err(LayoutError::InvalidQuery(format!(
                 "a {}-dim index {index:?} for a view of shape {:?}",
                 index.len(),
                 self.shape
@@ -132,7 +133,7 @@ impl TensorView {
             .enumerate()
         {
             if i >= n {
-                return Err(LayoutError::Invalid(format!(
+                return Err(LayoutError::InvalidQuery(format!(
                     "index[{d}] = {i} is past the view's shape {:?}",
                     self.shape
                 )));
