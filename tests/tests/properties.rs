@@ -631,7 +631,6 @@ fn edited_spec_strings_parse_or_fail_cleanly() {
     use proptest::test_runner::{Config, TestRunner};
     let (parsed, refused) = (std::cell::Cell::new(0u32), std::cell::Cell::new(0u32));
     let mut runner = TestRunner::new(Config {
-        cases: 2000,
         failure_persistence: None,
         ..config(2000)
     });
