@@ -152,6 +152,19 @@ impl Order {
             });
         } else if self.perm == Perm::Natural {
             dst[..src.len()].copy_from_slice(src);
+        } else if self.perm == Perm::EvenOdd {
+            // Whole blocks without the table, then the tail through it.
+            let whole = src.len() / 32 * 32;
+            for (s, d) in src[..whole].chunks_exact(32).zip(dst.chunks_exact_mut(32)) {
+                for i in 0..16 {
+                    d[i] = s[2 * i];
+                    d[16 + i] = s[2 * i + 1];
+                }
+            }
+            let t = self.table;
+            for (x, &p) in src[whole..].iter().zip(&t[..32]) {
+                dst[whole + p as usize] = *x;
+            }
         } else {
             // Block by block through the block's table: no per-element permutation
             // arithmetic, and indices the compiler sees inside the block.
@@ -171,6 +184,21 @@ impl Order {
         if self.perm == Perm::Natural {
             for (x, s) in dst.iter_mut().zip(src) {
                 *x = s * f;
+            }
+            return;
+        }
+        if self.perm == Perm::EvenOdd {
+            // Whole blocks without the table (vectorized), then the tail through it.
+            let whole = dst.len() / 32 * 32;
+            for (d, s) in dst[..whole].chunks_exact_mut(32).zip(src.chunks_exact(32)) {
+                for i in 0..16 {
+                    d[2 * i] = s[i] * f;
+                    d[2 * i + 1] = s[16 + i] * f;
+                }
+            }
+            let (t, s) = (self.table, &src[whole..]);
+            for (x, &p) in dst[whole..].iter_mut().zip(&t[..32]) {
+                *x = s[p as usize] * f;
             }
             return;
         }
