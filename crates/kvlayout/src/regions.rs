@@ -110,9 +110,10 @@ fn pieces(fields: &[FieldMap], sel: &Selection, slots: u64) -> Vec<Piece> {
 /// Most byte ranges a region query may enumerate before merging (24 bytes each: 400 MB).
 pub const MAX_REGIONS: u64 = 1 << 24;
 
-/// A piece with its contiguous axes folded into the run: where the first run starts, how
-/// long each run is, and the `(count, stride)` axes left, innermost stride first.
+/// A piece with its contiguous axes folded into the run: its buffer, where the first run
+/// starts, how long each run is, and the `(count, stride)` axes left, innermost stride first.
 struct Folded {
+    buffer: u32,
     base: u64,
     run: u64,
     axes: Vec<(u64, u64)>,
@@ -141,41 +142,43 @@ impl Folded {
                 break;
             }
         }
-        Some(Folded { base, run, axes })
+        Some(Folded {
+            buffer: p.buffer,
+            base,
+            run,
+            axes,
+        })
     }
 
     /// How many runs there are (`None`: more than `u64` holds).
     fn count(&self) -> Option<u64> {
         self.axes.iter().try_fold(1u64, |n, a| n.checked_mul(a.0))
     }
-}
 
-/// How many runs [`runs_of`] enumerates for a piece (`None`: more than `u64` holds).
-fn run_count(p: &Piece) -> Option<u64> {
-    Folded::of(p).map_or(Some(0), |f| f.count())
-}
-
-/// Enumerates the runs of a piece after folding contiguous axes into the run.
-fn runs_of(p: &Piece, out: &mut Vec<ByteRange>) {
-    let Some(Folded { base, run, axes }) = Folded::of(p) else {
-        return;
-    };
-    let total: u64 = axes.iter().map(|a| a.0).product();
-    out.reserve(total as usize);
-    let mut idx = vec![0u64; axes.len()];
-    for _ in 0..total {
-        let off = base + idx.iter().zip(&axes).map(|(i, a)| i * a.1).sum::<u64>();
-        out.push(ByteRange {
-            buffer: p.buffer,
-            offset: off,
-            len: run,
-        });
-        for (i, a) in idx.iter_mut().zip(&axes) {
-            *i += 1;
-            if *i < a.0 {
-                break;
+    /// Appends the runs to `out` (their [`Folded::count`], which the caller has bounded).
+    fn runs(&self, out: &mut Vec<ByteRange>) {
+        let total: u64 = self.axes.iter().map(|a| a.0).product();
+        out.reserve(total as usize);
+        let mut idx = vec![0u64; self.axes.len()];
+        for _ in 0..total {
+            let off = self.base
+                + idx
+                    .iter()
+                    .zip(&self.axes)
+                    .map(|(i, a)| i * a.1)
+                    .sum::<u64>();
+            out.push(ByteRange {
+                buffer: self.buffer,
+                offset: off,
+                len: self.run,
+            });
+            for (i, a) in idx.iter_mut().zip(&self.axes) {
+                *i += 1;
+                if *i < a.0 {
+                    break;
+                }
+                *i = 0;
             }
-            *i = 0;
         }
     }
 }
@@ -218,11 +221,14 @@ impl KvCacheLayout {
         check_range("layer", &sel.layers, g.num_layers)?;
         check_range("block", &sel.blocks, g.num_blocks)?;
         check_range("head", &sel.heads, g.num_kv_heads)?;
-        let pieces = pieces(self.stored_fields(), &sel, self.num_slots());
-        // Counted before anything is enumerated: a huge selection is refused, not allocated.
-        let count = pieces
+        let folded: Vec<Folded> = pieces(self.stored_fields(), &sel, self.num_slots())
             .iter()
-            .try_fold(0u64, |n, p| run_count(p).and_then(|c| n.checked_add(c)));
+            .filter_map(Folded::of)
+            .collect();
+        // Counted before anything is enumerated: a huge selection is refused, not allocated.
+        let count = folded
+            .iter()
+            .try_fold(0u64, |n, f| f.count().and_then(|c| n.checked_add(c)));
         match count {
             Some(n) if n <= MAX_REGIONS => {}
             _ => {
@@ -233,8 +239,8 @@ impl KvCacheLayout {
             }
         }
         let mut out = Vec::new();
-        for p in &pieces {
-            runs_of(p, &mut out);
+        for f in &folded {
+            f.runs(&mut out);
         }
         Ok(merge_ranges(out))
     }
