@@ -234,6 +234,22 @@ fn avx512_kernels(isa: Isa, kind: RowKind) -> (TileKernel, TileKernel) {
     }
 }
 
+/// The arguments of the AVX2 and AVX-512 transposed-value kernels after their kind: `buf`,
+/// `runs`, `pf`, `dim`, `width`, `w`, `ld`, `g`, `out`, `ow` (see [`pv_transposed`]).
+#[cfg(target_arch = "x86_64")]
+type TransposedArgs<'a> = (
+    *const u8,
+    &'a [(usize, usize, usize)],
+    &'a [(usize, usize, usize)],
+    usize,
+    usize,
+    &'a [f32],
+    usize,
+    usize,
+    &'a mut [f32],
+    usize,
+);
+
 /// Whether [`pv_transposed`] reads transposed value rows in place on `isa` (on AVX-512 and
 /// AVX2, of every kind; the scalar build copies them into rows first).
 pub(crate) fn reads_transposed(isa: Isa) -> bool {
@@ -735,7 +751,7 @@ pub(crate) use isa::{detect, ranked, Isa};
 #[cfg(target_arch = "x86_64")]
 use isa::{has_avx2, has_avx512, has_avx512_bf16};
 pub(crate) use order::{Order, Role};
-pub(crate) use prefetch::{prefetch, prefetch_level, prefetch_to, PrefetchLevel};
+pub(crate) use prefetch::{prefetch, prefetch_bytes, prefetch_level, prefetch_to, PrefetchLevel};
 
 /// Row kinds as const parameters of the AVX2 and AVX-512 kernels, so each kind gets its own
 /// loops. `E4M3_RAW`: e4m3 without its power of two ([`fp8_fold`]).

@@ -174,17 +174,6 @@ pub(super) fn prefetch_line(row: *const u8, at: usize) {
     }
 }
 
-/// Prefetches the lines of the `bytes` bytes from `p` to `level` (a hint: never faults).
-#[inline(always)]
-pub(super) fn prefetch_span(p: *const u8, bytes: usize, level: super::PrefetchLevel) {
-    let mut at = 0;
-    while at < bytes {
-        // The address stays inside the (checked) span the pointer came from.
-        super::prefetch_to(p.wrapping_add(at), level);
-        at += 64;
-    }
-}
-
 /// Lane `4 * (a % 4) + a / 4` of the result is the horizontal sum of `v[a]` (so the sum
 /// of `v[l % 4 * 4 + l / 4]` lands in lane `l`).
 #[inline]
@@ -360,7 +349,7 @@ unsafe fn qk_k<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(
     }
     // Rows of the next tile past this one's length.
     for &p in pf.iter().skip(nt) {
-        prefetch_span(p.wrapping_add(pf_hoff), row_bytes, level);
+        super::prefetch_bytes(p.wrapping_add(pf_hoff), 0, row_bytes, level);
     }
 }
 

@@ -52,6 +52,17 @@ pub(crate) fn prefetch_to(p: *const u8, level: PrefetchLevel) {
     let _ = (p, level);
 }
 
+/// Prefetches to `level` every line holding a byte of `[from, end)` past `base` (a hint: the
+/// addresses are never dereferenced).
+#[inline(always)]
+pub(crate) fn prefetch_bytes(base: *const u8, from: usize, end: usize, level: PrefetchLevel) {
+    let mut at = from & !63;
+    while at < end {
+        prefetch_to(base.wrapping_add(at), level);
+        at += 64;
+    }
+}
+
 /// This machine's prefetch level (detected once; `L1` off x86_64, where nothing prefetches).
 #[cfg(not(target_arch = "x86_64"))]
 pub(crate) fn prefetch_level() -> PrefetchLevel {

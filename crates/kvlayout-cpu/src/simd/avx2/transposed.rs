@@ -40,25 +40,12 @@ pub(in crate::simd) unsafe fn pv_transposed(
     unsafe { by_kind!(kind, raw, pv_transposed_k(a)) }
 }
 
-type Args<'a> = (
-    *const u8,
-    &'a [(usize, usize, usize)],
-    &'a [(usize, usize, usize)],
-    usize,
-    usize,
-    &'a [f32],
-    usize,
-    usize,
-    &'a mut [f32],
-    usize,
-);
-
 /// [`pv_transposed`] for rows of kind `K`.
 ///
 /// # Safety
 /// As [`pv_transposed`].
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pv_transposed_k<const K: u8>(a: Args<'_>) {
+unsafe fn pv_transposed_k<const K: u8>(a: simd::TransposedArgs<'_>) {
     let (buf, runs, pf, dim, width, w, ld, g, out, ow) = a;
     let level = simd::prefetch_level();
     let mut j0 = 0;
@@ -140,11 +127,7 @@ unsafe fn block<const K: u8, const FULL: bool>(b: &Block<'_>, hn: usize, dn: usi
             if let Some(&(pf_off, _, _)) = b.pf.get(ri) {
                 // The lines of elements `d0 .. d0 + dn` of the later run.
                 let (first, end) = (pf_off + b.d0 * b.dim, pf_off + (b.d0 + dn) * b.dim);
-                let mut at = first & !63;
-                while at < end {
-                    simd::prefetch_to(b.buf.wrapping_add(at), b.level);
-                    at += 64;
-                }
+                simd::prefetch_bytes(b.buf, first, end, b.level);
             }
             // Tokens 0..8 of the run, then 8..16: two weights and one element vector live
             // at a time besides the 8 accumulators (16 registers in all).

@@ -50,25 +50,12 @@ type RunsAndPrefetch<'a> = (
     simd::PrefetchLevel,
 );
 
-type PvTransposedArgs<'a> = (
-    *const u8,
-    &'a [(usize, usize, usize)],
-    &'a [(usize, usize, usize)],
-    usize,
-    usize,
-    &'a [f32],
-    usize,
-    usize,
-    &'a mut [f32],
-    usize,
-);
-
 /// [`pv_transposed`] for rows of kind `K`.
 ///
 /// # Safety
 /// As [`pv_transposed`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn pv_transposed_k<const K: u8>(a: PvTransposedArgs<'_>) {
+unsafe fn pv_transposed_k<const K: u8>(a: simd::TransposedArgs<'_>) {
     let (buf, runs, pf, dim, width, w, ld, g, out, ow) = a;
     let level = simd::prefetch_level();
     let mut j0 = 0;
@@ -124,11 +111,7 @@ unsafe fn transposed_block<const K: u8, const FULL: bool>(
         if let Some(&(pf_off, _, _)) = pf.get(ri) {
             // The lines of elements `d0 .. d0 + dn` of the later run.
             let (first, end) = (pf_off + d0 * dim, pf_off + (d0 + dn) * dim);
-            let mut at = first & !63;
-            while at < end {
-                simd::prefetch_to(buf.wrapping_add(at), level);
-                at += 64;
-            }
+            simd::prefetch_bytes(buf, first, end, level);
         }
         let m = mask(n);
         // SAFETY: weights `(j0 + h) * ld + i0 .. + n` are inside `w`, and elements `d0 + dd`
