@@ -15,7 +15,9 @@
 //! Three informative tables follow. One reads the bound's buffers in chunks taken in a random
 //! order (4 KiB to 1 MiB): what the memory gives to pages scattered by a block table, before
 //! any compute. One adds compute that does not depend on the data between the bound's loads:
-//! how much of the read bandwidth a core keeps while it computes. The last times the decode
+//! how much of the read bandwidth a core keeps while it computes, reading sequentially, and
+//! reading in the decode's own order of head-major pages with and without its prefetches
+//! (what the memory gives the decode's pattern at a compute density). The last times the decode
 //! with its rows in L2 on one thread: what the kernels cost, before any memory, for every
 //! kernel build the machine runs (the scalar build aside).
 //!
@@ -221,26 +223,37 @@ fn main() {
 /// (`ReadBound::compute_pass`), against the same compute alone (its data in L2). Were compute
 /// and memory overlapped, the read with compute would run at the slower of the read alone
 /// (1.0) and the compute alone; were they serialized, at the inverse of the sum of inverses.
+/// The last two columns read the same bytes with the same compute in the decode's order of a
+/// head-major bf16 cache, without and with its prefetches (`ReadBound::paged_pass`): what
+/// the memory gives the decode's read pattern at that compute density, before its kernels.
 fn overlap(be: &CpuBackend, bound: &ReadBound) {
     println!();
     println!(
-        "| FMAs per 256 bytes read | compute alone | read + compute | if overlapped | if serialized |"
+        "| FMAs per 256 bytes read | compute alone | read + compute | if overlapped \
+         | if serialized | pages + compute | pages + compute, prefetched |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for rounds in [0usize, 2, 4, 8, 16] {
-        let (mut alone, mut both) = (vec![], vec![]);
+        // Each pass timed right after a sequential pass; the median of the paired ratios.
+        let mut runs: [Vec<f64>; 4] = Default::default();
         for _ in 0..PATTERN_REPS {
-            let seq = bound.pass(be.pool());
-            alone.push(seq / bound.compute_pass(be.pool(), rounds, true));
-            let seq = bound.pass(be.pool());
-            both.push(seq / bound.compute_pass(be.pool(), rounds, false));
+            let passes: [&dyn Fn() -> f64; 4] = [
+                &|| bound.compute_pass(be.pool(), rounds, true),
+                &|| bound.compute_pass(be.pool(), rounds, false),
+                &|| bound.paged_pass(be.pool(), rounds, false),
+                &|| bound.paged_pass(be.pool(), rounds, true),
+            ];
+            for (ratios, pass) in runs.iter_mut().zip(passes) {
+                let seq = bound.pass(be.pool());
+                ratios.push(seq / pass());
+            }
         }
-        for v in [&mut alone, &mut both] {
+        let [a, b, c, d] = runs.map(|mut v| {
             v.sort_by(f64::total_cmp);
-        }
-        let (a, b) = (alone[PATTERN_REPS / 2], both[PATTERN_REPS / 2]);
+            v[PATTERN_REPS / 2]
+        });
         println!(
-            "| {} | {a:.2} | {b:.2} | {:.2} | {:.2} |",
+            "| {} | {a:.2} | {b:.2} | {:.2} | {:.2} | {c:.2} | {d:.2} |",
             4 * rounds,
             a.min(1.0),
             1.0 / (1.0 + 1.0 / a)

@@ -44,15 +44,18 @@ fn sum_lanes(x: &[f32]) -> f32 {
 
 /// Sums a slice as [`sum`] does while running `rounds` rounds of four multiply-adds (one
 /// per 64 bytes) for every 256 bytes read, on chains independent of the data: compute that
-/// could overlap the reads entirely.
-fn sum_and_compute(x: &[f32], rounds: usize) -> f32 {
+/// could overlap the reads entirely. With `pf` (as long as `x`), the lines of `pf` at the
+/// offsets of each 256 bytes read are prefetched as they are read, to the level the decode
+/// kernels prefetch to ([`crate::simd::prefetch`]).
+fn sum_and_compute(x: &[f32], pf: Option<&[f32]>, rounds: usize) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512 F detected just above.
-        return unsafe { sum_and_compute_avx512(x, rounds) };
+        return unsafe { sum_and_compute_avx512(x, pf, rounds) };
     }
     let (mut acc, mut chain) = ([0f32; 64], [0.5f32; 64]);
-    for c in x.chunks_exact(64) {
+    for (k, c) in x.chunks_exact(64).enumerate() {
+        prefetch_chunk(pf, k);
         for i in 0..64 {
             acc[i] += c[i];
         }
@@ -68,12 +71,13 @@ fn sum_and_compute(x: &[f32], rounds: usize) -> f32 {
 /// [`sum_and_compute`] with AVX-512 loads and FMAs (one 16-lane FMA per chain per round).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn sum_and_compute_avx512(x: &[f32], rounds: usize) -> f32 {
+fn sum_and_compute_avx512(x: &[f32], pf: Option<&[f32]>, rounds: usize) -> f32 {
     use std::arch::x86_64::*;
     let mut acc = [_mm512_setzero_ps(); 4];
     let mut chain = [_mm512_set1_ps(0.5); 4];
     let (a, b) = (_mm512_set1_ps(0.999), _mm512_set1_ps(1e-4));
-    for c in x.chunks_exact(64) {
+    for (k, c) in x.chunks_exact(64).enumerate() {
+        prefetch_chunk(pf, k);
         for (i, v) in acc.iter_mut().enumerate() {
             // SAFETY: `c` holds 64 floats; lane block `i` is its floats 16 i .. 16 i + 16.
             *v = _mm512_add_ps(*v, unsafe { _mm512_loadu_ps(c[16 * i..].as_ptr()) });
@@ -89,6 +93,30 @@ fn sum_and_compute_avx512(x: &[f32], rounds: usize) -> f32 {
         .chain(&chain)
         .fold(_mm512_setzero_ps(), |s, v| _mm512_add_ps(s, *v));
     _mm512_reduce_add_ps(all)
+}
+
+/// Prefetches the four lines of chunk `k` (64 floats) of `pf`, if any (a hint: a chunk past
+/// its end is not prefetched).
+#[inline(always)]
+fn prefetch_chunk(pf: Option<&[f32]>, k: usize) {
+    if let Some(c) = pf.and_then(|p| p.get(k * 64..k * 64 + 64)) {
+        for line in 0..4 {
+            crate::simd::prefetch(c[line * 16..].as_ptr().cast());
+        }
+    }
+}
+
+/// A fixed permutation of `0..n` (xorshift Fisher-Yates).
+fn permutation(n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    order
 }
 
 /// `n` buffers of `bytes` each, allocated as caches are (huge pages where offered), every
@@ -156,10 +184,10 @@ impl ReadBound {
             if cached {
                 let piece = &all[..all.len().min(PIECE / 4)];
                 (0..all.len() / piece.len().max(1))
-                    .map(|_| sum_and_compute(black_box(piece), rounds))
+                    .map(|_| sum_and_compute(black_box(piece), None, rounds))
                     .sum::<f32>()
             } else {
-                sum_and_compute(all, rounds)
+                sum_and_compute(all, None, rounds)
             }
         })
     }
@@ -169,16 +197,8 @@ impl ReadBound {
     /// scattered by a block table, whose bandwidth bounds any op that reads such pages whole.
     pub fn chunked_pass(&self, pool: &rayon::ThreadPool, chunk: usize) -> f64 {
         let floats = chunk / 4;
-        let n = self.bufs.first().map_or(0, |b| b.as_slice().len() / chunk);
-        // A fixed permutation of the chunks (xorshift Fisher-Yates), built before timing.
-        let mut order: Vec<usize> = (0..n).collect();
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        for i in (1..n).rev() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            order.swap(i, (x % (i as u64 + 1)) as usize);
-        }
+        // A fixed permutation of the chunks, built before timing.
+        let order = permutation(self.bufs.first().map_or(0, |b| b.as_slice().len() / chunk));
         self.timed(pool, |all| {
             order
                 .iter()
@@ -186,6 +206,61 @@ impl ReadBound {
                 .sum::<f32>()
         })
     }
+
+    /// Seconds of one pass that reads each buffer in the order the decode reads a head-major
+    /// bf16 cache of the decode bench ([`decode_page_order`]), `rounds` as in
+    /// [`ReadBound::compute_pass`]. With `prefetch`, as each page is read, the page two
+    /// (tile, head) steps later in the same field is prefetched line by line, as the decode
+    /// kernels do. Informative: the decode's read pattern and prefetches without its kernels,
+    /// at a chosen compute density.
+    pub fn paged_pass(&self, pool: &rayon::ThreadPool, rounds: usize, prefetch: bool) -> f64 {
+        let floats = self.bufs.first().map_or(0, |b| b.as_slice().len() / 4);
+        let order = decode_page_order(floats);
+        self.timed(pool, |all| {
+            order
+                .iter()
+                .map(|&(at, pf)| {
+                    let pf = pf.filter(|_| prefetch).map(|p| &all[p..p + PAGE_FLOATS]);
+                    sum_and_compute(black_box(&all[at..at + PAGE_FLOATS]), pf, rounds)
+                })
+                .sum::<f32>()
+        })
+    }
+}
+
+/// Floats in a page of [`decode_page_order`]: 16 tokens x 128 bf16, 4 KiB.
+const PAGE_FLOATS: usize = 1024;
+
+/// The order in which the decode reads a head-major bf16 cache of the decode bench (8 KV
+/// heads x 16 tokens x 128 per block, tiles of [`crate::simd::TILE`] = 64 tokens), laid over
+/// `floats` floats: the first half is K and the second V, each in blocks of 8 head pages of
+/// 4 KiB, taken in a fixed random order four blocks (a tile) at a time; per tile and head,
+/// the four blocks' K pages, then their V pages. Each entry: where a page starts, and where
+/// the page [`crate::decode::PREFETCH_AHEAD`] (tile, head) steps later in the same field and
+/// block slot starts (none in the last steps), which the decode prefetches meanwhile. Every
+/// page of both halves comes once.
+fn decode_page_order(floats: usize) -> Vec<(usize, Option<usize>)> {
+    const HEADS: usize = 8;
+    const TILE_BLOCKS: usize = crate::simd::TILE / 16;
+    const AHEAD: usize = crate::decode::PREFETCH_AHEAD;
+    let (block, half) = (PAGE_FLOATS * HEADS, floats / 2);
+    let blocks = permutation(half / block / TILE_BLOCKS * TILE_BLOCKS);
+    let steps = blocks.len() / TILE_BLOCKS * HEADS;
+    // Where page `i` of the tile of step `step` starts in K (V: `half` further).
+    let page = |step: usize, i: usize| {
+        let (tile, head) = (step / HEADS, step % HEADS);
+        blocks[tile * TILE_BLOCKS + i] * block + head * PAGE_FLOATS
+    };
+    let mut order = Vec::with_capacity(2 * steps * TILE_BLOCKS);
+    for step in 0..steps {
+        for field in [0, half] {
+            for i in 0..TILE_BLOCKS {
+                let later = (step + AHEAD < steps).then(|| field + page(step + AHEAD, i));
+                order.push((field + page(step, i), later));
+            }
+        }
+    }
+    order
 }
 
 /// The memcpy bound: every thread of a pool copies its own buffer into another (buffers
@@ -271,5 +346,41 @@ pub fn paired(
         bound_median: bound_bytes / passes[mid],
         ratio_best: (op_bytes / ops[0]) / (bound_bytes / passes[0]),
         ratio_median: ratios[mid],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every page of both halves once; K and V in groups of a tile's four blocks, each group
+    /// at one head offset; each page prefetched from the entry `PREFETCH_AHEAD` steps (of 8
+    /// entries) before.
+    #[test]
+    fn decode_page_order_reads_every_page_once() {
+        let (block, blocks) = (PAGE_FLOATS * 8, 12);
+        let floats = 2 * blocks * block;
+        let order = decode_page_order(floats);
+        assert_eq!(order.len(), floats / PAGE_FLOATS);
+        let mut starts: Vec<usize> = order.iter().map(|&(at, _)| at).collect();
+        starts.sort_unstable();
+        let all: Vec<usize> = (0..floats / PAGE_FLOATS).map(|p| p * PAGE_FLOATS).collect();
+        assert_eq!(starts, all);
+        for (e, group) in order.chunks_exact(4).enumerate() {
+            let v = e % 2 == 1;
+            let head = group[0].0 % block / PAGE_FLOATS;
+            for &(at, _) in group {
+                assert_eq!(at >= floats / 2, v, "entry group {e}");
+                assert_eq!(at % block / PAGE_FLOATS, head, "entry group {e}");
+            }
+        }
+        for (e, &(_, pf)) in order.iter().enumerate() {
+            let later = e + 8 * crate::decode::PREFETCH_AHEAD;
+            assert_eq!(pf, order.get(later).map(|&(at, _)| at), "entry {e}");
+        }
+        // Heads 0..8 of a tile in turn: the head of group 2 s is s % 8.
+        for (s, group) in order.chunks_exact(8).enumerate() {
+            assert_eq!(group[0].0 % block / PAGE_FLOATS, s % 8);
+        }
     }
 }

@@ -35,6 +35,7 @@ use crate::cache::CacheRef;
 use crate::simd::{self, Isa, Order};
 
 mod plan;
+pub(crate) use plan::PREFETCH_AHEAD;
 mod src;
 #[cfg(test)]
 mod tests;

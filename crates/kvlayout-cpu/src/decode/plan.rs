@@ -17,7 +17,7 @@ use crate::simd::{self, Isa, Order, Role, RowKind, RowSet, SUM_LANES, TILE};
 /// prefetched rows are still there when read (1, 3, 4 and 8 measured slower on Zen, 3 to 8
 /// on a Xeon; the whole next tile, an earlier choice, thrashes L2 once a tile of all heads is
 /// 512 KiB).
-pub(super) const PREFETCH_AHEAD: usize = 2;
+pub(crate) const PREFETCH_AHEAD: usize = 2;
 
 /// Bytes of one L1 way (48 KiB 12-way and 32 KiB 8-way alike): rows this far apart share
 /// the same sets.
