@@ -316,6 +316,35 @@ unsafe fn qk_k<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(
     let level = super::prefetch_level();
     let row_bytes = width * esize(K);
     let mut i0 = 0;
+    // Whole row blocks of whole head blocks of whole element blocks: no clamping, no masks.
+    if g.is_multiple_of(H) && tail == 0 {
+        while i0 + R <= nt {
+            let rp: [*const u8; R] = std::array::from_fn(|r| rows[i0 + r].wrapping_add(hoff));
+            // (Past the end of `pf`, the rows prefetch their own, cached, lines.)
+            let pfp: [*const u8; R] = if i0 + R <= pf.len() {
+                std::array::from_fn(|r| pf[i0 + r].wrapping_add(pf_hoff))
+            } else {
+                rp
+            };
+            for j0 in (0..g).step_by(H) {
+                // SAFETY: query rows `j0 .. j0 + H` (inside the group, at stride `qs`) hold
+                // `width` values; rows `rp` hold `width` elements, `full` whole blocks
+                // (caller's contract).
+                let sums = unsafe {
+                    let qp: [*const f32; H] =
+                        std::array::from_fn(|h| q.as_ptr().add((j0 + h) * qs));
+                    let mut acc = [_mm512_setzero_ps(); 16];
+                    let pf = (&pfp, j0 == 0, level);
+                    for b in 0..full {
+                        qk_block::<K, R, H, true, SPLIT>(&mut acc, &qp, &rp, pf, b, bw, chunk);
+                    }
+                    hsum16(acc)
+                };
+                store_whole_logits::<R, H>(sums, logits, ld, i0, j0);
+            }
+            i0 += R;
+        }
+    }
     while i0 < nt {
         let rp: [*const u8; R] =
             std::array::from_fn(|r| rows[(i0 + r).min(nt - 1)].wrapping_add(hoff));
@@ -420,6 +449,45 @@ unsafe fn qk_block<
                     let a = l % 4 * 4 + l / 4;
                     acc[a] = _mm512_fmadd_ps(qh[v], x, acc[a]);
                 }
+            }
+        }
+    }
+}
+
+/// [`store_logits`] of whole rows and heads (`i0 + R <= nt`, `j0 + H <= g`): unmasked.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn store_whole_logits<const R: usize, const H: usize>(
+    sums: __m512,
+    logits: &mut [f32],
+    ld: usize,
+    i0: usize,
+    j0: usize,
+) {
+    for h in 0..H {
+        let at = (j0 + h) * ld + i0;
+        let dst = logits[at..at + R].as_mut_ptr();
+        // SAFETY: `dst` starts `R` in-bounds floats, and each store writes `R` floats.
+        unsafe {
+            match R {
+                16 => _mm512_storeu_ps(dst, sums),
+                8 => _mm256_storeu_ps(
+                    dst,
+                    if h == 0 {
+                        _mm512_castps512_ps256(sums)
+                    } else {
+                        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sums)))
+                    },
+                ),
+                _ => _mm_storeu_ps(
+                    dst,
+                    match h {
+                        0 => _mm512_castps512_ps128(sums),
+                        1 => _mm512_extractf32x4_ps::<1>(sums),
+                        2 => _mm512_extractf32x4_ps::<2>(sums),
+                        _ => _mm512_extractf32x4_ps::<3>(sums),
+                    },
+                ),
             }
         }
     }
