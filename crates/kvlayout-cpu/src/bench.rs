@@ -180,8 +180,8 @@ impl ReadBound {
         t.elapsed().as_secs_f64()
     }
 
-    /// Seconds of one pass that also computes: `rounds` rounds of [`CHAINS`] 16-lane
-    /// multiply-adds per 256 bytes read, on chains independent of the data, so that the
+    /// Seconds of one pass that also computes: `rounds` rounds of 16 multiply-adds (16 lanes
+    /// each, on 16 chains) per 256 bytes read, on chains independent of the data, so that the
     /// compute could hide under the reads. With `cached`, each thread reads the first 256 KiB of its buffer (which
     /// stay in L2) over and over, as many bytes as a pass: the compute alone. Informative:
     /// how much of the read bandwidth a core keeps once it computes between its loads.
@@ -215,7 +215,7 @@ impl ReadBound {
     }
 
     /// Seconds of one pass that reads each buffer in the order the decode reads a head-major
-    /// bf16 cache of the decode bench ([`decode_page_order`]), `rounds` as in
+    /// bf16 cache of the decode bench (`decode_page_order`), `rounds` as in
     /// [`ReadBound::compute_pass`]. With `prefetch`, as each page is read, the page two
     /// (tile, head) steps later in the same field is prefetched line by line, as the decode
     /// kernels do. Informative: the decode's read pattern and prefetches without its kernels,
