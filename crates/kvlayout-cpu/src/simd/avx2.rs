@@ -246,6 +246,35 @@ unsafe fn qk_rh<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(
     let (pf, pf_hoff) = pf;
     let level = super::prefetch_level();
     let mut i0 = 0;
+    // Whole row blocks of whole head blocks of whole vectors: no clamping, no masks.
+    if g.is_multiple_of(H) && tail == 0 {
+        while i0 + R <= nt {
+            let rp: [*const u8; R] = std::array::from_fn(|r| rows[i0 + r].wrapping_add(hoff));
+            // (Past the end of `pf`, the rows prefetch their own, cached, lines.)
+            let pfp: [*const u8; R] = if i0 + R <= pf.len() {
+                std::array::from_fn(|r| pf[i0 + r].wrapping_add(pf_hoff))
+            } else {
+                rp
+            };
+            for j0 in (0..g).step_by(H) {
+                let qp: [*const f32; H] = std::array::from_fn(|h| q[(j0 + h) * qs..].as_ptr());
+                let mut acc = [_mm256_setzero_ps(); 8];
+                let blocks = (&rp, &pfp, j0 == 0, level, i0);
+                // SAFETY: rows hold `width` elements from `hoff`, query rows `width` values,
+                // all whole vectors (caller's contract).
+                unsafe { qk_vectors::<K, R, H, SPLIT>(&mut acc, qp, blocks, full, chunk) };
+                let mut sums = [0f32; 8];
+                // SAFETY: `sums` holds 8 floats.
+                unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), hsum8(acc)) };
+                // Lane `h * R + r`: head `j0 + h`, row `i0 + r`.
+                for h in 0..H {
+                    let at = (j0 + h) * ld + i0;
+                    logits[at..at + R].copy_from_slice(&sums[h * R..h * R + R]);
+                }
+            }
+            i0 += R;
+        }
+    }
     while i0 < nt {
         let rp: [*const u8; R] =
             std::array::from_fn(|r| rows[(i0 + r).min(nt - 1)].wrapping_add(hoff));
@@ -260,34 +289,9 @@ unsafe fn qk_rh<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(
             // (caller's contract); the tail is read with a lane mask and a zeroed copy.
             let sums = unsafe {
                 let mut acc = [_mm256_setzero_ps(); 8];
-                let mut d = 0;
-                while d < full {
-                    let qv: [__m256; H] = std::array::from_fn(|h| _mm256_loadu_ps(qp[h].add(d)));
-                    let at = d * esize(K);
-                    let pf_on = j0 == 0 && (SPLIT || at.is_multiple_of(64));
-                    for (r, &row) in rp.iter().enumerate() {
-                        if SPLIT {
-                            // The pieces that start among these elements, once per four rows.
-                            if pf_on && (i0 + r) % 4 == 0 {
-                                let piece = super::SPLIT_PIECE;
-                                for c in at.div_ceil(piece)..(at + 8 * esize(K)).div_ceil(piece) {
-                                    super::prefetch_to(pfp[r].wrapping_add(c * chunk), level);
-                                }
-                            }
-                        } else if pf_on {
-                            super::prefetch_to(pfp[r].wrapping_add(at), level);
-                        }
-                        let x = if SPLIT {
-                            load_split::<K>(row, d, 8, chunk)
-                        } else {
-                            load::<K>(row, d, 8)
-                        };
-                        for (h, qh) in qv.iter().enumerate() {
-                            acc[h * R + r] = _mm256_fmadd_ps(*qh, x, acc[h * R + r]);
-                        }
-                    }
-                    d += 8;
-                }
+                let blocks = (&rp, &pfp, j0 == 0, level, i0);
+                qk_vectors::<K, R, H, SPLIT>(&mut acc, qp, blocks, full, chunk);
+                let d = full;
                 if tail > 0 {
                     let qv: [__m256; H] =
                         std::array::from_fn(|h| _mm256_maskload_ps(qp[h].add(d), m));
@@ -319,6 +323,63 @@ unsafe fn qk_rh<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(
     // Rows of `pf` past this tile's.
     for &p in pf.iter().skip(nt) {
         prefetch_row(p.wrapping_add(pf_hoff), width * esize(K), level);
+    }
+}
+
+/// The whole vectors (elements `0 .. full`, a multiple of 8) of rows `rp` times the query
+/// rows `qp` into the accumulators (`acc[h * R + r]`). `blocks`: the rows, the matching rows
+/// of `pf` whose lines are prefetched as the rows are read (when on: the first head block),
+/// the level, and the first row's index in the tile (split rows prefetch once per four).
+///
+/// # Safety
+/// AVX2, FMA and F16C present; the rows hold `full` elements, the query rows `full` values.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn qk_vectors<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(
+    acc: &mut [__m256; 8],
+    qp: [*const f32; H],
+    blocks: (
+        &[*const u8; R],
+        &[*const u8; R],
+        bool,
+        super::PrefetchLevel,
+        usize,
+    ),
+    full: usize,
+    chunk: usize,
+) {
+    let (rp, pfp, pf_first, level, i0) = blocks;
+    let mut d = 0;
+    while d < full {
+        // SAFETY: the query rows hold `full` values (caller's contract).
+        let qv: [__m256; H] = std::array::from_fn(|h| unsafe { _mm256_loadu_ps(qp[h].add(d)) });
+        let at = d * esize(K);
+        let pf_on = pf_first && (SPLIT || at.is_multiple_of(64));
+        for (r, &row) in rp.iter().enumerate() {
+            if SPLIT {
+                // The pieces that start among these elements, once per four rows.
+                if pf_on && (i0 + r) % 4 == 0 {
+                    let piece = super::SPLIT_PIECE;
+                    for c in at.div_ceil(piece)..(at + 8 * esize(K)).div_ceil(piece) {
+                        super::prefetch_to(pfp[r].wrapping_add(c * chunk), level);
+                    }
+                }
+            } else if pf_on {
+                super::prefetch_to(pfp[r].wrapping_add(at), level);
+            }
+            // SAFETY: the rows hold `full` elements (caller's contract).
+            let x = unsafe {
+                if SPLIT {
+                    load_split::<K>(row, d, 8, chunk)
+                } else {
+                    load::<K>(row, d, 8)
+                }
+            };
+            for (h, qh) in qv.iter().enumerate() {
+                acc[h * R + r] = _mm256_fmadd_ps(*qh, x, acc[h * R + r]);
+            }
+        }
+        d += 8;
     }
 }
 
