@@ -39,6 +39,32 @@
 /// Tokens per online-softmax tile (the leading dimension of the logits and weights).
 pub(crate) const TILE: usize = 64;
 
+/// The rows `i0 .. i0 + R` of a tile's logits kernel at `hoff` (a row past the tile repeats
+/// its last; `rows` is not empty), and the matching rows of `pf` at `pf_hoff`, whose lines the
+/// kernel prefetches as it reads (a row past the end of `pf` gives its own row, whose lines
+/// are cached). Whole blocks take neither clamp.
+#[inline(always)]
+pub(crate) fn row_block<const R: usize>(
+    rows: &[*const u8],
+    pf: &[*const u8],
+    i0: usize,
+    hoff: usize,
+    pf_hoff: usize,
+) -> ([*const u8; R], [*const u8; R]) {
+    let nt = rows.len();
+    let rp: [*const u8; R] = if i0 + R <= nt {
+        std::array::from_fn(|r| rows[i0 + r].wrapping_add(hoff))
+    } else {
+        std::array::from_fn(|r| rows[(i0 + r).min(nt - 1)].wrapping_add(hoff))
+    };
+    let pfp = if i0 + R <= pf.len() {
+        std::array::from_fn(|r| pf[i0 + r].wrapping_add(pf_hoff))
+    } else {
+        std::array::from_fn(|r| pf.get(i0 + r).map_or(rp[r], |p| p.wrapping_add(pf_hoff)))
+    };
+    (rp, pfp)
+}
+
 /// Softmax weights `e^x` (`x` a logit minus the running maximum) below `e^WEIGHT_FLOOR` are
 /// taken as zero, and so is the factor that rescales a state to a maximum this much higher.
 /// Their share of a sum that holds the maximum's weight of 1 is below 2^-92, far under what an

@@ -249,13 +249,7 @@ unsafe fn qk_rh<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(
     // Whole row blocks of whole head blocks of whole vectors: no clamping, no masks.
     if g.is_multiple_of(H) && tail == 0 {
         while i0 + R <= nt {
-            let rp: [*const u8; R] = std::array::from_fn(|r| rows[i0 + r].wrapping_add(hoff));
-            // (Past the end of `pf`, the rows prefetch their own, cached, lines.)
-            let pfp: [*const u8; R] = if i0 + R <= pf.len() {
-                std::array::from_fn(|r| pf[i0 + r].wrapping_add(pf_hoff))
-            } else {
-                rp
-            };
+            let (rp, pfp) = super::row_block::<R>(rows, pf, i0, hoff, pf_hoff);
             for j0 in (0..g).step_by(H) {
                 let qp: [*const f32; H] = std::array::from_fn(|h| q[(j0 + h) * qs..].as_ptr());
                 let mut acc = [_mm256_setzero_ps(); 8];
@@ -276,11 +270,7 @@ unsafe fn qk_rh<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(
         }
     }
     while i0 < nt {
-        let rp: [*const u8; R] =
-            std::array::from_fn(|r| rows[(i0 + r).min(nt - 1)].wrapping_add(hoff));
-        // The matching rows of `pf` (a row without one prefetches its own, cached, line).
-        let pfp: [*const u8; R] =
-            std::array::from_fn(|r| pf.get(i0 + r).map_or(rp[r], |p| p.wrapping_add(pf_hoff)));
+        let (rp, pfp) = super::row_block::<R>(rows, pf, i0, hoff, pf_hoff);
         let mut j0 = 0;
         while j0 < g {
             let qp: [*const f32; H] =

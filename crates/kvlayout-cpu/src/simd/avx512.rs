@@ -319,13 +319,7 @@ unsafe fn qk_k<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(
     // Whole row blocks of whole head blocks of whole element blocks: no clamping, no masks.
     if g.is_multiple_of(H) && tail == 0 {
         while i0 + R <= nt {
-            let rp: [*const u8; R] = std::array::from_fn(|r| rows[i0 + r].wrapping_add(hoff));
-            // (Past the end of `pf`, the rows prefetch their own, cached, lines.)
-            let pfp: [*const u8; R] = if i0 + R <= pf.len() {
-                std::array::from_fn(|r| pf[i0 + r].wrapping_add(pf_hoff))
-            } else {
-                rp
-            };
+            let (rp, pfp) = super::row_block::<R>(rows, pf, i0, hoff, pf_hoff);
             for j0 in (0..g).step_by(H) {
                 // SAFETY: query rows `j0 .. j0 + H` (inside the group, at stride `qs`) hold
                 // `width` values; rows `rp` hold `width` elements, `full` whole blocks
@@ -346,12 +340,9 @@ unsafe fn qk_k<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(
         }
     }
     while i0 < nt {
-        let rp: [*const u8; R] =
-            std::array::from_fn(|r| rows[(i0 + r).min(nt - 1)].wrapping_add(hoff));
-        // The rows of `pf` matching this block's, prefetched line by line with the loads of
-        // the first head block (a row without one prefetches its own, cached, line).
-        let pfp: [*const u8; R] =
-            std::array::from_fn(|r| pf.get(i0 + r).map_or(rp[r], |p| p.wrapping_add(pf_hoff)));
+        // The rows of `pf` matching this block's are prefetched line by line with the loads
+        // of the first head block.
+        let (rp, pfp) = super::row_block::<R>(rows, pf, i0, hoff, pf_hoff);
         let mut j0 = 0;
         while j0 < g {
             let pf_on = j0 == 0;
