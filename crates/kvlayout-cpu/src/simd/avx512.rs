@@ -455,6 +455,8 @@ fn store_whole_logits<const R: usize, const H: usize>(
     i0: usize,
     j0: usize,
 ) {
+    // The blockings `hsum16` reduces (the stores below write `R` floats for these alone).
+    const { assert!(R * H == 16 && (R == 4 || R == 8 || R == 16)) };
     for h in 0..H {
         let at = (j0 + h) * ld + i0;
         let dst = logits[at..at + R].as_mut_ptr();
