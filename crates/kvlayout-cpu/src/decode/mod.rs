@@ -195,10 +195,14 @@ pub(crate) fn decode_with(
                     let mut state = std::mem::take(&mut s.state);
                     grow(&mut state, hpi * rec);
                     let seq = seq_of(item);
+                    // Items of whole sequences: the next one is likely this thread's next.
+                    let after = (hpi == kv_heads && seq + 1 < shape.seqs)
+                        .then(|| (seq + 1, range_of(seq + 1)));
                     plan.run(
                         seq,
                         head_range(item),
                         range_of(seq),
+                        after,
                         &mut state[..hpi * rec],
                         s,
                     );
@@ -226,6 +230,7 @@ pub(crate) fn decode_with(
                         seq_of(item),
                         head_range(item),
                         a..b,
+                        None,
                         st,
                         &mut s.borrow_mut(),
                     )

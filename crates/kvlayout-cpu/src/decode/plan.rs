@@ -58,6 +58,8 @@ struct Tile {
     n: usize,
     /// One past the tile's last token.
     end: u64,
+    /// A tile of the item the thread likely runs next: its rows are prefetched, not read.
+    lookahead: bool,
     k: [u64; TILE],
     v: [u64; TILE],
     ks: [u64; TILE],
@@ -69,6 +71,7 @@ impl Default for Tile {
         Tile {
             n: 0,
             end: 0,
+            lookahead: false,
             k: [0; TILE],
             v: [0; TILE],
             ks: [0; TILE],
@@ -179,6 +182,28 @@ impl<'a> Plan<'a> {
         })
     }
 
+    /// The tile after `*start` of sequence `seq`'s tokens `range` (advancing `*start`); past
+    /// the range, the first tile of `after` (a sequence and its tokens, taken once), marked
+    /// [`Tile::lookahead`]; then an empty tile.
+    fn next_tile(
+        &self,
+        seq: usize,
+        range: &Range<u64>,
+        start: &mut u64,
+        after: &mut Option<(usize, Range<u64>)>,
+        t: &mut Tile,
+    ) {
+        if *start < range.end || after.is_none() {
+            let end = (*start + self.tile_len).min(range.end);
+            self.tile(seq, *start..end, t);
+            t.lookahead = false;
+            *start = end;
+        } else if let Some((next, r)) = after.take() {
+            self.tile(next, r.start..(r.start + self.tile_len).min(r.end), t);
+            t.lookahead = true;
+        }
+    }
+
     /// Offsets of tokens `tokens` (at most `TILE`, inside the sequence's validated blocks).
     fn tile(&self, seq: usize, tokens: Range<u64>, t: &mut Tile) {
         t.n = (tokens.end - tokens.start) as usize;
@@ -268,12 +293,15 @@ impl<'a> Plan<'a> {
     /// Online softmax of the KV heads `heads` over tokens `range` of sequence `seq`, tile by
     /// tile, every head of the range on each tile (so a token-major page is consumed whole).
     /// Writes one record (see [`Plan::record`]) per head into `states`; accumulators are in
-    /// the value kernels' order.
+    /// the value kernels' order. `after`: the sequence and tokens of the item this thread
+    /// likely runs next (same heads), whose first tile's rows the last steps prefetch, as
+    /// every step prefetches the rows of the step two later (a wrong guess costs hints only).
     pub(super) fn run(
         &self,
         seq: usize,
         heads: Range<usize>,
         range: Range<u64>,
+        mut after: Option<(usize, Range<u64>)>,
         states: &mut [f32],
         s: &mut Scratch,
     ) {
@@ -326,12 +354,10 @@ impl<'a> Plan<'a> {
         let mut tiles: [Tile; 2] = Default::default();
         let mut start = range.start;
         for t in tiles.iter_mut() {
-            let end = (start + self.tile_len).min(range.end);
-            self.tile(seq, start..end, t);
-            start = end;
+            self.next_tile(seq, &range, &mut start, &mut after, t);
         }
         let mut c = 0;
-        while tiles[c].n > 0 {
+        while tiles[c].n > 0 && !tiles[c].lookahead {
             let (cur, next) = (&tiles[c], &tiles[1 - c]);
             let nt = cur.n;
             // Contiguous rows of this tile and the next, each checked for every head of the
@@ -477,9 +503,7 @@ impl<'a> Plan<'a> {
                     widen,
                 );
             }
-            let end = (start + self.tile_len).min(range.end);
-            self.tile(seq, start..end, &mut tiles[c]);
-            start = end;
+            self.next_tile(seq, &range, &mut start, &mut after, &mut tiles[c]);
             c = 1 - c;
         }
         // Each query head's running sum: the sum of its partial sums.
