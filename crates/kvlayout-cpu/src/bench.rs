@@ -182,9 +182,10 @@ impl ReadBound {
 
     /// Seconds of one pass that also computes: `rounds` rounds of 16 multiply-adds (16 lanes
     /// each, on 16 chains) per 256 bytes read, on chains independent of the data, so that the
-    /// compute could hide under the reads. With `cached`, each thread reads the first 256 KiB of its buffer (which
-    /// stay in L2) over and over, as many bytes as a pass: the compute alone. Informative:
-    /// how much of the read bandwidth a core keeps once it computes between its loads.
+    /// compute could hide under the reads. With `cached`, each thread reads the first 256 KiB
+    /// of its buffer (which stay in L2) over and over, as many bytes as a pass: the compute
+    /// alone. Informative: how much of the read bandwidth a core keeps once it computes
+    /// between its loads.
     pub fn compute_pass(&self, pool: &rayon::ThreadPool, rounds: usize, cached: bool) -> f64 {
         const PIECE: usize = 256 << 10;
         self.timed(pool, |all| {
