@@ -40,9 +40,10 @@ use kvlayout_conformance::backend::{
     WriteArgs,
 };
 use kvlayout_conformance::cases::{
-    all_cases, mover_plan, widths, workload, LayoutCase, MoverPlan, Ops, Rng, Workload,
+    all_cases, mover_plan, widths, workload, DecodeCase, LayoutCase, MoverPlan, Ops, Rng, Workload,
 };
-use kvlayout_cpu::{reference, HostCache};
+use kvlayout_cpu::tolerance::{decode_error, Tolerance};
+use kvlayout_cpu::{reference, CacheRef, Decode, HostCache};
 
 const SENTINEL: u8 = 0xA5;
 
@@ -524,22 +525,43 @@ fn compare_write(p: &Prepared, got: &Bytes, want: &Bytes) -> Outcome<()> {
     Ok(())
 }
 
-/// Within tolerance everywhere; returns the worst error as a fraction of the tolerance.
-fn compare_decode(l: &KvCacheLayout, got: &[f32], want: &[f32]) -> Outcome<f64> {
+/// Within the contract's tolerance everywhere (`Tolerance::contract` of the cache's dtype,
+/// relative to each output row's magnitudes, which the reference measures on the oracle's
+/// cache `written`); returns the worst error as a fraction of its bound.
+fn compare_decode(
+    l: &KvCacheLayout,
+    written: &Bytes,
+    w: &Workload,
+    dc: &DecodeCase,
+    got: &[f32],
+    want: &[f32],
+) -> Outcome<f64> {
     if got.len() != want.len() {
         return Err(format!("{} outputs, expected {}", got.len(), want.len()));
     }
-    let tol = reference::decode_tolerance(l.dtype());
-    let mut worst = 0f64;
-    for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
-        let (a, b) = (f64::from(a), f64::from(b));
-        let bound = tol * b.abs().max(1.0);
-        if !within(a, b, bound) {
-            return Err(format!("out[{i}] = {a}, reference {b} (tolerance {tol})"));
-        }
-        worst = worst.max((a - b).abs() / bound);
+    let cache = CacheRef::new(l, written.iter().map(Vec::as_slice).collect())
+        .map_err(|e| format!("oracle cache: {e}"))?;
+    let d = Decode {
+        layer: w.layer,
+        query: dc.query.as_activations(),
+        block_table: &w.block_table,
+        blocks_per_seq: w.blocks_per_seq,
+        seq_lens: &w.seq_lens,
+        params: dc.params,
+    };
+    let mut again = vec![0f32; want.len()];
+    let mags = reference::paged_decode_magnitudes(&cache, &d, &mut again)
+        .map_err(|e| format!("reference magnitudes: {e}"))?;
+    let tol = Tolerance::contract(l.dtype());
+    let e = decode_error(got, want, &mags, tol);
+    match e.worst {
+        Some((i, a, b)) if !e.passed() => Err(format!(
+            "out[{i}] = {a}, reference {b}: {:.2} x its bound ({tol:?}, {:?})",
+            e.ratio,
+            mags[i / (want.len() / mags.len().max(1)).max(1)]
+        )),
+        _ => Ok(e.ratio),
     }
-    Ok(worst)
 }
 
 /// Checks tallied per op; failures with the case name.
@@ -585,7 +607,13 @@ fn compare_case(rep: &mut Report, p: &Prepared, got: &CaseOutcome, want: &CaseOu
         );
         for (i, dc) in w.decodes.iter().enumerate() {
             let (g, r) = (&got.decodes[i], &want.decodes[i]);
-            let r = both(g, r).and_then(|(g, r)| compare_decode(&p.case.layout, g, r));
+            let r = both(g, r).and_then(|(g, r)| {
+                let written = want
+                    .write
+                    .as_ref()
+                    .map_err(|e| format!("oracle write: {e}"))?;
+                compare_decode(&p.case.layout, written, w, dc, g, r)
+            });
             if let Ok(worst) = r {
                 let w = rep
                     .worst_decode

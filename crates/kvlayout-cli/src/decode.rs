@@ -14,6 +14,7 @@ use std::time::Instant;
 use kvlayout::ops::{decode_widths, DecodeParams};
 use kvlayout::{Content, KvCacheLayout};
 use kvlayout_cpu::bench::{paired, ReadBound};
+use kvlayout_cpu::tolerance::{decode_error, Tolerance};
 use kvlayout_cpu::{reference, Activations, CpuBackend, Decode, HostCache, WriteKv};
 use serde::Serialize;
 
@@ -81,14 +82,22 @@ pub(crate) struct StepReport {
     pub blocks_used: usize,
     pub seed: u64,
     pub kernels: &'static str,
+    /// Why this build ran (chosen with `--kernels`, named by `KVLAYOUT_KERNELS`, the first
+    /// the CPU runs, or timed against the other AVX-512 build).
+    pub kernels_why: String,
     pub threads: usize,
     /// Time of the `write_kv` calls, which are the first writes to the cache's pages.
     pub write_kv_ms: f64,
     /// Sequences compared with the reference (the first ones).
     pub checked_seqs: usize,
-    /// Largest `|fast - reference| / max(|reference|, 1)` over the checked outputs.
+    /// Largest `|fast - reference|` over the checked outputs, relative to the magnitude of the
+    /// values its row combined (scales included).
     pub max_error: f64,
-    pub tolerance: f64,
+    /// The largest error as a fraction of its bound (at most 1 passes): each output element may
+    /// differ by `values * (relative + per_logit * logits)` of its row's magnitudes.
+    pub error_to_bound: f64,
+    /// The tolerance of the kernel build that ran, for this cache's dtype.
+    pub tolerance: ToleranceReport,
     /// K and V bytes one step reads (each stored element of the attended tokens once, inline
     /// scales included).
     pub kv_bytes: u64,
@@ -101,9 +110,32 @@ pub(crate) struct StepReport {
     pub ratio_best: f64,
 }
 
+/// A [`Tolerance`] as the report states it.
+#[derive(Debug, Serialize)]
+pub(crate) struct ToleranceReport {
+    /// `f32` or `bf16`: the products the kernel build takes on this dtype's rows.
+    pub products: &'static str,
+    pub relative: f64,
+    pub per_logit: f64,
+}
+
+impl ToleranceReport {
+    fn of(t: Tolerance) -> Self {
+        ToleranceReport {
+            products: if t == Tolerance::BF16_PRODUCTS {
+                "bf16"
+            } else {
+                "f32"
+            },
+            relative: t.relative,
+            per_logit: t.per_logit,
+        }
+    }
+}
+
 impl StepReport {
     pub(crate) fn passed(&self) -> bool {
-        self.max_error <= self.tolerance
+        self.error_to_bound <= 1.0
     }
 
     pub(crate) fn to_text(&self) -> String {
@@ -115,11 +147,13 @@ impl StepReport {
              {} blocks of a random block table (seed {})\n\
              write_kv {} tokens in {:.1} ms (the first writes to the cache's pages)\n\
              check    the first {} of {} sequences against the f64 reference: max error \
-             {:.1e} (relative to max(|ref|, 1)), tolerance {:.1e}: {verdict}\n\
+             {:.1e} of the values' magnitude, {:.2} of its bound ({} products: {:.1e} + \
+             {:.1e} x the logits' magnitude): {verdict}\n\
              speed    cpu ({} kernels, {} threads): {:.1} MiB of K and V per step, median \
              {:.3} ms = {:.1} GB/s\n\
              \x20        {:.2} x the read bandwidth of this run ({:.1} GB/s), best {:.2}; \
-             {} runs, each right after a read pass\n",
+             {} runs, each right after a read pass\n\
+             kernels  {}: {}\n",
             self.layout,
             self.layer,
             self.seqs,
@@ -138,7 +172,10 @@ impl StepReport {
             self.checked_seqs,
             self.seqs,
             self.max_error,
-            self.tolerance,
+            self.error_to_bound,
+            self.tolerance.products,
+            self.tolerance.relative,
+            self.tolerance.per_logit,
             self.kernels,
             self.threads,
             self.kv_bytes as f64 / f64::from(1u32 << 20),
@@ -148,6 +185,8 @@ impl StepReport {
             self.read_gb_s_median,
             self.ratio_best,
             self.runs,
+            self.kernels,
+            self.kernels_why,
         )
     }
 }
@@ -315,12 +354,9 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
     // few sequences of thousands of tokens, so only the first ones are compared.
     let checked = a.check_seqs.min(a.seqs);
     let mut want = vec![0f32; out_len(checked)];
-    reference::paged_decode(&cache, &step(checked), &mut want)?;
-    let max_error = want
-        .iter()
-        .zip(&out)
-        .map(|(&w, &o)| (f64::from(o) - f64::from(w)).abs() / f64::from(w).abs().max(1.0))
-        .fold(0.0, f64::max);
+    let mags = reference::paged_decode_magnitudes(&cache, &step(checked), &mut want)?;
+    let tolerance = be.decode_tolerance(layout.dtype());
+    let error = decode_error(&out[..want.len()], &want, &mags, tolerance);
 
     // Each sequence reads its last `window` tokens (all of them without a window).
     let attended = u64::from(a.context).min(a.window.unwrap_or(u64::MAX));
@@ -356,11 +392,13 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
         blocks_used: blocks as usize,
         seed: a.seed,
         kernels: be.kernel_build(),
+        kernels_why: be.kernel_choice().to_string(),
         threads: be.threads(),
         write_kv_ms,
         checked_seqs: checked,
-        max_error,
-        tolerance: reference::decode_tolerance(layout.dtype()),
+        max_error: error.relative,
+        error_to_bound: error.ratio,
+        tolerance: ToleranceReport::of(tolerance),
         kv_bytes,
         runs: a.runs,
         step_ms_median: p.op_median * 1e3,

@@ -293,9 +293,12 @@ fn run(command: Command) -> Result<String, CliError> {
                 // The report goes to stdout all the same: it is what shows the disagreement.
                 let _ = emit(&text);
                 Err(CliError::Check(format!(
-                    "paged_decode differs from the reference by {:.2e}, beyond its tolerance \
-                     {:.1e}",
-                    report.max_error, report.tolerance
+                    "paged_decode differs from the reference by {:.2e} of the values' \
+                     magnitude, {:.2} x its bound ({} products, {} kernels)",
+                    report.max_error,
+                    report.error_to_bound,
+                    report.tolerance.products,
+                    report.kernels
                 )))
             }
         }

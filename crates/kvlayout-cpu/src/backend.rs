@@ -6,6 +6,22 @@ use kvlayout::ops::OpError;
 
 use crate::args::{Decode, WriteKv};
 use crate::cache::{CacheMut, CacheRef};
+use crate::decode::calibrate;
+use crate::simd::Isa;
+use crate::tolerance::Tolerance;
+
+/// A rayon pool of `threads` threads (all cores when `None`; rayon's default pool if that
+/// size cannot be had).
+fn pool(threads: Option<usize>) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.unwrap_or(0))
+        .build()
+        .unwrap_or_else(|_| {
+            rayon::ThreadPoolBuilder::new()
+                .build()
+                .expect("default rayon pool")
+        })
+}
 
 /// The CPU backend: SIMD kernels (runtime-detected) on a rayon pool.
 #[derive(Debug)]
@@ -14,26 +30,34 @@ pub struct CpuBackend {
     /// Partial softmax states of split-context decode, kept across calls (no allocation per
     /// step once grown).
     pub(crate) decode_partials: std::sync::Mutex<Vec<f32>>,
-    /// The kernel build this backend runs: the best this machine has, unless chosen.
-    pub(crate) isa: crate::simd::Isa,
+    /// The kernel build this backend runs: the fastest this machine has, unless chosen.
+    pub(crate) isa: Isa,
+    /// Why it runs that build.
+    why: String,
 }
 
 impl CpuBackend {
-    /// A backend on `threads` threads (all cores when `None`).
+    /// A backend on `threads` threads (all cores, or `RAYON_NUM_THREADS`, when `None`),
+    /// running the fastest kernel build of this machine ([`CpuBackend::kernel_choice`] says
+    /// how it was chosen).
     pub fn new(threads: Option<usize>) -> Self {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads.unwrap_or(0))
-            .build()
-            .unwrap_or_else(|_| {
-                rayon::ThreadPoolBuilder::new()
-                    .build()
-                    .expect("default rayon pool")
-            });
+        let choice = calibrate::auto();
         CpuBackend {
-            pool,
+            pool: pool(threads),
             decode_partials: std::sync::Mutex::new(Vec::new()),
-            isa: crate::simd::detect(),
+            isa: choice.isa,
+            why: choice.why.clone(),
         }
+    }
+
+    /// A backend of one thread running `isa` (the start-up calibration times builds on it).
+    pub(crate) fn single_thread(isa: Isa) -> Result<Self, rayon::ThreadPoolBuildError> {
+        Ok(CpuBackend {
+            pool: rayon::ThreadPoolBuilder::new().num_threads(1).build()?,
+            decode_partials: std::sync::Mutex::new(Vec::new()),
+            isa,
+            why: "chosen by the caller".into(),
+        })
     }
 
     /// A backend that runs the kernel build named `kernels` (one of [`CpuBackend::kernel_builds`]):
@@ -52,22 +76,14 @@ impl CpuBackend {
             op: "kernels",
             reason,
         };
-        let isa = crate::simd::Isa::ALL
-            .iter()
-            .copied()
-            .find(|i| i.name() == kernels)
-            .ok_or_else(|| {
-                let names: Vec<&str> = crate::simd::Isa::ALL.iter().map(|i| i.name()).collect();
-                refuse(format!(
-                    "no kernel build {kernels:?} (builds: {})",
-                    names.join(", ")
-                ))
-            })?;
+        let isa = Isa::named(kernels).map_err(refuse)?;
         isa.runs_here()
             .map_err(|why| refuse(format!("kernel build {kernels}: {why}")))?;
         Ok(CpuBackend {
+            pool: pool(threads),
+            decode_partials: std::sync::Mutex::new(Vec::new()),
             isa,
-            ..CpuBackend::new(threads)
+            why: "chosen by the caller".into(),
         })
     }
 
@@ -76,11 +92,30 @@ impl CpuBackend {
         self.isa.name()
     }
 
-    /// The kernel builds this machine runs, in the order they are preferred (the first is what
-    /// [`CpuBackend::new`] picks; on Intel cores `avx512` comes before `avx512-bf16`, whose
-    /// `vdpbf16ps` is slower there than widening to f32).
+    /// Why this backend runs its kernel build: chosen by the caller, named by
+    /// `KVLAYOUT_KERNELS`, the first build the CPU runs, or timed against the other AVX-512
+    /// build at start-up (with the figures).
+    pub fn kernel_choice(&self) -> &str {
+        &self.why
+    }
+
+    /// How far this backend's `paged_decode` of a cache of `dtype` may lie from the scalar
+    /// reference ([`crate::tolerance`]): bf16 products where its build multiplies bf16
+    /// operands (`avx512-bf16` on bf16 and fp8 rows), f32 products otherwise. Within the
+    /// contract's [`Tolerance::contract`] for every build.
+    pub fn decode_tolerance(&self, dtype: kvlayout::DType) -> Tolerance {
+        self.isa.decode_tolerance(dtype)
+    }
+
+    /// The kernel builds this machine runs, the one [`CpuBackend::new`] runs first, the
+    /// others in the order of their instruction sets (`avx512-bf16`, `avx512`, `avx2`,
+    /// `scalar`).
     pub fn kernel_builds() -> Vec<&'static str> {
-        crate::simd::ranked().iter().map(|i| i.name()).collect()
+        let first = calibrate::auto().isa;
+        std::iter::once(first)
+            .chain(crate::simd::available().into_iter().filter(|&i| i != first))
+            .map(|i| i.name())
+            .collect()
     }
 
     /// Threads in the pool.
@@ -88,10 +123,10 @@ impl CpuBackend {
         self.pool.current_num_threads()
     }
 
-    /// The build of the SIMD kernels [`CpuBackend::new`] runs here (runtime-detected, the first
-    /// of [`CpuBackend::kernel_builds`]): `avx512-bf16`, `avx512`, `avx2` or `scalar`.
+    /// The build of the SIMD kernels [`CpuBackend::new`] runs here (the first of
+    /// [`CpuBackend::kernel_builds`]): `avx512-bf16`, `avx512`, `avx2` or `scalar`.
     pub fn kernels() -> &'static str {
-        crate::simd::detect().name()
+        calibrate::auto().isa.name()
     }
 
     /// The builds of the SIMD kernels this machine cannot run, each with the features it

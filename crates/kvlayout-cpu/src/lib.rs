@@ -25,6 +25,7 @@ mod quant;
 pub mod reference;
 mod simd;
 pub mod tensor;
+pub mod tolerance;
 mod write;
 
 pub use args::{Decode, WriteKv};
@@ -32,3 +33,4 @@ pub use backend::CpuBackend;
 pub use cache::{CacheMut, CacheRef, HostCache};
 pub use kvlayout::ops::{DecodeParams, OpError};
 pub use tensor::Activations;
+pub use tolerance::{Magnitude, Tolerance};

@@ -15,6 +15,7 @@ use crate::args::{
 };
 use crate::cache::{CacheMut, CacheRef};
 use crate::elem::{decode, encode, inline_scale};
+use crate::tolerance::Magnitude;
 
 /// `(buffer, byte offset)` of a coordinate the op has validated.
 fn at(layout: &KvCacheLayout, c: &Coord) -> (usize, usize) {
@@ -117,20 +118,20 @@ pub fn write_kv(cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError
     Ok(())
 }
 
-/// How far a decode output may lie from this reference's, relative to `max(|reference|, 1)`,
-/// for a cache of `dtype`: f32 1e-5 (f32 accumulation), f16 and bf16 2e-2 (kernels may take
-/// bf16 products), fp8 and int8 one quantization step ([`DType::epsilon`]).
-pub fn decode_tolerance(dtype: DType) -> f64 {
-    match dtype {
-        DType::F32 => 1e-5,
-        DType::F16 | DType::Bf16 => 2e-2,
-        other => other.epsilon(),
-    }
-}
-
 /// One decode step (see [`Decode`]); `out` is `[seqs, num_q_heads, v_width]`.
 pub fn paged_decode(cache: &CacheRef<'_>, d: &Decode<'_>, out: &mut [f32]) -> Result<(), OpError> {
+    paged_decode_magnitudes(cache, d, out).map(|_| ())
+}
+
+/// [`paged_decode`], also returning the [`Magnitude`] of each output row (`[seqs,
+/// num_q_heads]`): what a fast path's output is compared within ([`crate::tolerance`]).
+pub fn paged_decode_magnitudes(
+    cache: &CacheRef<'_>,
+    d: &Decode<'_>,
+    out: &mut [f32],
+) -> Result<Vec<Magnitude>, OpError> {
     let shape = check_decode(cache.layout, d, out.len())?;
+    let mut magnitudes = Vec::with_capacity(shape.seqs * shape.q_heads);
     let bs = cache.layout.geometry().block_size;
     let p = d.params;
     for s in 0..shape.seqs {
@@ -141,14 +142,17 @@ pub fn paged_decode(cache: &CacheRef<'_>, d: &Decode<'_>, out: &mut [f32]) -> Re
             let kvh = (qh / shape.group) as u64;
             let q0 = (s * shape.q_heads + qh) * shape.qk_width;
             let mut logits = Vec::new();
+            let mut mag = Magnitude::default();
             for t in start..len {
                 let (b, n) = (block_of(t), t % bs);
-                let dot: f64 = (0..shape.qk_width)
-                    .map(|i| {
-                        f64::from(d.query.get(q0 + i))
-                            * value_at(cache, &coord(Field::K, d.layer, b, kvh, n, i as u64))
-                    })
-                    .sum();
+                let (mut dot, mut abs) = (0f64, 0f64);
+                for i in 0..shape.qk_width {
+                    let qk = f64::from(d.query.get(q0 + i))
+                        * value_at(cache, &coord(Field::K, d.layer, b, kvh, n, i as u64));
+                    dot += qk;
+                    abs += qk.abs();
+                }
+                mag.logits = mag.logits.max(abs * f64::from(p.scale).abs());
                 let mut x = dot * f64::from(p.scale);
                 if let Some(c) = p.soft_cap {
                     let c = f64::from(c);
@@ -160,26 +164,26 @@ pub fn paged_decode(cache: &CacheRef<'_>, d: &Decode<'_>, out: &mut [f32]) -> Re
             let out = &mut out[o0..o0 + shape.v_width];
             if logits.is_empty() {
                 out.fill(0.0);
+                magnitudes.push(mag);
                 continue;
             }
             let m = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let w: Vec<f64> = logits.iter().map(|x| (x - m).exp()).collect();
             let total: f64 = w.iter().sum();
             for (i, o) in out.iter_mut().enumerate() {
-                let acc: f64 = (start..len)
-                    .zip(&w)
-                    .map(|(t, p)| {
-                        p * value_at(
-                            cache,
-                            &coord(Field::V, d.layer, block_of(t), kvh, t % bs, i as u64),
-                        )
-                    })
-                    .sum();
+                let mut acc = 0f64;
+                for (t, p) in (start..len).zip(&w) {
+                    let c = coord(Field::V, d.layer, block_of(t), kvh, t % bs, i as u64);
+                    let v = value_at(cache, &c);
+                    mag.values = mag.values.max(v.abs());
+                    acc += p * v;
+                }
                 *o = (acc / total) as f32;
             }
+            magnitudes.push(mag);
         }
     }
-    Ok(())
+    Ok(magnitudes)
 }
 
 /// Copies every stored element of each move, byte for byte, through both layouts' address

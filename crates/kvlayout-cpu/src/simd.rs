@@ -771,9 +771,7 @@ mod prefetch;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use isa::cpu_vendor;
-#[cfg(test)]
-pub(crate) use isa::{available, widening_before_bf16_dot};
-pub(crate) use isa::{detect, ranked, Isa};
+pub(crate) use isa::{available, Isa};
 #[cfg(target_arch = "x86_64")]
 use isa::{has_avx2, has_avx512, has_avx512_bf16};
 pub(crate) use order::{Order, Role};

@@ -36,7 +36,9 @@ use crate::simd::{self, Isa, Order};
 
 mod plan;
 pub(crate) use plan::PREFETCH_AHEAD;
+pub(crate) mod calibrate;
 mod src;
+pub(crate) use src::row_kind;
 #[cfg(test)]
 mod tests;
 

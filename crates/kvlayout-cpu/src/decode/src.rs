@@ -33,7 +33,7 @@ fn rows_of(m: &FieldMap) -> Rows {
 }
 
 /// The kernels' row kind of a field's dtype (raw bytes hold no keys or values).
-fn row_kind(dtype: DType) -> Result<RowKind, OpError> {
+pub(crate) fn row_kind(dtype: DType) -> Result<RowKind, OpError> {
     Ok(match dtype {
         DType::F32 => RowKind::F32,
         DType::F16 => RowKind::F16,

@@ -2,10 +2,11 @@ use super::*;
 #[cfg(unix)]
 use crate::guard::Guarded;
 use crate::simd::{Role, RowKind};
+use crate::tolerance::decode_error;
 use crate::{reference, Activations, DecodeParams, HostCache, WriteKv};
 use half::{bf16, f16};
+use kvlayout::Content;
 use kvlayout::KvCacheLayout;
-use kvlayout::{Content, DType};
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
     let mut s = seed.wrapping_mul(747796405).wrapping_add(2891336453);
@@ -113,7 +114,7 @@ fn run_case(c: &Case) {
     };
     let n = seqs * c.q_heads as usize * vw;
     let mut want = vec![0f32; n];
-    reference::paged_decode(&cache.as_ref(), &d, &mut want).unwrap();
+    let mags = reference::paged_decode_magnitudes(&cache.as_ref(), &d, &mut want).unwrap();
     let be = CpuBackend::new(Some(2));
     // Default partitions and thread; one partition and several, on the pool and on the
     // calling thread.
@@ -135,32 +136,12 @@ fn run_case(c: &Case) {
             inline,
         };
         decode_with(&be, &cache.as_ref(), &d, &mut got, opts).unwrap();
-        let tol = tolerance(isa, l.dtype());
-        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (a - b).abs() <= tol * b.abs().max(1.0),
-                "{} {isa:?} parts {parts:?} inline {inline:?}: out[{i}] = {a}, reference {b}",
-                c.spec
-            );
-        }
-    }
-}
-
-/// Relative to `max(1, |reference|)`. f32 products: `1e-5`. Products with bf16 operands
-/// (the scaled query and the weights rounded to bf16, 2^-9 relative each, so a logit
-/// moves by about 2^-9 x its terms' spread): `1e-2`, half the bf16 tolerance
-/// (these cases stay under 5e-3).
-fn tolerance(isa: Isa, dtype: DType) -> f32 {
-    let kind = match dtype {
-        DType::Bf16 => RowKind::Bf16,
-        DType::Fp8E4m3 => RowKind::Fp8E4m3,
-        DType::Fp8E5m2 => RowKind::Fp8E5m2,
-        _ => RowKind::F32,
-    };
-    if isa.bf16_operands(kind) {
-        1e-2
-    } else {
-        1e-5
+        let e = decode_error(&got, &want, &mags, isa.decode_tolerance(l.dtype()));
+        assert!(
+            e.passed(),
+            "{} {isa:?} parts {parts:?} inline {inline:?}: {e:?}",
+            c.spec
+        );
     }
 }
 
@@ -531,7 +512,8 @@ fn no_read_past_the_buffers() {
                 },
             };
             let mut want = vec![0f32; 8 * d];
-            reference::paged_decode(&cache.as_ref(), &dec, &mut want).unwrap();
+            let mags =
+                reference::paged_decode_magnitudes(&cache.as_ref(), &dec, &mut want).unwrap();
             let be = CpuBackend::new(Some(2));
             for isa in simd::available() {
                 let mut got = vec![f32::NAN; 8 * d];
@@ -541,13 +523,8 @@ fn no_read_past_the_buffers() {
                     inline: Some(true),
                 };
                 decode_with(&be, &edge, &dec, &mut got, opts).unwrap();
-                let tol = tolerance(isa, l.dtype());
-                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                    assert!(
-                        (a - b).abs() <= tol * b.abs().max(1.0),
-                        "{spec} {isa:?}: out[{i}] = {a}, reference {b}"
-                    );
-                }
+                let e = decode_error(&got, &want, &mags, isa.decode_tolerance(l.dtype()));
+                assert!(e.passed(), "{spec} {isa:?}: {e:?}");
             }
         }
     }

@@ -2,6 +2,7 @@
 //! (runtime-detected once), and the order they are preferred in.
 
 use super::RowKind;
+use crate::tolerance::Tolerance;
 
 /// The selected instruction set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,48 +18,13 @@ pub(crate) enum Isa {
     Scalar,
 }
 
-/// The build [`CpuBackend::new`](crate::CpuBackend::new) picks: the first of [`ranked`].
-pub(crate) fn detect() -> Isa {
-    ranked().first().copied().unwrap_or(Isa::Scalar)
-}
-
-/// The builds this machine runs, in the order they are preferred: [`Isa::ALL`]'s, except
-/// where [`widening_before_bf16_dot`] puts the plain AVX-512 build ahead of the bf16-operand
-/// one.
-pub(crate) fn ranked() -> Vec<Isa> {
-    let builds: Vec<Isa> = Isa::ALL.iter().copied().filter(|i| i.runs()).collect();
-    #[cfg(target_arch = "x86_64")]
-    let builds = preferred(builds, widening_before_bf16_dot(&cpu_vendor()));
-    builds
-}
-
-/// `builds` (in [`Isa::ALL`]'s order) in the order preferred: with `widening_first`, the
-/// plain AVX-512 build and the bf16-operand one trade places; every other build keeps its
-/// place (the bf16-operand build stays ahead of AVX2 and scalar, which it outruns).
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn preferred(mut builds: Vec<Isa>, widening_first: bool) -> Vec<Isa> {
-    let at = |builds: &[Isa], isa| builds.iter().position(|&i| i == isa);
-    if let (true, Some(dot), Some(plain)) = (
-        widening_first,
-        at(&builds, Isa::Avx512Bf16),
-        at(&builds, Isa::Avx512),
-    ) {
-        builds.swap(dot, plain);
-    }
-    builds
-}
-
-/// Whether CPUs of `vendor` (CPUID leaf 0) run bf16 and fp8 rows faster widened to f32 than
-/// through `vdpbf16ps`: Intel's do.
-///
-/// On Intel's cores `vdpbf16ps` (32 bf16 products) costs 4.4 FMAs (16 f32 products each):
-/// 0.74 against 0.17 ns, independent chains, on an Emerald Rapids (family 6, model 207) whose
-/// hypervisor hides BF16 from CPUID but runs its instructions. There the bf16-operand kernels,
-/// with rows in L2, took 51 ns per token x KV head for bf16 rows and 58 for fp8 e4m3, against
-/// 33 and 40 for the AVX-512 kernels that widen rows. AMD's Zen 4, where the bf16-operand
-/// kernels were written and measured, keeps them first.
-pub(crate) fn widening_before_bf16_dot(vendor: &[u8; 12]) -> bool {
-    vendor == b"GenuineIntel"
+/// The builds this machine runs, in [`Isa::ALL`]'s order. CPUID settles every pair but one:
+/// whether the bf16-operand build outruns the plain AVX-512 one depends on the core
+/// (`vdpbf16ps` costs 4.4 FMAs on Intel's Emerald Rapids, fewer on Zen 4, more than widening
+/// on Zen 5), so [`CpuBackend::new`](crate::CpuBackend::new) times the two
+/// (`decode::calibrate`).
+pub(crate) fn available() -> Vec<Isa> {
+    Isa::ALL.iter().copied().filter(|i| i.runs()).collect()
 }
 
 /// The CPU's vendor string (CPUID leaf 0), read once.
@@ -168,6 +134,18 @@ impl Isa {
         }
     }
 
+    /// The build named `name` (as [`Isa::name`] prints it).
+    pub(crate) fn named(name: &str) -> Result<Isa, String> {
+        Isa::ALL
+            .iter()
+            .copied()
+            .find(|i| i.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Isa::ALL.iter().map(|i| i.name()).collect();
+                format!("no kernel build {name:?} (builds: {})", names.join(", "))
+            })
+    }
+
     /// Whether this machine runs the build; if not, the CPU features it lacks.
     pub(crate) fn runs_here(self) -> Result<(), String> {
         #[cfg(target_arch = "x86_64")]
@@ -195,6 +173,15 @@ impl Isa {
         }
     }
 
+    /// How far this build's decode of rows of `dtype` may lie from the reference: bf16
+    /// products where rows go through the bf16-operand kernels, f32 products otherwise.
+    pub(crate) fn decode_tolerance(self, dtype: kvlayout::DType) -> Tolerance {
+        match crate::decode::row_kind(dtype) {
+            Ok(kind) if self.bf16_operands(kind) => Tolerance::BF16_PRODUCTS,
+            _ => Tolerance::F32_PRODUCTS,
+        }
+    }
+
     /// Whether rows of `kind` go through the bf16-operand kernels.
     pub(crate) fn bf16_operands(self, kind: RowKind) -> bool {
         match self {
@@ -205,10 +192,4 @@ impl Isa {
             _ => false,
         }
     }
-}
-
-/// Every instruction set this machine can run, in [`Isa::ALL`]'s order (tests run each).
-#[cfg(test)]
-pub(crate) fn available() -> Vec<Isa> {
-    Isa::ALL.iter().copied().filter(|i| i.runs()).collect()
 }

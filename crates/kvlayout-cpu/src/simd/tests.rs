@@ -1,47 +1,26 @@
 use super::*;
 
+/// The backend runs one of the builds this machine runs, listed first and once among them;
+/// where both AVX-512 builds run, the choice between them was timed.
 #[test]
-fn the_preferred_build_order() {
-    let ranked = ranked();
-    // The builds that run, each once, the first one picked.
-    let mut sorted = ranked.clone();
-    sorted.sort_by_key(|i| Isa::ALL.iter().position(|a| a == i));
-    assert_eq!(sorted, available());
-    assert_eq!(Some(&detect()), ranked.first());
+fn the_chosen_build_comes_first() {
+    let builds = crate::CpuBackend::kernel_builds();
+    let mut sorted: Vec<&str> = builds.clone();
+    sorted.sort_by_key(|b| Isa::ALL.iter().position(|i| i.name() == *b));
+    let names: Vec<&str> = available().iter().map(|i| i.name()).collect();
+    assert_eq!(sorted, names);
+    let be = crate::CpuBackend::new(Some(1));
+    assert_eq!(builds[0], be.kernel_build());
+    assert_eq!(crate::CpuBackend::kernels(), be.kernel_build());
+    let why = be.kernel_choice();
     #[cfg(target_arch = "x86_64")]
+    if std::env::var(crate::decode::calibrate::OVERRIDE).is_err()
+        && names.contains(&"avx512-bf16")
+        && names.contains(&"avx512")
     {
-        let at = |isa| ranked.iter().position(|&i| i == isa);
-        if let (Some(bf16), Some(plain)) = (at(Isa::Avx512Bf16), at(Isa::Avx512)) {
-            assert_eq!(plain < bf16, widening_before_bf16_dot(&cpu_vendor()));
-        }
-        // Without both AVX-512 builds, the order is Isa::ALL's.
-        if at(Isa::Avx512Bf16).is_none() {
-            assert_eq!(ranked, available());
-        }
+        assert!(why.starts_with("timed at start-up"), "{why}");
     }
-}
-
-/// On Intel the two AVX-512 builds trade places and nothing else moves: the bf16-operand
-/// build stays ahead of AVX2 and scalar.
-#[cfg(target_arch = "x86_64")]
-#[test]
-fn preferred_swaps_only_the_avx512_builds() {
-    use super::isa::preferred;
-    let all = Isa::ALL.to_vec();
-    assert_eq!(preferred(all.clone(), false), all);
-    assert_eq!(
-        preferred(all.clone(), true),
-        [Isa::Avx512, Isa::Avx512Bf16, Isa::Avx2, Isa::Scalar]
-    );
-    let without_dot = vec![Isa::Avx512, Isa::Avx2, Isa::Scalar];
-    assert_eq!(preferred(without_dot.clone(), true), without_dot);
-}
-
-#[test]
-fn bf16_dot_order_by_vendor() {
-    assert!(widening_before_bf16_dot(b"GenuineIntel"));
-    assert!(!widening_before_bf16_dot(b"AuthenticAMD"));
-    assert!(!widening_before_bf16_dot(b"HygonGenuine"));
+    assert!(!why.is_empty());
 }
 
 #[cfg(target_arch = "x86_64")]
