@@ -31,7 +31,9 @@ use std::ops::Range;
 use half::{bf16, f16};
 use kvlayout::ops::{DecodeParams, OpError};
 use kvlayout::{DType, KvCacheLayout};
-use kvlayout_cpu::{reference, Activations, CacheMut, CacheRef, CpuBackend, Decode, WriteKv};
+use kvlayout_cpu::{
+    reference, Activations, CacheMut, CacheRef, CpuBackend, Decode, PrefetchLevel, WriteKv,
+};
 
 /// A dense row-major activation tensor on the host (the source or result of a transfer).
 #[derive(Debug, Clone, PartialEq)]
@@ -462,17 +464,32 @@ impl Host<CpuBackend> {
     }
 
     /// The CPU backend forced to every other kernel build this machine runs than the one it
-    /// picks (`cpu/avx2`, `cpu/scalar`, ...), so that each build meets every case.
+    /// picks (`cpu/avx2`, `cpu/scalar`, ...), so that each build meets every case; and the
+    /// build it picks with its tiles and moves arranged for the other prefetch level than
+    /// this machine's (`cpu/avx512/prefetch-L2`, ...), so both arrangements run on any machine.
     pub fn cpu_builds(threads: Option<usize>) -> Vec<Self> {
-        CpuBackend::kernel_builds()
-            .into_iter()
+        // A handful of names, built once per suite.
+        let name = |n: String| -> &'static str { Box::leak(n.into_boxed_str()) };
+        let builds = CpuBackend::kernel_builds();
+        let mut hosts: Vec<Self> = builds
+            .iter()
             .skip(1)
             .map(|build| Host {
-                // A handful of names, built once per suite.
-                name: Box::leak(format!("cpu/{build}").into_boxed_str()),
+                name: name(format!("cpu/{build}")),
                 ops: CpuBackend::with_kernels(threads, build).expect("a build this machine runs"),
             })
-            .collect()
+            .collect();
+        let first =
+            CpuBackend::with_kernels(threads, builds[0]).expect("a build this machine runs");
+        let other = match first.prefetch_level() {
+            PrefetchLevel::L1 => PrefetchLevel::L2,
+            PrefetchLevel::L2 => PrefetchLevel::L1,
+        };
+        hosts.push(Host {
+            name: name(format!("cpu/{}/prefetch-{other:?}", builds[0])),
+            ops: first.with_prefetch_level(other),
+        });
+        hosts
     }
 }
 

@@ -7,7 +7,7 @@ use kvlayout::ops::DecodeParams;
 use kvlayout::{Content, KvCacheLayout};
 use kvlayout_conformance::gen::any_layout;
 use kvlayout_cpu::tolerance::decode_error;
-use kvlayout_cpu::{reference, Activations, CpuBackend, Decode, HostCache, WriteKv};
+use kvlayout_cpu::{reference, Activations, CpuBackend, Decode, HostCache, PrefetchLevel, WriteKv};
 use proptest::prelude::*;
 
 fn filled(l: &KvCacheLayout, seed: u8) -> HostCache {
@@ -389,9 +389,16 @@ fn value(i: usize, seed: u32) -> f32 {
 #[test]
 fn decode_matches_reference_on_random_layouts() {
     use proptest::test_runner::{Config, TestRunner};
+    // Every build this machine runs, each with its tiles for rows prefetched to L1 and to L2.
     let builds: Vec<CpuBackend> = CpuBackend::kernel_builds()
         .into_iter()
-        .map(|k| CpuBackend::with_kernels(Some(2), k).unwrap())
+        .flat_map(|k| {
+            [PrefetchLevel::L1, PrefetchLevel::L2].map(|level| {
+                CpuBackend::with_kernels(Some(2), k)
+                    .unwrap()
+                    .with_prefetch_level(level)
+            })
+        })
         .collect();
     let config = Config {
         cases: 2000,
@@ -470,8 +477,9 @@ fn decode_matches_reference_on_random_layouts() {
                 let e = decode_error(&got, &want, &mags, be.decode_tolerance(l.dtype()));
                 prop_assert!(
                     e.passed(),
-                    "{} kernels on {}: {:?} (lens {:?})",
+                    "{} kernels ({:?}) on {}: {:?} (lens {:?})",
                     be.kernel_build(),
+                    be.prefetch_level(),
                     l,
                     e,
                     lens

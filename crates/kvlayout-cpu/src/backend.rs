@@ -7,7 +7,7 @@ use kvlayout::ops::OpError;
 use crate::args::{Decode, WriteKv};
 use crate::cache::{CacheMut, CacheRef};
 use crate::decode::calibrate;
-use crate::simd::Isa;
+use crate::simd::{Isa, PrefetchLevel};
 use crate::tolerance::Tolerance;
 
 /// A rayon pool of `threads` threads (all cores when `None`; rayon's default pool if that
@@ -34,6 +34,9 @@ pub struct CpuBackend {
     pub(crate) isa: Isa,
     /// Why it runs that build.
     why: String,
+    /// The cache level rows are prefetched to, which sets the decode's tile length and the
+    /// movers' order: this machine's unless chosen.
+    pub(crate) prefetch: PrefetchLevel,
 }
 
 impl CpuBackend {
@@ -47,6 +50,7 @@ impl CpuBackend {
             decode_partials: std::sync::Mutex::new(Vec::new()),
             isa: choice.isa,
             why: choice.why.clone(),
+            prefetch: crate::simd::prefetch_level(),
         }
     }
 
@@ -57,6 +61,7 @@ impl CpuBackend {
             decode_partials: std::sync::Mutex::new(Vec::new()),
             isa,
             why: "chosen by the caller".into(),
+            prefetch: crate::simd::prefetch_level(),
         })
     }
 
@@ -84,7 +89,29 @@ impl CpuBackend {
             decode_partials: std::sync::Mutex::new(Vec::new()),
             isa,
             why: "chosen by the caller".into(),
+            prefetch: crate::simd::prefetch_level(),
         })
+    }
+
+    /// This backend with its decode tiles and large moves arranged for rows prefetched to
+    /// `level` (by default the level of this machine's vendor: L2 on Intel, L1 elsewhere), so
+    /// either arrangement can be tested or measured on any machine. The kernels' prefetch
+    /// instructions keep this machine's level.
+    ///
+    /// ```
+    /// use kvlayout_cpu::{CpuBackend, PrefetchLevel};
+    /// let be = CpuBackend::with_kernels(Some(1), "scalar")?.with_prefetch_level(PrefetchLevel::L2);
+    /// assert_eq!(be.prefetch_level(), PrefetchLevel::L2);
+    /// # Ok::<(), kvlayout_cpu::OpError>(())
+    /// ```
+    pub fn with_prefetch_level(mut self, level: PrefetchLevel) -> Self {
+        self.prefetch = level;
+        self
+    }
+
+    /// The level this backend arranges its decode tiles and large moves for.
+    pub fn prefetch_level(&self) -> PrefetchLevel {
+        self.prefetch
     }
 
     /// The kernel build this backend runs.

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 use crate::args::{convert_moves, copy_moves, gather_moves, scatter_moves, swap_moves, Moves};
 use crate::backend::CpuBackend;
 use crate::cache::{CacheMut, CacheRef};
-use crate::simd::{self, PrefetchLevel};
+use crate::simd::{self, Isa, PrefetchLevel};
 
 /// One field group to move: `unit` contiguous bytes at every point of `dims` on both sides.
 #[derive(Debug, Clone)]
@@ -199,7 +199,7 @@ fn execute(
         // prefetched during the item before it. Measured on a Xeon, convert NHD <-> HND f16:
         // 0.73-0.77 of memcpy in source order, 0.94-1.08 in destination order with the
         // prefetch (0.69-0.79 without it); on Zen the source order gave 1.11-1.24.
-        let dst_order = stream && !p.dims.is_empty() && simd::prefetch_level() == PrefetchLevel::L2;
+        let dst_order = stream && !p.dims.is_empty() && be.prefetch == PrefetchLevel::L2;
         let mut dims = p.dims.clone();
         if dst_order {
             dims.sort_by_key(|d| (d.2, d.1));
@@ -231,7 +231,11 @@ fn execute(
             0
         };
         let per_unit = span_lines.div_ceil(total);
-        let nt = if stream { stream_kind() } else { Stream::No };
+        let nt = if stream {
+            stream_kind(be.isa)
+        } else {
+            Stream::No
+        };
         be.pool.install(|| {
             (0..pairs.len() as u64 * outer_ext)
                 .into_par_iter()
@@ -313,17 +317,20 @@ enum Stream {
     Avx,
 }
 
-/// The widest non-temporal stores this machine has (detected once per op, not per unit).
-fn stream_kind() -> Stream {
+/// The non-temporal stores of the backend's kernel build (which this machine runs): 64-byte
+/// stores on the AVX-512 builds, 32-byte on AVX2, none on scalar; so the tests of each build
+/// exercise its stores on any machine.
+fn stream_kind(isa: Isa) -> Stream {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        if isa.avx512() {
             return Stream::Avx512;
         }
-        if std::arch::is_x86_feature_detected!("avx") {
+        if isa == Isa::Avx2 {
             return Stream::Avx;
         }
     }
+    let _ = isa;
     Stream::No
 }
 
@@ -333,12 +340,13 @@ fn stream_kind() -> Stream {
 ///
 /// # Safety
 /// `src` and `dst` are valid for `len` bytes and do not overlap; `stream` comes from
-/// [`stream_kind`] (its instructions are present).
+/// [`stream_kind`] of a build this machine runs (its instructions are present).
 #[inline]
 unsafe fn copy_unit(src: *const u8, dst: *mut u8, len: usize, stream: Stream) {
     #[cfg(target_arch = "x86_64")]
     if stream != Stream::No && (dst as usize).is_multiple_of(64) && len.is_multiple_of(64) {
-        // SAFETY: the feature was detected (`stream_kind`); same contract as this function.
+        // SAFETY: the build's features were detected (`stream_kind`); same contract as this
+        // function.
         return unsafe {
             match stream {
                 Stream::Avx512 => stream_avx512(src, dst, len),

@@ -32,5 +32,6 @@ pub use args::{Decode, WriteKv};
 pub use backend::CpuBackend;
 pub use cache::{CacheMut, CacheRef, HostCache};
 pub use kvlayout::ops::{DecodeParams, OpError};
+pub use simd::PrefetchLevel;
 pub use tensor::Activations;
 pub use tolerance::{Magnitude, Tolerance};

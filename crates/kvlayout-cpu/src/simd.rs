@@ -775,7 +775,8 @@ pub(crate) use isa::{available, Isa};
 #[cfg(target_arch = "x86_64")]
 use isa::{has_avx2, has_avx512, has_avx512_bf16};
 pub(crate) use order::{Order, Role};
-pub(crate) use prefetch::{prefetch, prefetch_bytes, prefetch_level, prefetch_to, PrefetchLevel};
+pub use prefetch::PrefetchLevel;
+pub(crate) use prefetch::{prefetch, prefetch_bytes, prefetch_level, prefetch_to};
 
 /// Row kinds as const parameters of the AVX2 and AVX-512 kernels, so each kind gets its own
 /// loops. `E4M3_RAW`: e4m3 without its power of two ([`fp8_fold`]).

@@ -1,7 +1,7 @@
 //! The fast block movers against the reference, byte for byte, over pairs of layouts.
 
 use kvlayout::KvCacheLayout;
-use kvlayout_cpu::{reference, CpuBackend, HostCache};
+use kvlayout_cpu::{reference, CpuBackend, HostCache, PrefetchLevel};
 
 const SPECS: &[&str] = &[
     "kv L=2 B=3 N=4 H=4 D=8 dtype=f16 order=NHD",
@@ -96,12 +96,23 @@ fn block_movers_match_reference() {
     }
 }
 
-/// Moves of 8 MiB or more stream their writes and, on machines that prefetch into L2, walk a
-/// permutation in destination order while prefetching the source: the same bytes as the
-/// reference, both ways and for a head-range gather.
+/// Moves of 8 MiB or more stream their writes (with each kernel build's stores) and, arranged
+/// for rows prefetched into L2, walk a permutation in destination order while prefetching the
+/// source: the same bytes as the reference, both ways and for a head-range gather, on every
+/// build this machine runs and both arrangements.
 #[test]
 fn streamed_moves_match_reference() {
-    let be = CpuBackend::new(Some(2));
+    for build in CpuBackend::kernel_builds() {
+        for level in [PrefetchLevel::L1, PrefetchLevel::L2] {
+            let be = CpuBackend::with_kernels(Some(2), build)
+                .unwrap()
+                .with_prefetch_level(level);
+            streamed_moves_on(&be);
+        }
+    }
+}
+
+fn streamed_moves_on(be: &CpuBackend) {
     let nhd = "kv B=192 N=16 H=8 D=128 dtype=f16 order=NHD";
     let hnd = "kv B=192 N=16 H=8 D=128 dtype=f16 order=HND";
     for (a, b) in [(nhd, hnd), (hnd, nhd)] {
@@ -111,7 +122,12 @@ fn streamed_moves_match_reference() {
         let mut slow = filled(b, 9);
         be.convert(&src.as_ref(), &mut fast.as_mut()).unwrap();
         reference::convert(&src.as_ref(), &mut slow.as_mut()).unwrap();
-        assert!(fast.bytes(0) == slow.bytes(0), "convert {a} -> {b}");
+        assert!(
+            fast.bytes(0) == slow.bytes(0),
+            "convert {a} -> {b} ({} {:?})",
+            be.kernel_build(),
+            be.prefetch_level()
+        );
     }
     let cache = filled(nhd, 10);
     // Heads 2..8 of every block: 9 MiB.
@@ -123,5 +139,10 @@ fn streamed_moves_match_reference() {
     be.gather_blocks(&cache.as_ref(), &blocks, 2..8, &mut fast.as_mut())
         .unwrap();
     reference::gather_blocks(&cache.as_ref(), &blocks, 2..8, &mut slow.as_mut()).unwrap();
-    assert!(fast.bytes(0) == slow.bytes(0), "gather heads 2..8");
+    assert!(
+        fast.bytes(0) == slow.bytes(0),
+        "gather heads 2..8 ({} {:?})",
+        be.kernel_build(),
+        be.prefetch_level()
+    );
 }

@@ -150,7 +150,7 @@ pub(crate) fn decode_with(
 ) -> Result<(), OpError> {
     let shape = check_decode(cache.layout, d, out.len())?;
     let layout = cache.layout;
-    let plan = Plan::new(cache, d, shape, opts.isa.unwrap_or(be.isa))?;
+    let plan = Plan::new(cache, d, shape, opts.isa.unwrap_or(be.isa), be.prefetch)?;
     let kv_heads = layout.geometry().num_kv_heads as usize;
     let (g, vw, vs) = (shape.group, shape.v_width, plan.v.padded);
     let rec = plan.record();

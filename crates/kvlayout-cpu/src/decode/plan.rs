@@ -130,12 +130,13 @@ pub(super) fn grow(v: &mut Vec<f32>, n: usize) {
 }
 
 impl<'a> Plan<'a> {
-    /// The plan of a validated decode.
+    /// The plan of a validated decode, its tiles sized for rows prefetched to `level`.
     pub(super) fn new(
         cache: &CacheRef<'a>,
         d: &'a Decode<'a>,
         shape: DecodeShape,
         isa: Isa,
+        level: simd::PrefetchLevel,
     ) -> Result<Self, OpError> {
         let layout = cache.layout;
         let mut k = Src::new(cache, layout.field_map(Field::K)?, isa, Role::Key)?;
@@ -163,7 +164,7 @@ impl<'a> Plan<'a> {
         // inline scales (weights in (0, 1]).
         let v_raw = v.fold.is_some() && v_inline.is_none();
         let vf = if v_raw { v.fold.unwrap_or(1.0) } else { 1.0 };
-        let tile_len = tile_len(k.map.strides.slot, simd::prefetch_level());
+        let tile_len = tile_len(k.map.strides.slot, level);
         Ok(Plan {
             tile_len,
             d,

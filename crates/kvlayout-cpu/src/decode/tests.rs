@@ -115,7 +115,9 @@ fn run_case(c: &Case) {
     let n = seqs * c.q_heads as usize * vw;
     let mut want = vec![0f32; n];
     let mags = reference::paged_decode_magnitudes(&cache.as_ref(), &d, &mut want).unwrap();
-    let be = CpuBackend::new(Some(2));
+    // Tiles for rows prefetched to L1 and to L2, whichever this machine uses.
+    let levels = [simd::PrefetchLevel::L1, simd::PrefetchLevel::L2]
+        .map(|level| CpuBackend::new(Some(2)).with_prefetch_level(level));
     // Default partitions and thread; one partition and several, on the pool and on the
     // calling thread.
     let runs = [
@@ -125,22 +127,24 @@ fn run_case(c: &Case) {
         (Some(1), Some(true)),
         (Some(c.parts), Some(true)),
     ];
-    for (isa, (parts, inline)) in simd::available()
-        .into_iter()
-        .flat_map(|isa| runs.map(|r| (isa, r)))
-    {
+    for (be, isa, (parts, inline)) in levels.iter().flat_map(|be| {
+        simd::available()
+            .into_iter()
+            .flat_map(move |isa| runs.map(|r| (be, isa, r)))
+    }) {
         let mut got = vec![f32::NAN; n];
         let opts = Options {
             partitions: parts,
             isa: Some(isa),
             inline,
         };
-        decode_with(&be, &cache.as_ref(), &d, &mut got, opts).unwrap();
+        decode_with(be, &cache.as_ref(), &d, &mut got, opts).unwrap();
         let e = decode_error(&got, &want, &mags, isa.decode_tolerance(l.dtype()));
         assert!(
             e.passed(),
-            "{} {isa:?} parts {parts:?} inline {inline:?}: {e:?}",
-            c.spec
+            "{} {isa:?} {:?} parts {parts:?} inline {inline:?}: {e:?}",
+            c.spec,
+            be.prefetch_level()
         );
     }
 }

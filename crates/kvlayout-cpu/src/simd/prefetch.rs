@@ -1,9 +1,11 @@
 //! Where the kernels prefetch rows to: a cache level picked once per machine by CPU vendor,
 //! from measurements on both vendors' cores.
 
-/// Where the decode kernels prefetch the rows of a later (tile, head) step.
+/// Where the decode kernels prefetch the rows of a later (tile, head) step. A backend's level
+/// ([`CpuBackend::prefetch_level`](crate::CpuBackend::prefetch_level)) also sets the decode's
+/// tile length and the order of large streamed moves, which go with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PrefetchLevel {
+pub enum PrefetchLevel {
     /// `prefetcht0`. On the AMD Zen cores measured, `prefetcht1` left the decode waiting on
     /// memory as if there were no prefetch (bf16 HND: 20 against 35 GB/s).
     L1,
