@@ -21,7 +21,14 @@
 //! with its rows in L2 on one thread: what the kernels cost, before any memory, for every
 //! kernel build the machine runs (the scalar build aside).
 //!
-//! `cargo bench -p kvlayout-cpu --bench decode` prints all tables (a few minutes).
+//! The main table also times the same run's peer, a plain C loop built `-O3 -march=native
+//! -ffast-math` (`benches/peer/decode_f32.c`) on the f32 caches, and states each ratio against
+//! the paged bound too: the decode's own read pattern (head-major pages of random blocks, with
+//! its prefetches or without, the faster) with no compute, measured in the same run. It heads the tables with the CPU, the
+//! kernel build and why that build runs.
+//!
+//! `cargo bench -p kvlayout-cpu --bench decode` prints all tables (a few minutes);
+//! `KVLAYOUT_KERNELS=<build>` runs them on another kernel build.
 //! `KVLAYOUT_BENCH_CONTEXTS=64,256` replaces the contexts, `KVLAYOUT_BENCH_ONLY="bf16 HND"`
 //! keeps the matching configurations.
 
@@ -102,6 +109,90 @@ fn decode<'a>(q: &'a [f32], table: &'a [i32], per_seq: usize, lens: &'a [u32]) -
     }
 }
 
+/// The C peer (`benches/peer/decode_f32.c`, built by the crate's build script).
+mod peer {
+    use kvlayout::KvFieldArgs;
+    extern "C" {
+        /// One (sequence, KV head) of an f32 cache with its `group` query heads.
+        #[allow(clippy::too_many_arguments)]
+        // the C signature, as a hand-written loop takes it
+        pub fn kvl_peer_decode_f32(
+            k: KvFieldArgs,
+            v: KvFieldArgs,
+            cache: *const u8,
+            block_table: *const i32,
+            len: i64,
+            query: *const f32,
+            group: i64,
+            kv_head: i64,
+            scale: f32,
+            out: *mut f32,
+            logits: *mut f32,
+        );
+    }
+}
+
+/// The C peer's decode step of the bench's f32 cache (one buffer, contiguous rows), one
+/// (sequence, KV head) per rayon task.
+fn peer_decode(be: &CpuBackend, cache: &HostCache, d: &Decode<'_>, out: &mut [f32]) {
+    use kvlayout::Field;
+    use rayon::prelude::*;
+    let l = cache.layout();
+    let (k, v) = (
+        l.kernel_args(Field::K).expect("K"),
+        l.kernel_args(Field::V).expect("V"),
+    );
+    assert!(l.num_buffers() == 1 && k.dim_stride_bytes == 4 && v.dim_stride_bytes == 4);
+    let group = (Q_HEADS / KV_HEADS) as usize;
+    let bytes = cache.bytes(0);
+    let Activations::F32(q) = d.query else {
+        panic!("f32 queries")
+    };
+    be.pool().install(|| {
+        out.par_chunks_mut(group * HEAD)
+            .enumerate()
+            .for_each(|(item, o)| {
+                let (seq, head) = (item / KV_HEADS as usize, item % KV_HEADS as usize);
+                let len = d.seq_lens[seq] as usize;
+                let table =
+                    &d.block_table[seq * d.blocks_per_seq..][..len.div_ceil(BLOCK as usize)];
+                let mut logits = vec![0f32; group * len];
+                let q = &q[item * group * HEAD..][..group * HEAD];
+                // SAFETY: the rows the peer reads are K and V rows of blocks of `table` (in
+                // the cache, whose layout gave the argument structs) and heads below KV_HEADS;
+                // `q`, `o` and `logits` hold `group * HEAD`, `group * HEAD` and `group * len` floats.
+                unsafe {
+                    peer::kvl_peer_decode_f32(
+                        k,
+                        v,
+                        bytes.as_ptr(),
+                        table.as_ptr(),
+                        len as i64,
+                        q.as_ptr(),
+                        group as i64,
+                        head as i64,
+                        d.params.scale,
+                        o.as_mut_ptr(),
+                        logits.as_mut_ptr(),
+                    )
+                }
+            })
+    });
+}
+
+/// The CPU's model name (`/proc/cpuinfo`), for the tables' heading.
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
 /// One configuration's measurements.
 struct Row {
     name: String,
@@ -143,10 +234,10 @@ fn main() {
                         continue;
                     }
                 }
-                let cache = filled_cache(blocks, dtype, order);
-                let elem = cache.layout().dtype().size_bytes() as f64;
+                let host = filled_cache(blocks, dtype, order);
+                let elem = host.layout().dtype().size_bytes() as f64;
                 let d = decode(&q, &table, per_seq, &lens);
-                let cache = cache.as_ref();
+                let cache = host.as_ref();
                 let tokens = (SEQS as f64) * f64::from(context);
                 let kv_bytes = tokens * KV_HEADS as f64 * 2.0 * HEAD as f64 * elem;
                 let p = paired(
@@ -164,18 +255,55 @@ fn main() {
                     p,
                     target: (order != "legacy").then_some(target),
                 });
+                // The peer of the same run: the plain C loop on the same f32 cache.
+                if dtype == "f32" && order != "legacy" {
+                    let p = paired(
+                        REPS,
+                        bound.bytes() as f64,
+                        || bound.pass(be.pool()),
+                        kv_bytes,
+                        || peer_decode(&be, &host, &d, &mut out),
+                    );
+                    rows.push(Row {
+                        name: format!("peer: C -O3 -march=native -ffast-math, f32 {order}"),
+                        context,
+                        kv_bytes,
+                        tokens,
+                        p,
+                        target: None,
+                    });
+                }
             }
         }
     }
+    // The paged bound: the decode's own read pattern of head-major pages with no compute, with
+    // its prefetches or without (the faster), as a fraction of the sequential read (medians of
+    // paired passes). Where two cores read far faster than they can walk scattered pages,
+    // this is the bound.
+    let mut paged: Vec<f64> = (0..PATTERN_REPS)
+        .map(|_| {
+            let seq = bound.pass(be.pool());
+            let fastest =
+                bound
+                    .paged_pass(be.pool(), 0, true)
+                    .min(bound.paged_pass(be.pool(), 0, false));
+            seq / fastest
+        })
+        .collect();
+    paged.sort_by(f64::total_cmp);
+    let paged = paged[PATTERN_REPS / 2];
+    println!("cpu: {}", cpu_model());
     println!("threads: {}", be.threads());
+    println!("kernels: {} ({})", be.kernel_build(), be.kernel_choice());
+    println!("paged bound: {paged:.2} of the sequential read");
     println!(
         "| cache | context | KV GB/s best | KV GB/s median | M ctx-tok/s best | read GB/s \
-         | ratio best | ratio median | target |"
+         | ratio best | ratio median | ratio to the paged bound (median) | target |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
             r.name,
             r.context,
             r.kv_bytes / r.p.op_best / 1e9,
@@ -184,6 +312,7 @@ fn main() {
             r.p.bound_median / 1e9,
             r.p.ratio_best,
             r.p.ratio_median,
+            r.p.ratio_median / paged,
             r.target.map_or("-".to_string(), |t| format!("{t:.2}")),
         );
     }

@@ -1,0 +1,21 @@
+//! Compiles the decode bench's C peer (`benches/peer/decode_f32.c`, a plain C loop built
+//! `-O3 -march=native -ffast-math`) against the kernel header. Only the decode bench calls it;
+//! a binary that does not leaves it out at link time.
+
+fn main() {
+    for path in [
+        "benches/peer/decode_f32.c",
+        "../../kernels-cuda/include/kvlayout.h",
+    ] {
+        println!("cargo:rerun-if-changed={path}");
+    }
+    cc::Build::new()
+        .file("benches/peer/decode_f32.c")
+        .include("../../kernels-cuda/include")
+        .std("c11")
+        .opt_level(3)
+        .flag_if_supported("-march=native")
+        .flag_if_supported("-ffast-math")
+        .warnings(true)
+        .compile("kvl_decode_peer");
+}
