@@ -393,6 +393,8 @@ fn decode_step_checks_against_the_reference() {
         "kv_gb_s_median",
         "read_gb_s_median",
         "ratio_median",
+        "paged_bound",
+        "ratio_to_paged_bound",
     ] {
         assert!(num(&v, key) > 0.0, "{key}: {v}");
     }
@@ -447,6 +449,7 @@ fn decode_step_as_text() {
     assert!(out.contains(" products: "), "{out}");
     assert!(out.contains("): ok\n"), "{out}");
     assert!(out.contains("x the read bandwidth of this run"), "{out}");
+    assert!(out.contains("x the paged bound"), "{out}");
     assert!(out.contains("\nkernels  "), "{out}");
 }
 

@@ -208,26 +208,6 @@ struct Row {
     paged: f64,
 }
 
-/// The paged bound: the decode's own read pattern of head-major pages with no compute, with
-/// its prefetches or without (the faster), as a fraction of the sequential read (the median of
-/// a few paired passes, taken right before a configuration). Where two cores read far faster
-/// than they can walk scattered pages, this is the bound.
-fn paged_bound(be: &CpuBackend, bound: &ReadBound) -> f64 {
-    const PASSES: usize = 5;
-    let mut ratios: Vec<f64> = (0..PASSES)
-        .map(|_| {
-            let seq = bound.pass(be.pool());
-            let fastest =
-                bound
-                    .paged_pass(be.pool(), 0, true)
-                    .min(bound.paged_pass(be.pool(), 0, false));
-            seq / fastest
-        })
-        .collect();
-    ratios.sort_by(f64::total_cmp);
-    ratios[PASSES / 2]
-}
-
 fn main() {
     let be = CpuBackend::new(Some(2));
     let q: Vec<f32> = (0..SEQS * Q_HEADS as usize * HEAD)
@@ -263,7 +243,7 @@ fn main() {
                 let cache = host.as_ref();
                 let tokens = (SEQS as f64) * f64::from(context);
                 let kv_bytes = tokens * KV_HEADS as f64 * 2.0 * HEAD as f64 * elem;
-                let paged = paged_bound(&be, &bound);
+                let paged = bound.paged_fraction(be.pool(), 5);
                 let p = paired(
                     REPS,
                     bound.bytes() as f64,

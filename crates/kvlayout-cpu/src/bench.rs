@@ -236,6 +236,27 @@ impl ReadBound {
     }
 }
 
+impl ReadBound {
+    /// The paged bound as a fraction of the sequential read: the decode's own read pattern
+    /// ([`ReadBound::paged_pass`]) with no compute, with its prefetches or without (the
+    /// faster), each timed right after a sequential pass; the median of `passes` such pairs.
+    /// Where two cores read far faster sequentially than in scattered pages, the decode is
+    /// bounded by this rather than by the sequential read.
+    pub fn paged_fraction(&self, pool: &rayon::ThreadPool, passes: usize) -> f64 {
+        let mut ratios: Vec<f64> = (0..passes.max(1))
+            .map(|_| {
+                let seq = self.pass(pool);
+                let fastest = self
+                    .paged_pass(pool, 0, true)
+                    .min(self.paged_pass(pool, 0, false));
+                seq / fastest
+            })
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        ratios[ratios.len() / 2]
+    }
+}
+
 /// Floats in a page of [`decode_page_order`]: 16 tokens x 128 bf16, 4 KiB.
 const PAGE_FLOATS: usize = 1024;
 
