@@ -568,6 +568,20 @@ pub struct Workload {
     pub decodes: Vec<DecodeCase>,
 }
 
+impl Workload {
+    /// The host-side `paged_decode` arguments of decode step `dc` (the query on the host).
+    pub fn decode_args<'a>(&'a self, dc: &'a DecodeCase) -> kvlayout_cpu::Decode<'a> {
+        kvlayout_cpu::Decode {
+            layer: self.layer,
+            query: dc.query.as_activations(),
+            block_table: &self.block_table,
+            blocks_per_seq: self.blocks_per_seq,
+            seq_lens: &self.seq_lens,
+            params: dc.params,
+        }
+    }
+}
+
 /// The deterministic workload of a case (`None` for movers-only content).
 pub fn workload(case: &LayoutCase) -> Option<Workload> {
     let l = &case.layout;

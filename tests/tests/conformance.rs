@@ -43,7 +43,7 @@ use kvlayout_conformance::cases::{
     all_cases, mover_plan, widths, workload, DecodeCase, LayoutCase, MoverPlan, Ops, Rng, Workload,
 };
 use kvlayout_cpu::tolerance::{decode_error, Tolerance};
-use kvlayout_cpu::{reference, CacheRef, Decode, HostCache};
+use kvlayout_cpu::{reference, CacheRef, HostCache};
 
 const SENTINEL: u8 = 0xA5;
 
@@ -541,14 +541,7 @@ fn compare_decode(
     }
     let cache = CacheRef::new(l, written.iter().map(Vec::as_slice).collect())
         .map_err(|e| format!("oracle cache: {e}"))?;
-    let d = Decode {
-        layer: w.layer,
-        query: dc.query.as_activations(),
-        block_table: &w.block_table,
-        blocks_per_seq: w.blocks_per_seq,
-        seq_lens: &w.seq_lens,
-        params: dc.params,
-    };
+    let d = w.decode_args(dc);
     let mut again = vec![0f32; want.len()];
     let mags = reference::paged_decode_magnitudes(&cache, &d, &mut again)
         .map_err(|e| format!("reference magnitudes: {e}"))?;

@@ -17,7 +17,7 @@ use std::process::Command;
 use kvlayout::DType;
 use kvlayout_conformance::backend::HostTensor;
 use kvlayout_conformance::cases::{case_from_spec, widths, workload, LayoutCase, Workload};
-use kvlayout_cpu::{reference, CpuBackend, Decode, HostCache, WriteKv};
+use kvlayout_cpu::{reference, CpuBackend, HostCache, WriteKv};
 
 fn numpy_available() -> bool {
     Command::new("python3")
@@ -155,14 +155,7 @@ fn prepare(
         let q_heads = dc.params.num_q_heads as usize;
         let (q_file, out_file) = (format!("L{j}_P{i}_q.f32"), format!("L{j}_P{i}_out.f32"));
         write_f32(&dir.join(&q_file), &dc.query.to_f32());
-        let d = Decode {
-            layer: w.layer,
-            query: dc.query.as_activations(),
-            block_table: &w.block_table,
-            blocks_per_seq: w.blocks_per_seq,
-            seq_lens: &w.seq_lens,
-            params: dc.params,
-        };
+        let d = w.decode_args(dc);
         let n = w.seq_lens.len() * q_heads * vw;
         let mut cpu = vec![f32::NAN; n];
         be.paged_decode(&cache.as_ref(), &d, &mut cpu)
