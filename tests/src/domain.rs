@@ -1,6 +1,6 @@
 //! Independent enumeration of a layout's domain, for reference checks.
 
-use kvlayout::{Coord, KvCacheLayout};
+use kvlayout::{Content, Coord, Field, KvCacheLayout};
 
 /// Every coordinate of every readable field (stored fields first), in row-major order.
 pub fn coords(l: &KvCacheLayout, stored_only: bool) -> Vec<Coord> {
@@ -37,7 +37,13 @@ pub fn coords(l: &KvCacheLayout, stored_only: bool) -> Vec<Coord> {
 /// The reference address: `base + l*Ls + b*Bs + h*Hs + n*Ns + (d / x)*Xs + (d % x)*Ds`,
 /// written out from the field's strides without calling the layout's offset function.
 pub fn reference_offset(l: &KvCacheLayout, c: &Coord) -> (u32, u64) {
-    let m = l.field_map(c.field).expect("readable field");
+    // MLA's K and V are the latent's elements of the same index (V its first kv_lora_rank):
+    // computed from the stored latent's map, not from the layout's derived maps.
+    let stored = match (l.content(), c.field) {
+        (Content::Mla { .. }, Field::K | Field::V) => Field::Latent,
+        (_, field) => field,
+    };
+    let m = l.field_map(stored).expect("readable field");
     let s = m.strides;
     let off = u128::from(s.base_offset)
         + u128::from(c.layer) * u128::from(s.layer)

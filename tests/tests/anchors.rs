@@ -1463,3 +1463,38 @@ fn case14_legacy_x_split_key() {
         }
     }
 }
+
+/// MLA's V of a latent split into chunks is the latent's first `kv_lora_rank` elements, each
+/// where the latent's element of the same index lies (`d / 8` chunks of 32 bytes, `d % 8`
+/// elements of 2 bytes, token 16 bytes further), inside the registered span; a split that
+/// would cut V mid-chunk is refused.
+#[test]
+fn case03b_mla_v_of_a_split_latent() {
+    let l =
+        layout("mla B=1 N=2 rank=16 rope=16 dtype=f16 @latent=0:0:0:0:0:16:8:32:2 @buf0=0..128");
+    sweep(&l, Field::V, [1, 1, 1, 2, 16], |_, _, _, n, d| {
+        16 * n + 32 * (d / 8) + 2 * (d % 8)
+    });
+    sweep(&l, Field::K, [1, 1, 1, 2, 32], |_, _, _, n, d| {
+        16 * n + 32 * (d / 8) + 2 * (d % 8)
+    });
+    assert_eq!(
+        at(&l, Field::V, 0, 0, 0, 0, 8),
+        32,
+        "V[8] is the latent's element 8"
+    );
+    // Chunks of 2 elements 2 bytes apart, elements 32 bytes apart: V[15] at 14 + 32.
+    let l = layout("mla B=1 N=1 rank=16 rope=16 dtype=f16 @latent=0:0:0:0:0:0:2:2:32 @buf0=0..64");
+    sweep(&l, Field::V, [1, 1, 1, 1, 16], |_, _, _, _, d| {
+        2 * (d / 2) + 32 * (d % 2)
+    });
+    assert_eq!(at(&l, Field::V, 0, 0, 0, 0, 15), 46);
+    let e = "mla B=1 N=1 rank=12 rope=12 dtype=f16 @latent=0:0:0:0:0:0:8:32:2 @buf0=0..128"
+        .parse::<KvCacheLayout>()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("chunks of 8") && e.contains("kv_lora_rank = 12"),
+        "{e}"
+    );
+}

@@ -463,6 +463,119 @@ fn arbitrary_strided() -> impl Strategy<Value = kvlayout::LayoutSpec> {
         })
 }
 
+/// Arbitrary explicit strides for a small MLA latent: split into chunks of any divisor of its
+/// width (or not), chunks and elements anywhere, extents that may be too short.
+fn arbitrary_mla() -> impl Strategy<Value = kvlayout::LayoutSpec> {
+    use kvlayout::{
+        BufferExtent, Content, DType, FieldStrides, Geometry, LayoutSpec, Placement, StridedField,
+        TensorScales,
+    };
+    let stride = || prop::sample::select(vec![0u64, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]);
+    (
+        (1u64..=2, 1u64..=2, 1u64..=3),
+        (
+            prop::sample::select(vec![2u64, 4, 6, 8, 16]),
+            prop::sample::select(vec![2u64, 4, 8]),
+        ),
+        (0u64..8, prop::collection::vec(stride(), 6), 1u64..=16),
+        (
+            prop::sample::select(vec![16u64, 64, 256, 1024, 4096]),
+            any::<bool>(),
+        ),
+    )
+        .prop_map(
+            |((l, b, n), (rank, rope), (base, s, split), (end, scaled))| {
+                let width = rank + rope;
+                // Any divisor of the width (validation refuses one that splits V mid-chunk).
+                let dim_split = (1..=split.min(width))
+                    .rev()
+                    .find(|d| width.is_multiple_of(*d))
+                    .unwrap_or(width);
+                LayoutSpec {
+                    geometry: Geometry {
+                        num_layers: l,
+                        num_blocks: b,
+                        block_size: n,
+                        num_kv_heads: 1,
+                        tokens_per_state: 1,
+                    },
+                    content: Content::Mla {
+                        kv_lora_rank: rank,
+                        rope_dim: rope,
+                    },
+                    dtype: DType::F16,
+                    scales: if scaled {
+                        TensorScales {
+                            k_scale: 0.5,
+                            v_scale: 2.0,
+                        }
+                    } else {
+                        TensorScales::default()
+                    },
+                    placement: Placement::Strided {
+                        fields: vec![StridedField {
+                            field: Field::Latent,
+                            strides: FieldStrides {
+                                buffer: 0,
+                                base_offset: base * 2,
+                                layer: s[0] * 2,
+                                block: s[1] * 2,
+                                head: s[2] * 2,
+                                slot: s[3] * 2,
+                                dim_split,
+                                dim_chunk: s[4] * 2,
+                                dim: s[5] * 2,
+                            },
+                        }],
+                        extents: vec![BufferExtent { start: 0, end }],
+                    },
+                }
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(config(3000))]
+
+    /// Every map an MLA layout answers, derived K and V included, holds the invariants of a
+    /// stored field: K's and V's element d is the latent's element d (computed from the stored
+    /// latent's strides), inside the registered span, the same through `offset`, the kernel
+    /// arguments and every view that exists. A spec that cannot hold them is a typed refusal.
+    #[test]
+    fn mla_derived_fields_address_the_latent(spec in arbitrary_mla()) {
+        let Ok(l) = KvCacheLayout::new(spec) else { return Ok(()) };
+        let spans = l.registered_spans();
+        for c in coords(&l, false) {
+            let at = l.offset(&c).unwrap();
+            let latent = Coord { field: Field::Latent, ..c };
+            prop_assert_eq!(at, l.offset(&latent).unwrap(), "{:?} in {}", c, l);
+            prop_assert_eq!((at.buffer, at.offset), reference_offset(&l, &c));
+            let span = spans[at.buffer as usize];
+            prop_assert!(at.offset >= span.offset && at.offset + 2 <= span.offset + span.len,
+                "{:?} at {} outside {:?} in {}", c, at.offset, span, l);
+            let a = l.kernel_args(c.field).unwrap();
+            let off = a.offset(c.layer as i64, c.block as i64, c.head as i64, c.slot as i64, c.dim as i64);
+            prop_assert_eq!(off as u64, at.offset, "kernel_args {:?} in {}", c, l);
+        }
+        for field in [Field::K, Field::V] {
+            for conv in CONVENTIONS {
+                let Ok(v) = l.view(conv, ViewTarget::Field(field), 0) else { continue };
+                let x = v.dtype.vllm_x();
+                let mut bad = None;
+                for_each_index(&v.shape, |idx| {
+                    let c = coord_of(conv, ViewTarget::Field(field), 0, x, idx);
+                    let (buffer, want) = reference_offset(&l, &c);
+                    let got = v.byte_offset(idx).unwrap();
+                    if (buffer, want) != (v.buffer, got) && bad.is_none() {
+                        bad = Some((idx.to_vec(), want, got));
+                    }
+                });
+                prop_assert!(bad.is_none(), "{} {} of {}: {:?}", conv, field, l, bad);
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(config(4000))]
 

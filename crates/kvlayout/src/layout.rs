@@ -187,6 +187,64 @@ fn checked_end(map: &FieldMap) -> Result<u64> {
     add(end, map.elem_bytes(), ctx)
 }
 
+/// The map of MLA's K (the whole latent) or V (its first `rank` elements, each addressed as
+/// the latent's element of the same index). A latent split into chunks keeps its split for V
+/// when a chunk is shorter than V (validation requires V to be whole chunks); otherwise V lies
+/// in the first chunk and is not split.
+fn mla_alias(latent: &FieldMap, field: Field, rank: u64) -> FieldMap {
+    if field == Field::K {
+        return FieldMap { field, ..*latent };
+    }
+    let s = latent.strides;
+    let strides = if s.dim_split >= rank {
+        crate::spec::FieldStrides {
+            dim_split: rank,
+            dim_chunk: s.dim.saturating_mul(rank),
+            ..s
+        }
+    } else {
+        s
+    };
+    FieldMap {
+        field,
+        width: rank,
+        strides,
+        ..*latent
+    }
+}
+
+/// The invariants every map a layout answers must hold, stored or derived: its bytes inside
+/// its buffer's extent (within 63 bits), aligned to its element, no two elements sharing bytes.
+fn check_map(map: &FieldMap, extents: &[BufferExtent]) -> Result<()> {
+    let end = checked_end(map)?;
+    check_alignment(map)?;
+    let x = extents[map.strides.buffer as usize];
+    if x.end > MAX_OFFSET {
+        return Err(LayoutError::Overflow {
+            what: format!("buffer {} extent", map.strides.buffer),
+            limit: MAX_OFFSET,
+        });
+    }
+    if map.strides.base_offset < x.start || end > x.end {
+        return Err(LayoutError::Invalid(format!(
+            "field {} spans bytes [{}, {}) outside buffer {} extent [{}, {})",
+            map.field, map.strides.base_offset, end, map.strides.buffer, x.start, x.end
+        )));
+    }
+    let undecided = |what: String| LayoutError::Aliasing {
+        detail: format!("{what}: strides too irregular to prove disjoint"),
+    };
+    if alias::self_overlaps(map).map_err(|_| undecided(map.field.to_string()))? {
+        return Err(LayoutError::Aliasing {
+            detail: format!(
+                "two elements of field {} share bytes (strides {:?})",
+                map.field, map.strides
+            ),
+        });
+    }
+    Ok(())
+}
+
 impl KvCacheLayout {
     /// Validates a spec and derives every field's address map.
     pub fn new(mut spec: LayoutSpec) -> Result<Self> {
@@ -270,35 +328,25 @@ impl KvCacheLayout {
             })
             .collect();
         for map in &fields {
-            let end = checked_end(map)?;
-            check_alignment(map)?;
-            let x = extents[map.strides.buffer as usize];
-            if x.end > MAX_OFFSET {
-                return Err(LayoutError::Overflow {
-                    what: format!("buffer {} extent", map.strides.buffer),
-                    limit: MAX_OFFSET,
-                });
-            }
-            if map.strides.base_offset < x.start || end > x.end {
+            check_map(map, &extents)?;
+        }
+        // The maps derived from stored ones (MLA's K and V) hold the same invariants.
+        if let Content::Mla { kv_lora_rank, .. } = spec.content {
+            let latent = &fields[0];
+            let s = latent.strides.dim_split;
+            if s < kv_lora_rank && !kv_lora_rank.is_multiple_of(s) {
                 return Err(LayoutError::Invalid(format!(
-                    "field {} spans bytes [{}, {}) outside buffer {} extent [{}, {})",
-                    map.field, map.strides.base_offset, end, map.strides.buffer, x.start, x.end
+                    "the MLA latent is split into chunks of {s} elements, so V (its first \
+                     kv_lora_rank = {kv_lora_rank} elements) is not whole chunks"
                 )));
+            }
+            for field in [Field::K, Field::V] {
+                check_map(&mla_alias(latent, field, kv_lora_rank), &extents)?;
             }
         }
         let undecided = |what: String| LayoutError::Aliasing {
             detail: format!("{what}: strides too irregular to prove disjoint"),
         };
-        for map in &fields {
-            if alias::self_overlaps(map).map_err(|_| undecided(map.field.to_string()))? {
-                return Err(LayoutError::Aliasing {
-                    detail: format!(
-                        "two elements of field {} share bytes (strides {:?})",
-                        map.field, map.strides
-                    ),
-                });
-            }
-        }
         for (i, a) in fields.iter().enumerate() {
             for b in &fields[i + 1..] {
                 if a.strides.buffer == b.strides.buffer
@@ -391,21 +439,8 @@ impl KvCacheLayout {
             return Ok(*m);
         }
         if let Content::Mla { kv_lora_rank, .. } = self.spec.content {
-            let latent = self.fields[0];
-            match field {
-                Field::K => return Ok(FieldMap { field, ..latent }),
-                Field::V => {
-                    return Ok(FieldMap {
-                        field,
-                        width: kv_lora_rank,
-                        strides: crate::spec::FieldStrides {
-                            dim_split: kv_lora_rank,
-                            ..latent.strides
-                        },
-                        ..latent
-                    })
-                }
-                _ => {}
+            if matches!(field, Field::K | Field::V) {
+                return Ok(mla_alias(&self.fields[0], field, kv_lora_rank));
             }
         }
         Err(LayoutError::NoSuchField {
