@@ -174,7 +174,7 @@ pub(crate) fn check_decode(
     }
     let seqs = d.seq_lens.len();
     d.query.expect_shape("query", &[seqs, q_heads, qk])?;
-    if out_len != seqs * q_heads * v {
+    if out_len != ops::shape_elements("output", &[seqs, q_heads, v])? {
         return Err(OpError::Shape {
             what: "output".into(),
             expected: format!("[{seqs}, {q_heads}, {v}]"),

@@ -63,7 +63,7 @@ impl Activations<'_> {
 
     /// Checks the element count against a shape.
     pub fn expect_shape(&self, what: &str, shape: &[usize]) -> Result<(), OpError> {
-        let n: usize = shape.iter().product();
+        let n = kvlayout::ops::shape_elements(what, shape)?;
         if self.len() != n {
             return Err(OpError::Shape {
                 what: what.into(),

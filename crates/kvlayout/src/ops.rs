@@ -194,6 +194,25 @@ pub fn check_slot_mapping(layout: &KvCacheLayout, slots: &[i64]) -> Result<(), O
     Ok(())
 }
 
+/// The number of elements of a tensor of `shape`, or a `Shape` error naming `what` when the
+/// product does not fit in `usize` (so no check compares against a wrapped count).
+///
+/// ```
+/// use kvlayout::ops::shape_elements;
+/// assert_eq!(shape_elements("query", &[3, 4, 8]).unwrap(), 96);
+/// assert!(shape_elements("query", &[3, 1 << 61, 8]).is_err());
+/// ```
+pub fn shape_elements(what: &str, shape: &[usize]) -> Result<usize, OpError> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &x| n.checked_mul(x))
+        .ok_or_else(|| OpError::Shape {
+            what: what.into(),
+            expected: format!("{shape:?}: at most {} elements", usize::MAX),
+            got: "a shape whose element count overflows".into(),
+        })
+}
+
 /// Checks a block table `[num_seqs, blocks_per_seq]` (row-major) against sequence lengths:
 /// each sequence fits its row, and every entry it uses names a block of the cache.
 pub fn check_block_table(
@@ -203,7 +222,7 @@ pub fn check_block_table(
     seq_lens: &[u32],
 ) -> Result<(), OpError> {
     let g = layout.geometry();
-    if table.len() != seq_lens.len() * blocks_per_seq {
+    if table.len() != shape_elements("block_table", &[seq_lens.len(), blocks_per_seq])? {
         return Err(OpError::Shape {
             what: "block_table".into(),
             expected: format!("{} x {blocks_per_seq} entries", seq_lens.len()),
@@ -211,7 +230,7 @@ pub fn check_block_table(
         });
     }
     for (seq, &len) in seq_lens.iter().enumerate() {
-        let capacity = blocks_per_seq as u64 * g.block_size;
+        let capacity = (blocks_per_seq as u64).saturating_mul(g.block_size);
         if u64::from(len) > capacity {
             return Err(OpError::SequenceTooLong {
                 seq,

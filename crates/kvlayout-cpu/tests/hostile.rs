@@ -1,0 +1,72 @@
+//! Arguments whose counts overflow when multiplied: refused with a typed error by the checks,
+//! the fast path and the reference alike, before anything is read or written.
+
+use kvlayout::ops::{check_block_table, OpError};
+use kvlayout::KvCacheLayout;
+use kvlayout_cpu::{reference, Activations, CpuBackend, Decode, DecodeParams, HostCache};
+
+fn layout() -> KvCacheLayout {
+    "kv L=1 B=4 N=16 H=2 D=8 dtype=f16 order=NHD"
+        .parse()
+        .unwrap()
+}
+
+/// Three sequences x 6148914691236517206 blocks wraps to 2 in 64 bits: a 2-entry table
+/// passed the length check, and the decode then indexed past it.
+#[test]
+fn a_block_table_whose_size_wraps_is_refused() {
+    let l = layout();
+    let bps = 6_148_914_691_236_517_206usize;
+    assert_eq!(3usize.wrapping_mul(bps), 2, "the product wraps");
+    let e = check_block_table(&l, &[0, 1], bps, &[1, 1, 1]).unwrap_err();
+    assert!(matches!(e, OpError::Shape { .. }), "{e}");
+    let cache = HostCache::new(l.clone()).unwrap();
+    let q = vec![0f32; 3 * 2 * 8];
+    let d = Decode {
+        layer: 0,
+        query: Activations::F32(&q),
+        block_table: &[0, 1],
+        blocks_per_seq: bps,
+        seq_lens: &[1, 1, 1],
+        params: DecodeParams {
+            num_q_heads: 2,
+            scale: 1.0,
+            sliding_window: None,
+            soft_cap: None,
+        },
+    };
+    let mut out = vec![0f32; 3 * 2 * 8];
+    let be = CpuBackend::new(Some(1));
+    assert!(be.paged_decode(&cache.as_ref(), &d, &mut out).is_err());
+    assert!(reference::paged_decode(&cache.as_ref(), &d, &mut out).is_err());
+}
+
+/// `num_q_heads = 2^61`: the query's and the output's element counts wrap to 0, so an empty
+/// query and output looked right.
+#[test]
+fn query_heads_whose_counts_wrap_are_refused() {
+    let l = layout();
+    let cache = HostCache::new(l).unwrap();
+    let d = Decode {
+        layer: 0,
+        query: Activations::F32(&[]),
+        block_table: &[0],
+        blocks_per_seq: 1,
+        seq_lens: &[1],
+        params: DecodeParams {
+            num_q_heads: 1 << 61,
+            scale: 1.0,
+            sliding_window: None,
+            soft_cap: None,
+        },
+    };
+    let be = CpuBackend::new(Some(1));
+    for r in [
+        be.paged_decode(&cache.as_ref(), &d, &mut []),
+        reference::paged_decode(&cache.as_ref(), &d, &mut []),
+    ] {
+        let e = r.unwrap_err();
+        assert!(matches!(e, OpError::Shape { .. }), "{e}");
+        assert!(e.to_string().contains("overflows"), "{e}");
+    }
+}
