@@ -239,6 +239,85 @@ fn row_bytes(layout: &KvCacheLayout) -> u64 {
 /// Tokens written per `write_kv` call.
 const WRITE_CHUNK: usize = 16 << 10;
 
+/// What the step allocates besides the cache (which `--max-cache-gib` limits), sized with
+/// checked arithmetic before anything is allocated.
+struct Footprint {
+    /// Query elements.
+    query: usize,
+    /// Bytes of the read bound's buffer per thread.
+    bound_per_thread: usize,
+    /// Every byte above together: query, output, one write chunk's keys and values, the read
+    /// bound's buffers.
+    total_bytes: u64,
+}
+
+impl Footprint {
+    fn of(
+        a: &StepArgs,
+        q_heads: u64,
+        kv_heads: u64,
+        qk: u64,
+        vw: u64,
+        threads: usize,
+    ) -> Result<Self, CliError> {
+        let too_big = |what: &str| {
+            usage(format!(
+                "{what} overflows 64 bits (--seqs {}, --q-heads {q_heads}, --context {}, \
+                 --bound-mib {})",
+                a.seqs, a.context, a.bound_mib
+            ))
+        };
+        let product = |what: &str, xs: &[u64]| -> Result<u64, CliError> {
+            xs.iter()
+                .try_fold(1u64, |n, &x| n.checked_mul(x))
+                .ok_or_else(|| too_big(what))
+        };
+        let seqs = a.seqs as u64;
+        let query = product("the query's size", &[seqs, q_heads, qk, 4])?;
+        let out = product("the output's size", &[seqs, q_heads, vw, 4])?;
+        let chunk = (a.context as u64 * seqs).min(WRITE_CHUNK as u64);
+        let write = product("a write chunk's size", &[chunk, kv_heads, qk + vw, 4])?;
+        let bound_per_thread = product("the read bound's buffer", &[a.bound_mib as u64, 1 << 20])?;
+        let bound = product(
+            "the read bound's buffers",
+            &[bound_per_thread, threads as u64],
+        )?;
+        let total_bytes = [query, out, write, bound]
+            .iter()
+            .try_fold(0u64, |n, &x| n.checked_add(x))
+            .ok_or_else(|| too_big("the step's memory"))?;
+        let to_usize = |x: u64| usize::try_from(x).map_err(|_| too_big("a buffer"));
+        Ok(Footprint {
+            query: to_usize(query / 4)?,
+            bound_per_thread: to_usize(bound_per_thread)?,
+            total_bytes,
+        })
+    }
+
+    /// Refuses a step that needs more than `available` bytes of memory (when known).
+    fn fits(&self, available: Option<u64>) -> Result<(), CliError> {
+        match available {
+            Some(free) if self.total_bytes > free => Err(usage(format!(
+                "the step needs {:.2} GiB of memory besides the cache (query, output, a write \
+                 chunk, the read bound's buffers); this machine has {:.2} GiB available: lower \
+                 --q-heads, --seqs or --bound-mib",
+                self.total_bytes as f64 / f64::from(1u32 << 30),
+                free as f64 / f64::from(1u32 << 30)
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Memory the kernel says can be allocated without swapping (`MemAvailable` of
+/// `/proc/meminfo`), where it says.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// `n` distinct block ids of `0..num_blocks` in a random order: the first `n` steps of a
 /// Fisher-Yates shuffle, with only the moved entries kept.
 fn random_blocks(rng: &mut Rng, num_blocks: u64, n: u64) -> Result<Vec<i32>, CliError> {
@@ -301,13 +380,15 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
             a.max_cache_gib
         )));
     }
-    let mut rng = Rng(a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let table = random_blocks(&mut rng, g.num_blocks, blocks)?;
-    let per_seq = per_seq as usize;
     let be = match &a.kernels {
         Some(k) => CpuBackend::with_kernels(a.threads, k)?,
         None => CpuBackend::new(a.threads),
     };
+    let sizes = Footprint::of(a, q_heads, kv_heads, qk, vw, be.threads())?;
+    sizes.fits(available_memory())?;
+    let mut rng = Rng(a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let table = random_blocks(&mut rng, g.num_blocks, blocks)?;
+    let per_seq = per_seq as usize;
     let mut cache = HostCache::new(layout.clone())?;
     // Every token of every sequence written once, at the slot its block table gives, in
     // chunks of `WRITE_CHUNK` tokens (the activations of a chunk are all that is held).
@@ -341,7 +422,7 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
         write_kv_ms += t.elapsed().as_secs_f64() * 1e3;
     }
 
-    let query = rng.fill(a.seqs * q_heads as usize * qk as usize);
+    let query = rng.fill(sizes.query);
     let lens = vec![a.context; a.seqs];
     let params = DecodeParams {
         num_q_heads: q_heads,
@@ -373,7 +454,7 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
     // Each sequence reads its last `window` tokens (all of them without a window).
     let attended = u64::from(a.context).min(a.window.unwrap_or(u64::MAX));
     let kv_bytes = row_bytes(&layout) * kv_heads * a.seqs as u64 * attended;
-    let bound = ReadBound::new(be.pool(), a.bound_mib << 20);
+    let bound = ReadBound::new(be.pool(), sizes.bound_per_thread)?;
     bound.pass(be.pool()); // first touch
     let paged_bound = bound.paged_fraction(be.pool(), 3);
     let d = step(a.seqs);

@@ -535,6 +535,26 @@ fn decode_refusals_are_one_line() {
     assert!(e.contains("--max-cache-gib NaN"), "{e}");
     let e = user_error(&["decode", "llama-3-8b B=100000"]);
     assert!(e.contains("--max-cache-gib 8"), "{e}");
+    // Sized before anything is allocated: counts that overflow 64 bits, and sizes no machine
+    // of any kind holds (petabytes), are one line each, not an abort.
+    for (flag, value, says) in [
+        ("--q-heads", "18446744073709551615", "overflows 64 bits"),
+        ("--bound-mib", "17592186044416", "overflows 64 bits"),
+        ("--q-heads", "1099511627776", "GiB"),
+        ("--bound-mib", "1000000000", "GiB"),
+    ] {
+        let e = user_error(&[
+            "decode",
+            small,
+            "--seqs",
+            "1",
+            "--context",
+            "16",
+            flag,
+            value,
+        ]);
+        assert!(e.contains(says), "{flag} {value}: {e}");
+    }
     let e = user_error(&[
         "decode",
         "mla L=1 B=8 N=64 tps=4 rank=64 rope=16 dtype=bf16 order=NHD",

@@ -215,7 +215,7 @@ fn main() {
         .collect();
     let mut out = vec![0f32; SEQS * Q_HEADS as usize * HEAD];
     let mut rows = Vec::new();
-    let bound = ReadBound::new(be.pool(), 512 << 20);
+    let bound = ReadBound::new(be.pool(), 512 << 20).expect("read bound");
     bound.pass(be.pool()); // first touch
                            // `KVLAYOUT_BENCH_CONTEXTS=64,256` overrides the contexts.
     let contexts: Vec<u32> = std::env::var("KVLAYOUT_BENCH_CONTEXTS")

@@ -64,7 +64,7 @@ fn main() {
     let nhd = cache(&format!("kv B={blocks} N=16 H=8 D=128 dtype=f16 order=NHD"));
     let mut hnd = cache(&format!("kv B={blocks} N=16 H=8 D=128 dtype=f16 order=HND"));
     let bytes = nhd.bytes(0).len() as f64;
-    let mut mc = MemcpyBound::new(be.pool(), bytes as usize / threads);
+    let mut mc = MemcpyBound::new(be.pool(), bytes as usize / threads).expect("memcpy bound");
     row(&be, &mut mc, "convert NHD -> HND f16", bytes, 0.9, || {
         be.convert(&nhd.as_ref(), &mut hnd.as_mut())
             .expect("convert")
@@ -93,7 +93,7 @@ fn main() {
         slot_mapping: &slots,
     };
     let bytes = (tokens * 8 * 256 * 2) as f64;
-    let mut mc = MemcpyBound::new(be.pool(), bytes as usize / threads);
+    let mut mc = MemcpyBound::new(be.pool(), bytes as usize / threads).expect("memcpy bound");
     row(
         &be,
         &mut mc,
@@ -110,7 +110,7 @@ fn main() {
         .map(|(a, b)| (*a, *b))
         .collect();
     let bytes = (1024 * 65536) as f64;
-    let mut mc = MemcpyBound::new(be.pool(), bytes as usize / threads);
+    let mut mc = MemcpyBound::new(be.pool(), bytes as usize / threads).expect("memcpy bound");
     row(
         &be,
         &mut mc,

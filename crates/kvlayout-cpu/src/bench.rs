@@ -8,6 +8,8 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
+use kvlayout::ops::OpError;
+
 use crate::hostbuf::HostBuffer;
 
 /// Sums a slice with 64 independent accumulators: four full-width vector adds per 256 bytes
@@ -127,13 +129,16 @@ fn permutation(n: usize) -> Vec<usize> {
 }
 
 /// `n` buffers of `bytes` each, allocated as caches are (huge pages where offered), every
-/// byte `fill(i)` for buffer `i`.
-fn buffers(n: usize, bytes: usize, fill: impl Fn(usize) -> u8) -> Vec<HostBuffer> {
+/// byte `fill(i)` for buffer `i`; `OutOfMemory` when one cannot be mapped.
+fn buffers(n: usize, bytes: usize, fill: impl Fn(usize) -> u8) -> Result<Vec<HostBuffer>, OpError> {
     (0..n)
         .map(|i| {
-            let mut b = HostBuffer::zeroed(bytes);
+            let mut b = HostBuffer::try_zeroed(bytes).map_err(|()| OpError::OutOfMemory {
+                buffer: i,
+                bytes: bytes as u64,
+            })?;
             b.as_mut_slice().fill(fill(i));
-            b
+            Ok(b)
         })
         .collect()
 }
@@ -148,12 +153,13 @@ pub struct ReadBound {
 }
 
 impl ReadBound {
-    /// One buffer of `bytes_per_thread` (rounded down to 64 bytes) per thread of `pool`.
-    pub fn new(pool: &rayon::ThreadPool, bytes_per_thread: usize) -> Self {
+    /// One buffer of `bytes_per_thread` (rounded down to 64 bytes) per thread of `pool`; an
+    /// `OutOfMemory` error when the machine cannot map one.
+    pub fn new(pool: &rayon::ThreadPool, bytes_per_thread: usize) -> Result<Self, OpError> {
         let bytes = bytes_per_thread / 64 * 64;
-        ReadBound {
-            bufs: buffers(pool.current_num_threads(), bytes, |i| 0x3c + i as u8),
-        }
+        Ok(ReadBound {
+            bufs: buffers(pool.current_num_threads(), bytes, |i| 0x3c + i as u8)?,
+        })
     }
 
     /// Bytes one pass reads.
@@ -300,13 +306,14 @@ pub struct MemcpyBound {
 }
 
 impl MemcpyBound {
-    /// One source and one destination of `bytes_per_thread` per thread of `pool`.
-    pub fn new(pool: &rayon::ThreadPool, bytes_per_thread: usize) -> Self {
+    /// One source and one destination of `bytes_per_thread` per thread of `pool`; an
+    /// `OutOfMemory` error when the machine cannot map one.
+    pub fn new(pool: &rayon::ThreadPool, bytes_per_thread: usize) -> Result<Self, OpError> {
         let n = pool.current_num_threads();
-        MemcpyBound {
-            src: buffers(n, bytes_per_thread, |i| i as u8 + 1),
-            dst: buffers(n, bytes_per_thread, |_| 0),
-        }
+        Ok(MemcpyBound {
+            src: buffers(n, bytes_per_thread, |i| i as u8 + 1)?,
+            dst: buffers(n, bytes_per_thread, |_| 0)?,
+        })
     }
 
     /// Payload bytes one pass copies.
