@@ -290,7 +290,7 @@ fn check_field(layout: &KvCacheLayout, field: Field) -> Result<(), TestCaseError
             dim: d as u64,
         };
         let from_c = c_offset(&a, l, b, h, n, d);
-        let from_rust = a.offset(l, b, h, n, d);
+        let from_rust = a.offset(l, b, h, n, d).expect("coordinate in the domain");
         let at = layout.offset(&c).expect("coordinate in the domain");
         let (ref_buffer, ref_offset) = reference_offset(layout, &c);
         prop_assert_eq!(from_c, from_rust, "C vs KvFieldArgs::offset at {:?}", c);
@@ -402,7 +402,7 @@ fn large_layout_offsets_are_64_bit() {
         assert!(last1 > 1 << 32);
         assert_eq!(c_offset(&a, 1, 39_999, 7, 15, 127), last1);
         assert_eq!(cpp_offset(&a, 1, 39_999, 7, 15, 127), last1);
-        assert_eq!(a.offset(1, 39_999, 7, 15, 127), last1);
+        assert_eq!(a.offset(1, 39_999, 7, 15, 127).unwrap(), last1);
         let c = Coord {
             layer: 1,
             block: 39_999,

@@ -63,7 +63,7 @@ fn sweep(l: &KvCacheLayout, field: Field, dom: Dom, want: impl Fn(u64, u64, u64,
                         let (ia, ib, ih, ind, id) =
                             (a as i64, b as i64, h as i64, n as i64, d as i64);
                         assert_eq!(
-                            args.offset(ia, ib, ih, ind, id),
+                            args.offset(ia, ib, ih, ind, id).unwrap(),
                             w as i64,
                             "{l}: kernel args of {field}[{a},{b},{h},{n},{d}]"
                         );
@@ -316,13 +316,16 @@ fn case01_every_order_and_dtype_matches_the_dense_formula() {
                             for h in 0..nh {
                                 for n in 0..nn {
                                     for d in 0..width {
-                                        let o = a.offset(
-                                            layer as i64,
-                                            blk as i64,
-                                            h as i64,
-                                            n as i64,
-                                            d as i64,
-                                        ) as u64;
+                                        let o = a
+                                            .offset(
+                                                layer as i64,
+                                                blk as i64,
+                                                h as i64,
+                                                n as i64,
+                                                d as i64,
+                                            )
+                                            .unwrap()
+                                            as u64;
                                         assert!(o >= base && o + fe <= base + total, "{spec}");
                                         for i in (o - base)..(o - base + fe) {
                                             let i = i as usize;
@@ -1252,7 +1255,7 @@ fn case13_offsets_beyond_2_pow_31_in_64_bits() {
     );
     let args = l.kernel_args(Field::V).unwrap();
     assert_eq!(args.block_stride_bytes, 65536i64);
-    assert_eq!(args.offset(0, 39999, 7, 15, 127), want as i64);
+    assert_eq!(args.offset(0, 39999, 7, 15, 127).unwrap(), want as i64);
     assert_eq!(l.registered_spans(), span(0, 40000 * 65536));
     assert_eq!(
         l.block_regions(39999, 0..1, 0..8).unwrap(),
@@ -1277,7 +1280,8 @@ fn case13_offsets_beyond_2_pow_31_in_64_bits() {
     assert_eq!(
         big.kernel_args(Field::V)
             .unwrap()
-            .offset(79, 999_999, 7, 15, 127),
+            .offset(79, 999_999, 7, 15, 127)
+            .unwrap(),
         want_big as i64
     );
     assert_eq!(big.registered_spans(), span(0, 80 * 1_000_000 * 65536));

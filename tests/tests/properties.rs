@@ -198,7 +198,7 @@ proptest! {
             let a = l.kernel_args(c.field).unwrap();
             let at = l.offset(&c).unwrap();
             prop_assert_eq!(a.buffer as u32, at.buffer);
-            let off = a.offset(c.layer as i64, c.block as i64, c.head as i64, c.slot as i64, c.dim as i64);
+            let off = a.offset(c.layer as i64, c.block as i64, c.head as i64, c.slot as i64, c.dim as i64).unwrap();
             prop_assert_eq!(off as u64, at.offset);
         }
     }
@@ -217,7 +217,7 @@ proptest! {
                 coords(&l, true).iter().filter(|c| sel(c)).map(|c| {
                     let (buffer, offset) = reference_offset(&l, c);
                     ByteRange { buffer, offset, len: l.field_map(c.field).unwrap().elem_bytes() }
-                }).collect());
+                }).collect()).unwrap();
             prop_assert_eq!(&got, &want);
             for w in got.windows(2) {
                 prop_assert!(w[0].buffer != w[1].buffer || w[0].offset + w[0].len < w[1].offset);
@@ -554,7 +554,7 @@ proptest! {
             prop_assert!(at.offset >= span.offset && at.offset + 2 <= span.offset + span.len,
                 "{:?} at {} outside {:?} in {}", c, at.offset, span, l);
             let a = l.kernel_args(c.field).unwrap();
-            let off = a.offset(c.layer as i64, c.block as i64, c.head as i64, c.slot as i64, c.dim as i64);
+            let off = a.offset(c.layer as i64, c.block as i64, c.head as i64, c.slot as i64, c.dim as i64).unwrap();
             prop_assert_eq!(off as u64, at.offset, "kernel_args {:?} in {}", c, l);
         }
         for field in [Field::K, Field::V] {

@@ -44,22 +44,35 @@ fn check(layout: &KvCacheLayout, lens_addrs: &[(usize, usize)]) -> Result<(), Op
     Ok(())
 }
 
-/// A cache to read: its layout and buffers (checked: long enough, aligned).
+/// A cache to read: its layout and buffers, checked by [`CacheRef::new`] (one per buffer of the
+/// layout, each covering its extent and aligned for its elements). The fields are private, so
+/// every `CacheRef` an op receives has passed that check:
+///
+/// ```compile_fail
+/// let l: kvlayout::KvCacheLayout = "kv B=2 N=16 H=1 D=8 dtype=f16 order=NHD".parse().unwrap();
+/// let short = kvlayout_cpu::CacheRef { layout: &l, buffers: vec![&[0u8; 4][..]] };
+/// ```
+///
+/// ```
+/// let l: kvlayout::KvCacheLayout = "kv B=2 N=16 H=1 D=8 dtype=f16 order=NHD".parse()?;
+/// assert!(kvlayout_cpu::CacheRef::new(&l, vec![&[0u8; 4][..]]).is_err()); // 1024 bytes needed
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct CacheRef<'a> {
     /// The layout every access goes through.
-    pub layout: &'a KvCacheLayout,
+    pub(crate) layout: &'a KvCacheLayout,
     /// One byte slice per buffer.
-    pub buffers: Vec<&'a [u8]>,
+    pub(crate) buffers: Vec<&'a [u8]>,
 }
 
-/// A cache to write.
+/// A cache to write, checked as [`CacheRef`] is.
 #[derive(Debug)]
 pub struct CacheMut<'a> {
     /// The layout every access goes through.
-    pub layout: &'a KvCacheLayout,
+    pub(crate) layout: &'a KvCacheLayout,
     /// One byte slice per buffer.
-    pub buffers: Vec<&'a mut [u8]>,
+    pub(crate) buffers: Vec<&'a mut [u8]>,
 }
 
 impl<'a> CacheRef<'a> {
@@ -72,6 +85,16 @@ impl<'a> CacheRef<'a> {
         check(layout, &la)?;
         Ok(CacheRef { layout, buffers })
     }
+
+    /// The layout every access goes through.
+    pub fn layout(&self) -> &'a KvCacheLayout {
+        self.layout
+    }
+
+    /// The buffers, one per buffer of the layout.
+    pub fn buffers(&self) -> &[&'a [u8]] {
+        &self.buffers
+    }
 }
 
 impl<'a> CacheMut<'a> {
@@ -83,6 +106,11 @@ impl<'a> CacheMut<'a> {
             .collect();
         check(layout, &la)?;
         Ok(CacheMut { layout, buffers })
+    }
+
+    /// The layout every access goes through.
+    pub fn layout(&self) -> &'a KvCacheLayout {
+        self.layout
     }
 
     /// A read-only view of the same cache.

@@ -74,16 +74,56 @@ pub const fn field_code(f: Field) -> i32 {
 }
 
 impl KvFieldArgs {
-    /// The one offset function, identical to `kvl_offset` in the C header.
-    #[inline]
-    pub fn offset(&self, layer: i64, block: i64, head: i64, slot: i64, dim: i64) -> i64 {
-        self.base_offset_bytes
-            + layer * self.layer_stride_bytes
-            + block * self.block_stride_bytes
-            + head * self.head_stride_bytes
-            + slot * self.slot_stride_bytes
-            + (dim / self.dim_split) * self.dim_chunk_stride_bytes
-            + (dim % self.dim_split) * self.dim_stride_bytes
+    /// The one offset function, the same sum as `kvl_offset` in the C header, checked: a
+    /// coordinate outside the domain (`kvl_in_domain`), a `dim_split` below 1, or a sum past
+    /// `i64` (possible only for arguments built by hand, not by
+    /// [`KvCacheLayout::kernel_args`]) is an error, never a panic or a wrapped offset.
+    ///
+    /// ```
+    /// let l = kvlayout::preset("llama-3-8b")?;
+    /// let k = l.kernel_args(kvlayout::Field::K)?;
+    /// assert_eq!(k.offset(0, 0, 1, 0, 0)?, 512); // token-major rows of K|V, 2 x 128 bf16
+    /// assert!(k.offset(0, 0, 8, 0, 0).is_err()); // 8 KV heads: head 8 is past the end
+    /// assert!(kvlayout::KvFieldArgs { dim_split: 0, ..k }.offset(0, 0, 0, 0, 0).is_err());
+    /// # Ok::<(), kvlayout::LayoutError>(())
+    /// ```
+    pub fn offset(&self, layer: i64, block: i64, head: i64, slot: i64, dim: i64) -> Result<i64> {
+        for (axis, value, limit) in [
+            ("layer", layer, self.num_layers),
+            ("block", block, self.num_blocks),
+            ("head", head, self.num_heads),
+            ("token", slot, self.num_slots),
+            ("dim", dim, self.width),
+        ] {
+            if value < 0 || value >= limit {
+                return Err(LayoutError::InvalidQuery(format!(
+                    "{axis} {value} is outside the kernel arguments' domain 0..{limit}"
+                )));
+            }
+        }
+        if self.dim_split < 1 {
+            return Err(LayoutError::Invalid(format!(
+                "kernel arguments with dim_split {} (at least 1)",
+                self.dim_split
+            )));
+        }
+        let overflow = || LayoutError::Overflow {
+            what: "kernel argument offset".into(),
+            limit: i64::MAX as u64,
+        };
+        [
+            (layer, self.layer_stride_bytes),
+            (block, self.block_stride_bytes),
+            (head, self.head_stride_bytes),
+            (slot, self.slot_stride_bytes),
+            (dim / self.dim_split, self.dim_chunk_stride_bytes),
+            (dim % self.dim_split, self.dim_stride_bytes),
+        ]
+        .iter()
+        .try_fold(self.base_offset_bytes, |sum, &(i, stride)| {
+            i.checked_mul(stride).and_then(|x| sum.checked_add(x))
+        })
+        .ok_or_else(overflow)
     }
 }
 

@@ -52,6 +52,7 @@ impl FieldMap {
     }
 
     /// The six affine axes `(extent, stride_bytes)`: layer, block, head, slot, dim chunk, dim.
+    /// (A map built by hand with `dim_split` 0 reads as one chunk.)
     pub fn axes(&self) -> [(u64, u64); 6] {
         let s = &self.strides;
         [
@@ -59,7 +60,10 @@ impl FieldMap {
             (self.num_blocks, s.block),
             (self.num_heads, s.head),
             (self.num_slots, s.slot),
-            (self.width / s.dim_split, s.dim_chunk),
+            (
+                self.width.checked_div(s.dim_split).unwrap_or(1),
+                s.dim_chunk,
+            ),
             (s.dim_split, s.dim),
         ]
     }
@@ -69,19 +73,72 @@ impl FieldMap {
         self.strides.dim_split != self.width
     }
 
-    /// Byte offset one past the last byte the field touches.
+    /// Byte offset one past the last byte the field touches: exact for every map a layout
+    /// answers (validated to fit in 63 bits); for a map built by hand, saturating at
+    /// `u64::MAX`, an axis of extent 0 counted as one of extent 1.
     pub fn data_end(&self) -> u64 {
-        self.strides.base_offset
-            + self
-                .axes()
-                .iter()
-                .map(|(ext, stride)| (ext - 1) * stride)
-                .sum::<u64>()
-            + self.elem_bytes()
+        self.axes()
+            .iter()
+            .map(|&(ext, stride)| ext.saturating_sub(1).saturating_mul(stride))
+            .fold(self.strides.base_offset, u64::saturating_add)
+            .saturating_add(self.elem_bytes())
     }
 
-    /// Number of elements in the field's domain.
+    /// Number of elements in the field's domain (saturating at `u64::MAX` for a map built by
+    /// hand).
     pub fn num_elements(&self) -> u64 {
-        self.num_layers * self.num_blocks * self.num_heads * self.num_slots * self.width
+        [
+            self.num_layers,
+            self.num_blocks,
+            self.num_heads,
+            self.num_slots,
+            self.width,
+        ]
+        .iter()
+        .fold(1u64, |n, &x| n.saturating_mul(x))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Maps built by hand with a zero split, zero extents or strides past 64 bits answer
+    /// without a panic (saturating), where division by zero and underflow used to abort.
+    #[test]
+    fn hand_built_maps_do_not_panic() {
+        let m = FieldMap {
+            field: Field::K,
+            dtype: DType::F16,
+            num_layers: 0,
+            num_blocks: u64::MAX,
+            num_heads: 3,
+            num_slots: 0,
+            width: 8,
+            strides: FieldStrides {
+                buffer: 0,
+                base_offset: 16,
+                layer: 1,
+                block: u64::MAX,
+                head: 2,
+                slot: 4,
+                dim_split: 0,
+                dim_chunk: 8,
+                dim: 2,
+            },
+        };
+        assert_eq!(m.axes()[4], (1, 8), "a zero split reads as one chunk");
+        assert_eq!(m.data_end(), u64::MAX);
+        assert_eq!(m.num_elements(), 0);
+        let m = FieldMap {
+            num_blocks: 2,
+            strides: FieldStrides {
+                block: 64,
+                ..m.strides
+            },
+            ..m
+        };
+        // Base 16, block 64, head 2 x 2, no chunk, 0 x dim, one element of 2 bytes.
+        assert_eq!(m.data_end(), 16 + 64 + 4 + 2);
     }
 }

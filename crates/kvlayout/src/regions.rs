@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use serde::Serialize;
 
-use crate::error::{LayoutError, Result};
+use crate::error::{LayoutError, Result, MAX_OFFSET};
 use crate::field_map::FieldMap;
 use crate::layout::KvCacheLayout;
 
@@ -183,19 +183,42 @@ impl Folded {
     }
 }
 
-/// Sorts and merges touching ranges of the same buffer.
-pub fn merge_ranges(mut ranges: Vec<ByteRange>) -> Vec<ByteRange> {
+/// Sorts and merges touching ranges of the same buffer. A range whose end lies past
+/// [`MAX_OFFSET`](crate::MAX_OFFSET) is refused (`Overflow`), so no end is computed wrapped.
+///
+/// ```
+/// use kvlayout::{merge_ranges, ByteRange};
+/// let r = |offset, len| ByteRange { buffer: 0, offset, len };
+/// assert_eq!(merge_ranges(vec![r(8, 8), r(0, 8), r(32, 4)])?, vec![r(0, 16), r(32, 4)]);
+/// assert!(merge_ranges(vec![r(u64::MAX - 1, 4)]).is_err());
+/// # Ok::<(), kvlayout::LayoutError>(())
+/// ```
+pub fn merge_ranges(mut ranges: Vec<ByteRange>) -> Result<Vec<ByteRange>> {
+    let end = |r: &ByteRange| {
+        r.offset
+            .checked_add(r.len)
+            .filter(|&e| e <= MAX_OFFSET)
+            .ok_or(LayoutError::Overflow {
+                what: format!(
+                    "end of byte range {} + {} of buffer {}",
+                    r.offset, r.len, r.buffer
+                ),
+                limit: MAX_OFFSET,
+            })
+    };
     ranges.sort_unstable();
     let mut out: Vec<ByteRange> = Vec::with_capacity(ranges.len());
     for r in ranges {
+        let r_end = end(&r)?;
         match out.last_mut() {
+            // Sorted, so `r.offset >= last.offset`, and both ends were checked.
             Some(last) if last.buffer == r.buffer && last.offset + last.len >= r.offset => {
-                last.len = last.len.max(r.offset + r.len - last.offset);
+                last.len = (last.offset + last.len).max(r_end) - last.offset;
             }
             _ => out.push(r),
         }
     }
-    out
+    Ok(out)
 }
 
 fn check_range(axis: &'static str, r: &Range<u64>, limit: u64) -> Result<()> {
@@ -242,7 +265,7 @@ impl KvCacheLayout {
         for f in &folded {
             f.runs(&mut out);
         }
-        Ok(merge_ranges(out))
+        merge_ranges(out)
     }
 
     /// The bytes of one block over a range of layers and heads (a TP head slice when `heads`
