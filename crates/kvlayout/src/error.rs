@@ -55,6 +55,14 @@ pub enum LayoutError {
         /// Which fields or axes collide and how.
         detail: String,
     },
+    /// A quantity that must be a power of two, e.g. an alignment.
+    #[error("{what} {value} is not a power of two")]
+    NotPowerOfTwo {
+        /// The quantity, e.g. `alignment`.
+        what: &'static str,
+        /// Its value.
+        value: u64,
+    },
     /// A stated stride is smaller than what it must contain.
     #[error("{what} = {value} bytes is smaller than the {needed} bytes it must hold")]
     StrideTooSmall {

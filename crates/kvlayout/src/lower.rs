@@ -2,7 +2,7 @@
 //! belong to each placement kind. Called once by [`crate::KvCacheLayout::new`].
 
 use crate::dtype::DType;
-use crate::error::{add, mul, LayoutError, Result};
+use crate::error::{add, mul, LayoutError, Result, MAX_OFFSET};
 use crate::spec::{
     Axis, BufferExtent, Content, Field, FieldStrides, LegacyKind, Paged, Placement, StridedField,
 };
@@ -92,6 +92,12 @@ pub(crate) fn lower(placement: &Placement, rows: &[RowField], ext: Extents) -> R
 fn lower_paged(p: &Paged, rows: &[RowField], ext: Extents) -> Result<Lowered> {
     if p.alignment == 0 {
         return Err(LayoutError::ZeroSize { what: "alignment" });
+    }
+    if !p.alignment.is_power_of_two() {
+        return Err(LayoutError::NotPowerOfTwo {
+            what: "alignment",
+            value: p.alignment,
+        });
     }
     let mut row_offsets = Vec::with_capacity(rows.len());
     let mut row_bytes = 0u64;
@@ -393,6 +399,12 @@ fn lower_strided(
         )));
     }
     for (i, x) in extents.iter().enumerate() {
+        if x.end > MAX_OFFSET {
+            return Err(LayoutError::Overflow {
+                what: format!("buffer {i} extent"),
+                limit: MAX_OFFSET,
+            });
+        }
         if x.start > x.end {
             return Err(LayoutError::Invalid(format!(
                 "buffer {i} extent starts at {} after its end {}",

@@ -17,10 +17,11 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::num::IntErrorKind;
 use std::str::FromStr;
 
 use crate::dtype::{DType, TensorScales};
-use crate::error::{LayoutError, Result};
+use crate::error::{LayoutError, Result, MAX_OFFSET};
 use crate::layout::KvCacheLayout;
 use crate::presets::preset_spec_string;
 use crate::spec::{
@@ -43,15 +44,17 @@ fn bad(t: &Token, reason: impl Into<String>) -> LayoutError {
     }
 }
 
+/// Splits at whitespace; a token's column is the 1-based character index of its first char.
 fn tokens(s: &str, from_user: bool) -> Vec<Token> {
     let mut out = Vec::new();
-    let mut start = None;
-    for (i, ch) in s.char_indices().chain(std::iter::once((s.len(), ' '))) {
+    let mut start = None; // (byte index, column) of the token being read
+    let chars = s.char_indices().chain(std::iter::once((s.len(), ' ')));
+    for (column, (i, ch)) in (1..).zip(chars) {
         match (ch.is_whitespace(), start) {
-            (false, None) => start = Some(i),
-            (true, Some(st)) => {
+            (false, None) => start = Some((i, column)),
+            (true, Some((st, column))) => {
                 out.push(Token {
-                    column: s[..st].chars().count() + 1,
+                    column,
                     text: s[st..i].to_string(),
                     from_user,
                 });
@@ -61,6 +64,31 @@ fn tokens(s: &str, from_user: bool) -> Vec<Token> {
         }
     }
     out
+}
+
+/// A buffer index in canonical decimal: digits only, no leading zero unless it is `0`.
+fn buffer_index(text: &str) -> Option<u32> {
+    let digits = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+    if !digits || (text.len() > 1 && text.starts_with('0')) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// One bound of `@bufI=start..end`: an integer up to [`MAX_OFFSET`].
+fn extent_bound(tok: &Token, what: &str, text: &str) -> Result<u64> {
+    let out_of_range = || {
+        bad(
+            tok,
+            format!("buffer extent {what} {text} is out of range (limit {MAX_OFFSET})"),
+        )
+    };
+    match text.parse::<u64>() {
+        Ok(v) if v <= MAX_OFFSET => Ok(v),
+        Ok(_) => Err(out_of_range()),
+        Err(e) if *e.kind() == IntErrorKind::PosOverflow => Err(out_of_range()),
+        Err(_) => Err(bad(tok, "buffer extent is start..end (integers)")),
+    }
 }
 
 struct Keys {
@@ -99,14 +127,24 @@ fn parse_strides(tok: &Token, value: &str) -> Result<FieldStrides> {
                 "field strides are buf:base:layer:block:head:slot:split:chunk:dim (integers)",
             )
         })?;
-    let [buf, base, layer, block, head, slot, split, chunk, dim] = nums[..] else {
+    let [_, base, layer, block, head, slot, split, chunk, dim] = nums[..] else {
         return Err(bad(
             tok,
             format!("field strides need 9 numbers, got {}", nums.len()),
         ));
     };
+    let buffer = buffer_index(parts[0]).ok_or_else(|| {
+        bad(
+            tok,
+            format!(
+                "buffer index '{}' is not a decimal index up to {} without sign or leading zeros",
+                parts[0],
+                u32::MAX
+            ),
+        )
+    })?;
     Ok(FieldStrides {
-        buffer: u32::try_from(buf).map_err(|_| bad(tok, "buffer index too large"))?,
+        buffer,
         base_offset: base,
         layer,
         block,
@@ -311,38 +349,72 @@ fn parse_placement(keys: &mut Keys) -> Result<Placement> {
             "no placement: give order=.. (e.g. NHD, HND, LBHNC), legacy=.. or @field=.. strides",
         ));
     }
-    let mut fields = Vec::new();
-    let mut extents: BTreeMap<usize, BufferExtent> = BTreeMap::new();
-    for key in explicit {
-        let (tok, value) = keys.map.remove(&key).expect("key listed above");
+    // In column order, so that a key given twice is reported at its second spelling.
+    let mut entries: Vec<(String, Token, String)> = explicit
+        .into_iter()
+        .map(|key| {
+            let (tok, value) = keys.map.remove(&key).expect("key listed above");
+            (key, tok, value)
+        })
+        .collect();
+    entries.sort_by_key(|(_, tok, _)| tok.column);
+    let mut fields: Vec<(Token, StridedField)> = Vec::new();
+    let mut extents: BTreeMap<u32, BufferExtent> = BTreeMap::new();
+    for (key, tok, value) in entries {
         let name = &key[1..];
-        if let Some(idx) = name.strip_prefix("buf") {
-            let idx: usize = idx.parse().map_err(|_| bad(&tok, "buffer key is @bufN"))?;
+        if let Some(digits) = name.strip_prefix("buf") {
+            let idx = buffer_index(digits).ok_or_else(|| {
+                bad(
+                    &tok,
+                    format!(
+                        "buffer key is @bufN, N a decimal index up to {} without sign or \
+                         leading zeros",
+                        u32::MAX
+                    ),
+                )
+            })?;
             let (a, b) = value
                 .split_once("..")
                 .ok_or_else(|| bad(&tok, "buffer extent is start..end"))?;
-            let (start, end) = (a.parse(), b.parse());
-            let (Ok(start), Ok(end)) = (start, end) else {
-                return Err(bad(&tok, "buffer extent is start..end (integers)"));
-            };
+            let start = extent_bound(&tok, "start", a)?;
+            let end = extent_bound(&tok, "end", b)?;
             extents.insert(idx, BufferExtent { start, end });
         } else {
             let field: Field = name
                 .parse()
                 .map_err(|_| bad(&tok, format!("unknown field '{name}'")))?;
-            fields.push(StridedField {
-                field,
-                strides: parse_strides(&tok, &value)?,
-            });
+            if let Some((first, _)) = fields.iter().find(|(_, f)| f.field == field) {
+                return Err(bad(
+                    &tok,
+                    format!(
+                        "field {field} given twice (first as {} at column {})",
+                        first.text.split('=').next().unwrap_or_default(),
+                        first.column
+                    ),
+                ));
+            }
+            let strides = parse_strides(&tok, &value)?;
+            fields.push((tok, StridedField { field, strides }));
         }
     }
     let n = extents.len();
-    if extents.keys().copied().ne(0..n) {
+    if extents.keys().map(|&i| i as usize).ne(0..n) {
         return Err(bad(
             &keys.head,
             "buffer extents must be @buf0, @buf1, .. without gaps",
         ));
     }
+    if let Some((tok, f)) = fields.iter().find(|(_, f)| f.strides.buffer as usize >= n) {
+        let b = f.strides.buffer;
+        return Err(bad(
+            tok,
+            format!(
+                "no @buf{b}= extent was given (field {} is in buffer {b})",
+                f.field
+            ),
+        ));
+    }
+    let mut fields: Vec<StridedField> = fields.into_iter().map(|(_, f)| f).collect();
     fields.sort_by_key(|f| f.field);
     Ok(Placement::Strided {
         fields,
@@ -517,5 +589,171 @@ mod tests {
         // H and N inside both: accepted.
         let spec = "kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=BLHNC align=64";
         assert!(spec.parse::<KvCacheLayout>().is_ok(), "{spec}");
+    }
+
+    /// Two K/V fields in buffer 0 (K at 0, V at 192) of a 384-byte buffer.
+    const STRIDED: &str = "kv L=1 B=3 N=4 H=1 D=8 dtype=f16 @k=0:0:0:64:64:16:8:16:2 \
+                           @v=0:192:0:64:16:16:8:16:2";
+
+    /// The column and reason of a spec error.
+    fn spec_error(spec: &str) -> (usize, String, String) {
+        match spec.parse::<KvCacheLayout>() {
+            Err(LayoutError::Spec {
+                column,
+                token,
+                reason,
+            }) => (column, token, reason),
+            other => panic!("{spec}: expected a spec error, got {other:?}"),
+        }
+    }
+
+    /// Column of the last occurrence of `token`, in a spec that is ASCII before it.
+    fn column_of(spec: &str, token: &str) -> usize {
+        spec.rfind(token).expect("token in spec") + 1
+    }
+
+    /// A buffer index has one spelling: `@buf00`, `@buf+0`, `@buf01` are not buffers 0 and 1,
+    /// so `@buf0=0..32 @buf00=0..1000000` cannot silently replace the first extent.
+    #[test]
+    fn buffer_indices_are_canonical_decimal() {
+        let ok: KvCacheLayout = format!("{STRIDED} @buf0=0..384").parse().unwrap();
+        assert_eq!(ok.extents(), [BufferExtent { start: 0, end: 384 }]);
+        for key in [
+            "@buf00", "@buf+0", "@buf-0", "@buf01", "@buf", "@buf0x1", "@buf١",
+        ] {
+            let spec = format!("{STRIDED} @buf0=0..384 {key}=0..1000000");
+            let (column, token, reason) = spec_error(&spec);
+            assert_eq!(column, column_of(&spec, key), "{spec}");
+            assert_eq!(token, format!("{key}=0..1000000"));
+            assert!(reason.contains("without sign or leading zeros"), "{reason}");
+        }
+        for buf in ["00", "+0", "01"] {
+            let spec = format!("{STRIDED} @buf0=0..384").replace("@v=0:", &format!("@v={buf}:"));
+            let (column, _, reason) = spec_error(&spec);
+            assert_eq!(column, column_of(&spec, "@v="), "{spec}");
+            assert_eq!(
+                reason,
+                format!(
+                    "buffer index '{buf}' is not a decimal index up to 4294967295 without sign \
+                     or leading zeros"
+                )
+            );
+        }
+        // A field named twice in two spellings is refused at the second, naming the first.
+        let spec = format!("{STRIDED} @buf0=0..384 @K=0:0:0:64:64:16:8:16:2");
+        let (column, _, reason) = spec_error(&spec);
+        assert_eq!(column, column_of(&spec, "@K="));
+        assert_eq!(
+            reason,
+            format!(
+                "field k given twice (first as @k at column {})",
+                column_of(&spec, "@k=")
+            )
+        );
+    }
+
+    /// A field whose buffer has no extent names the missing `@bufN=` key.
+    #[test]
+    fn missing_buffer_extent_names_the_key() {
+        let (column, _, reason) = spec_error(STRIDED);
+        assert_eq!(column, column_of(STRIDED, "@k="));
+        assert_eq!(
+            reason,
+            "no @buf0= extent was given (field k is in buffer 0)"
+        );
+        let spec = format!("{STRIDED} @buf0=0..384").replace("@v=0:192", "@v=1:0");
+        let (column, _, reason) = spec_error(&spec);
+        assert_eq!(column, column_of(&spec, "@v="));
+        assert_eq!(
+            reason,
+            "no @buf1= extent was given (field v is in buffer 1)"
+        );
+    }
+
+    /// Every extent is refused past `MAX_OFFSET`, used by a field or not, and a number above
+    /// u64 is named as out of range rather than as not an integer.
+    #[test]
+    fn every_buffer_extent_is_range_checked() {
+        let limit = crate::MAX_OFFSET;
+        for (extents, says) in [
+            (
+                "@buf0=0..384 @buf1=0..18446744073709551615",
+                "buffer extent end 18446744073709551615 is out of range (limit 9223372036854775807)",
+            ),
+            (
+                "@buf0=0..9223372036854775808",
+                "buffer extent end 9223372036854775808 is out of range (limit 9223372036854775807)",
+            ),
+            (
+                "@buf0=0..384 @buf1=0..18446744073709551616",
+                "buffer extent end 18446744073709551616 is out of range (limit 9223372036854775807)",
+            ),
+            (
+                "@buf0=99999999999999999999999..384",
+                "buffer extent start 99999999999999999999999 is out of range (limit \
+                 9223372036854775807)",
+            ),
+            ("@buf0=0..x", "buffer extent is start..end (integers)"),
+        ] {
+            let spec = format!("{STRIDED} {extents}");
+            assert_eq!(spec_error(&spec).2, says, "{spec}");
+        }
+        // The same limit for a spec built without the parser, the extent used or not.
+        let mut spec = parse_spec(&format!("{STRIDED} @buf0=0..384 @buf1=0..8")).unwrap();
+        assert!(KvCacheLayout::new(spec.clone()).is_ok());
+        for (i, buffer) in [(1, "buffer 1 extent"), (0, "buffer 0 extent")] {
+            let Placement::Strided { extents, .. } = &mut spec.placement else {
+                unreachable!("strided spec");
+            };
+            extents[i].end = limit + 1;
+            assert_eq!(
+                KvCacheLayout::new(spec.clone()),
+                Err(LayoutError::Overflow {
+                    what: buffer.into(),
+                    limit
+                })
+            );
+        }
+    }
+
+    /// A paged alignment is a power of two (one-byte elements once took `align=3`).
+    #[test]
+    fn alignment_is_a_power_of_two() {
+        let base = "kv L=2 B=3 N=16 H=4 D=8 dtype=fp8_e4m3 order=NHD";
+        for align in [3u64, 6, 12, 48, (1 << 62) + 1] {
+            assert_eq!(
+                format!("{base} align={align}").parse::<KvCacheLayout>(),
+                Err(LayoutError::NotPowerOfTwo {
+                    what: "alignment",
+                    value: align
+                })
+            );
+        }
+        for align in [1u64, 2, 64, 4096] {
+            let l: KvCacheLayout = format!("{base} align={align}").parse().unwrap();
+            let Placement::Paged(p) = l.placement() else {
+                unreachable!("paged spec");
+            };
+            assert_eq!(p.alignment, align);
+        }
+    }
+
+    /// Tokenizing is linear: 200 000 tokens of 98 characters (38 MB) are read once, where
+    /// recounting each token's column from the start would count 2 * 10^12 characters. The
+    /// duplicate at the end is reported at its character column (not its byte index).
+    #[test]
+    fn long_specs_are_tokenized_in_linear_time() {
+        let n = 200_000;
+        let pad = "é".repeat(90);
+        let mut spec = String::from("kv");
+        for i in 0..n {
+            spec.push_str(&format!(" p{i:06}={pad}"));
+        }
+        spec.push_str(" p000000=1");
+        let (column, token, reason) = spec_error(&spec);
+        // "kv", then n times a space and 98 characters, then a space.
+        assert_eq!(column, 2 + n * (1 + 98) + 2);
+        assert_eq!(token, "p000000=1");
+        assert_eq!(reason, "p000000 given twice (first at column 4)");
     }
 }
