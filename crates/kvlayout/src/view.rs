@@ -324,6 +324,9 @@ impl KvCacheLayout {
         }
     }
 
+    /// K and V stacked along a size-2 axis of stride `V - K` (the bases of this layer). K and V
+    /// must agree on the stride of every axis of extent > 1 that the view spans (block, token,
+    /// head, content; not the layer); an axis of extent 1 carries K's stride.
     fn kv_view(&self, c: Convention, layer: u64) -> Result<TensorView> {
         let t = ViewTarget::Kv;
         if matches!(c, Convention::Standard | Convention::VllmPagedV1) {
@@ -335,23 +338,6 @@ impl KvCacheLayout {
         }
         let (k, v) = (self.field_map(Field::K)?, self.field_map(Field::V)?);
         let (ks, vs) = (k.strides, v.strides);
-        let same_strides = (
-            ks.layer,
-            ks.block,
-            ks.head,
-            ks.slot,
-            ks.dim_split,
-            ks.dim_chunk,
-            ks.dim,
-        ) == (
-            vs.layer,
-            vs.block,
-            vs.head,
-            vs.slot,
-            vs.dim_split,
-            vs.dim_chunk,
-            vs.dim,
-        );
         if ks.buffer != vs.buffer {
             return Err(refuse(
                 c,
@@ -376,29 +362,206 @@ impl KvCacheLayout {
                 format!("K and V dtypes differ ({} vs {})", k.dtype, v.dtype),
             ));
         }
-        if !same_strides {
-            return Err(refuse(c, t, "K and V have different strides"));
+        let (kd, vd) = (unsplit(c, t, &k)?, unsplit(c, t, &v)?);
+        let (b, h, n, w) = (k.num_blocks, k.num_heads, k.num_slots, k.width);
+        let spanned = [
+            ("block", b, ks.block, vs.block),
+            ("token", n, ks.slot, vs.slot),
+            ("head", h, ks.head, vs.head),
+            ("dim", w, kd, vd),
+        ];
+        if let Some((axis, ext, a, z)) = spanned.iter().find(|(_, ext, a, z)| *ext > 1 && a != z) {
+            return Err(refuse(
+                c,
+                t,
+                format!("K and V have different {axis} strides ({a} vs {z} bytes, {ext} {axis}s)"),
+            ));
         }
-        if vs.base_offset < ks.base_offset {
+        // Within the layout's checked span: no overflow.
+        let base = ks.base_offset + layer * ks.layer;
+        let v_base = vs.base_offset + layer * vs.layer;
+        if v_base < base {
             return Err(refuse(
                 c,
                 t,
                 "V lies before K: the K/V axis would need a negative stride",
             ));
         }
-        let ds = unsplit(c, t, &k)?;
-        let kv = vs.base_offset - ks.base_offset;
-        let base = ks.base_offset + layer * ks.layer;
-        let (b, h, n, w) = (k.num_blocks, k.num_heads, k.num_slots, k.width);
+        let kv = v_base - base;
         let dims = match c {
             Convention::FlashAttn => {
-                vec![(2, kv), (b, ks.block), (n, ks.slot), (h, ks.head), (w, ds)]
+                vec![(2, kv), (b, ks.block), (n, ks.slot), (h, ks.head), (w, kd)]
             }
             Convention::Flashinfer => {
-                vec![(b, ks.block), (2, kv), (n, ks.slot), (h, ks.head), (w, ds)]
+                vec![(b, ks.block), (2, kv), (n, ks.slot), (h, ks.head), (w, kd)]
             }
-            _ => vec![(b, ks.block), (2, kv), (h, ks.head), (n, ks.slot), (w, ds)],
+            _ => vec![(b, ks.block), (2, kv), (h, ks.head), (n, ks.slot), (w, kd)],
         };
         make(c, t, &k, base, dims)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::Coord;
+
+    /// Every element of the `kv` view of every layer, against `offset`; returns layer 0's view.
+    fn checked_kv_view(l: &KvCacheLayout, c: Convention) -> TensorView {
+        let g = *l.geometry();
+        let mut first = None;
+        for layer in 0..g.num_layers {
+            let v = l
+                .view(c, ViewTarget::Kv, layer)
+                .unwrap_or_else(|e| panic!("{l}: {c} kv layer {layer}: {e}"));
+            let k = l.field_map(Field::K).unwrap();
+            let total: u64 = v.shape.iter().product();
+            assert_eq!(
+                total,
+                2 * g.num_blocks * k.num_slots * g.num_kv_heads * k.width
+            );
+            for flat in 0..total {
+                let mut idx = vec![0u64; v.shape.len()];
+                let mut rest = flat;
+                for d in (0..idx.len()).rev() {
+                    idx[d] = rest % v.shape[d];
+                    rest /= v.shape[d];
+                }
+                let (kv, block, slot, head, dim) = match c {
+                    Convention::FlashAttn => (idx[0], idx[1], idx[2], idx[3], idx[4]),
+                    Convention::Flashinfer => (idx[1], idx[0], idx[2], idx[3], idx[4]),
+                    Convention::FlashinferHnd => (idx[1], idx[0], idx[3], idx[2], idx[4]),
+                    other => panic!("{other} has no kv view"),
+                };
+                let field = [Field::K, Field::V][kv as usize];
+                let coord = Coord {
+                    layer,
+                    block,
+                    head,
+                    slot,
+                    field,
+                    dim,
+                };
+                let want = l.offset(&coord).unwrap();
+                let got = (v.buffer, v.byte_offset(&idx).unwrap());
+                assert_eq!(got, (want.buffer, want.offset), "{l}: {c} {idx:?}");
+            }
+            first.get_or_insert(v);
+        }
+        first.expect("at least one layer")
+    }
+
+    /// vLLM's key and value differ only in their token stride; with one token per block the
+    /// stacked views exist, the size-1 token axis carrying K's stride (x = 8 elements).
+    #[test]
+    fn kv_view_ignores_the_strides_of_size_one_axes() {
+        let l: KvCacheLayout = "kv L=2 B=3 N=1 H=4 D=16 dtype=f16 legacy=vllm-paged-v1"
+            .parse()
+            .unwrap();
+        for (c, shape, strides) in [
+            (Convention::FlashAttn, [2, 3, 1, 4, 16], [192, 64, 8, 16, 1]),
+            (
+                Convention::Flashinfer,
+                [3, 2, 1, 4, 16],
+                [64, 192, 8, 16, 1],
+            ),
+            (
+                Convention::FlashinferHnd,
+                [3, 2, 4, 1, 16],
+                [64, 192, 16, 8, 1],
+            ),
+        ] {
+            let v = checked_kv_view(&l, c);
+            assert_eq!(
+                (v.shape, v.strides, v.offset),
+                (shape.to_vec(), strides.to_vec(), 0)
+            );
+        }
+        assert_eq!(
+            l.view(Convention::FlashAttn, ViewTarget::Kv, 1)
+                .unwrap()
+                .offset,
+            384
+        );
+    }
+
+    /// One KV head per rank (TP 8): K and V disagree only on the head stride.
+    #[test]
+    fn kv_view_of_one_head_with_different_head_strides() {
+        let l: KvCacheLayout = "kv L=1 B=3 N=4 H=1 D=8 dtype=f16 @k=0:0:0:64:64:16:8:16:2 \
+                                @v=0:192:0:64:16:16:8:16:2 @buf0=0..384"
+            .parse()
+            .unwrap();
+        let v = checked_kv_view(&l, Convention::FlashAttn);
+        assert_eq!(v.shape, [2, 3, 4, 1, 8]);
+        assert_eq!(v.strides, [96, 32, 8, 32, 1]);
+        let v = checked_kv_view(&l, Convention::Flashinfer);
+        assert_eq!(v.shape, [3, 2, 4, 1, 8]);
+        assert_eq!(v.strides, [32, 96, 8, 32, 1]);
+        let v = checked_kv_view(&l, Convention::FlashinferHnd);
+        assert_eq!(v.shape, [3, 2, 1, 4, 8]);
+        assert_eq!(v.strides, [32, 96, 32, 8, 1]);
+    }
+
+    /// A per-layer view does not span the layer axis: K and V may have different layer
+    /// strides, and the K/V stride is the distance of this layer's bases.
+    #[test]
+    fn kv_view_of_a_layer_ignores_the_layer_strides() {
+        // K layers 32 B apart from byte 0; V layers 64 B apart from byte 64.
+        let l: KvCacheLayout = "kv L=2 B=2 N=2 H=1 D=4 dtype=f16 @k=0:0:32:16:64:8:4:8:2 \
+                                @v=0:64:64:16:64:8:4:8:2 @buf0=0..160"
+            .parse()
+            .unwrap();
+        for c in [
+            Convention::FlashAttn,
+            Convention::Flashinfer,
+            Convention::FlashinferHnd,
+        ] {
+            checked_kv_view(&l, c);
+        }
+        let kv_stride = |layer| {
+            l.view(Convention::FlashAttn, ViewTarget::Kv, layer)
+                .unwrap()
+        };
+        assert_eq!((kv_stride(0).offset, kv_stride(0).strides[0]), (0, 32));
+        assert_eq!((kv_stride(1).offset, kv_stride(1).strides[0]), (16, 48));
+    }
+
+    /// K and V that differ on an axis of extent > 1 the view spans have no stacked view.
+    #[test]
+    fn kv_view_refuses_strides_that_differ_on_a_spanned_axis() {
+        let reason = |spec: &str, c: Convention| match spec.parse::<KvCacheLayout>() {
+            Ok(l) => match l.view(c, ViewTarget::Kv, 0) {
+                Err(LayoutError::ViewRefused { reason, .. }) => reason,
+                other => panic!("{spec}: {other:?}"),
+            },
+            Err(e) => panic!("{spec}: {e}"),
+        };
+        // K head-major, V token-major in each 256-byte block: tokens 16 vs 32 bytes apart.
+        let mixed = "kv L=1 B=3 N=4 H=2 D=8 dtype=f16 @k=0:0:0:256:64:16:8:16:2 \
+                     @v=0:128:0:256:16:32:8:16:2 @buf0=0..768";
+        for c in [
+            Convention::FlashAttn,
+            Convention::Flashinfer,
+            Convention::FlashinferHnd,
+        ] {
+            assert_eq!(
+                reason(mixed, c),
+                "K and V have different token strides (16 vs 32 bytes, 4 tokens)"
+            );
+        }
+        // The TP-8 case with two heads: the head strides now matter.
+        let two_heads = "kv L=1 B=3 N=4 H=2 D=8 dtype=f16 @k=0:0:0:384:64:16:8:16:2 \
+                         @v=0:128:0:384:128:16:8:16:2 @buf0=0..1152";
+        assert_eq!(
+            reason(two_heads, Convention::FlashAttn),
+            "K and V have different head strides (64 vs 128 bytes, 2 heads)"
+        );
+        // vLLM's key with more than one token per block is x-split.
+        let vllm = "kv L=2 B=3 N=16 H=4 D=16 dtype=f16 legacy=vllm-paged-v1";
+        assert_eq!(
+            reason(vllm, Convention::FlashAttn),
+            "field k is stored x-split (x = 8): its content index is not one stride"
+        );
     }
 }
