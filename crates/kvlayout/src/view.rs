@@ -117,6 +117,9 @@ impl TensorView {
     /// assert!(v.byte_offset(&[1, 2, 3]).is_err());
     /// # Ok::<(), kvlayout::LayoutError>(())
     /// ```
+    ///
+    /// A view built by hand may also hold fewer byte strides than extents (an error) or
+    /// strides whose sum passes 64 bits (`Overflow`); a view the layout returned has neither.
     pub fn byte_offset(&self, index: &[u64]) -> Result<u64> {
         if index.len() != self.shape.len() {
             return Err(LayoutError::InvalidQuery(format!(
@@ -125,6 +128,18 @@ impl TensorView {
                 self.shape
             )));
         }
+        if self.strides_bytes.len() != self.shape.len() {
+            return Err(LayoutError::InvalidQuery(format!(
+                "a view of shape {:?} with {} byte strides {:?}",
+                self.shape,
+                self.strides_bytes.len(),
+                self.strides_bytes
+            )));
+        }
+        let overflow = || LayoutError::Overflow {
+            what: format!("byte offset of index {index:?} in a view"),
+            limit: u64::MAX,
+        };
         let mut offset = self.offset_bytes;
         for (d, ((&i, &n), &stride)) in index
             .iter()
@@ -138,8 +153,10 @@ impl TensorView {
                     self.shape
                 )));
             }
-            // Every element of the view lies inside the layout's checked span: no overflow.
-            offset += i * stride;
+            offset = i
+                .checked_mul(stride)
+                .and_then(|x| offset.checked_add(x))
+                .ok_or_else(overflow)?;
         }
         Ok(offset)
     }
@@ -405,6 +422,35 @@ impl KvCacheLayout {
 mod tests {
     use super::*;
     use crate::layout::Coord;
+
+    /// A view built by hand: fewer strides than extents, or strides past 64 bits, are errors
+    /// (they were ignored, or wrapped in release builds).
+    #[test]
+    fn hand_built_views_are_checked() {
+        let v = TensorView {
+            offset: 0,
+            shape: vec![2, 3],
+            strides: vec![3],
+            dtype: DType::F16,
+            buffer: 0,
+            offset_bytes: 0,
+            strides_bytes: vec![6],
+        };
+        assert!(matches!(
+            v.byte_offset(&[1, 2]),
+            Err(LayoutError::InvalidQuery(_))
+        ));
+        let v = TensorView {
+            strides: vec![u64::MAX / 2, 1],
+            strides_bytes: vec![u64::MAX - 1, 2],
+            ..v
+        };
+        assert_eq!(v.byte_offset(&[0, 2]).unwrap(), 4);
+        assert!(matches!(
+            v.byte_offset(&[1, 1]),
+            Err(LayoutError::Overflow { .. })
+        ));
+    }
 
     /// Every element of the `kv` view of every layer, against `offset`; returns layer 0's view.
     fn checked_kv_view(l: &KvCacheLayout, c: Convention) -> TensorView {
