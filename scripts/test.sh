@@ -19,6 +19,21 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 # stderr too: the suites report what they skipped, and why, past the harness's capture.
 cargo test --workspace 2>&1 | tee "$log"
+# The CPU backend's tests again under AddressSanitizer (its unsafe blocks: kernels, movers,
+# writers), where the image's nightly toolchain is present; a visible skip where it is not.
+echo "== AddressSanitizer: the CPU backend's tests (cargo +nightly, -Zsanitizer=address)"
+host="$(rustc -vV | sed -n 's/^host: //p')"
+if [ "$host" = x86_64-unknown-linux-gnu ] && cargo +nightly --version >/dev/null 2>&1; then
+    asan() {
+        RUSTFLAGS="-Zsanitizer=address" CARGO_TARGET_DIR=target/asan \
+            cargo +nightly test --target "$host" "$@" 2>&1 | tee -a "$log"
+    }
+    asan -p kvlayout-cpu --lib --tests
+    asan -p kvlayout-conformance --test cpu_properties
+else
+    echo "skipped: asan: no nightly toolchain for $host (rustup toolchain install nightly)" \
+        | tee -a "$log"
+fi
 # Later issues: the NIXL test binary runs here, on its own, with --test-threads=1 (one agent
 # per process); pipe it through `tee -a "$log"` so the total below counts it.
 

@@ -1,6 +1,6 @@
 //! Independent enumeration of a layout's domain, for reference checks.
 
-use kvlayout::{Content, Coord, Field, KvCacheLayout};
+use kvlayout::{Content, Convention, Coord, Field, KvCacheLayout, ViewTarget};
 
 /// Every coordinate of every readable field (stored fields first), in row-major order.
 pub fn coords(l: &KvCacheLayout, stored_only: bool) -> Vec<Coord> {
@@ -57,3 +57,59 @@ pub fn reference_offset(l: &KvCacheLayout, c: &Coord) -> (u32, u64) {
         u64::try_from(off).expect("validated layouts fit in 64 bits"),
     )
 }
+
+/// Maps a view multi-index back to the coordinate it must address (`x`: the vLLM key's
+/// split, for that convention's key view).
+pub fn coord_of(c: Convention, t: ViewTarget, layer: u64, x: u64, idx: &[u64]) -> Coord {
+    let at = |field, b, h, n, d| Coord {
+        layer,
+        block: b,
+        head: h,
+        slot: n,
+        field,
+        dim: d,
+    };
+    let kv = |i: u64| if i == 0 { Field::K } else { Field::V };
+    match (c, t) {
+        (Convention::Standard, ViewTarget::Field(f))
+        | (Convention::FlashinferHnd, ViewTarget::Field(f)) => {
+            at(f, idx[0], idx[1], idx[2], idx[3])
+        }
+        (Convention::VllmPagedV1, ViewTarget::Field(Field::K)) => {
+            at(Field::K, idx[0], idx[1], idx[3], idx[2] * x + idx[4])
+        }
+        (Convention::VllmPagedV1, ViewTarget::Field(f)) => at(f, idx[0], idx[1], idx[3], idx[2]),
+        (Convention::FlashAttn | Convention::Flashinfer, ViewTarget::Field(f)) => {
+            at(f, idx[0], idx[2], idx[1], idx[3])
+        }
+        (Convention::FlashAttn, ViewTarget::Kv) => at(kv(idx[0]), idx[1], idx[3], idx[2], idx[4]),
+        (Convention::Flashinfer, ViewTarget::Kv) => at(kv(idx[1]), idx[0], idx[3], idx[2], idx[4]),
+        (Convention::FlashinferHnd, ViewTarget::Kv) => {
+            at(kv(idx[1]), idx[0], idx[2], idx[3], idx[4])
+        }
+        other => panic!("no view expected for {other:?}"),
+    }
+}
+
+pub fn for_each_index(shape: &[u64], mut f: impl FnMut(&[u64])) {
+    let total: u64 = shape.iter().product();
+    let mut idx = vec![0u64; shape.len()];
+    for _ in 0..total {
+        f(&idx);
+        for d in (0..shape.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+pub const CONVENTIONS: [Convention; 5] = [
+    Convention::Standard,
+    Convention::VllmPagedV1,
+    Convention::FlashAttn,
+    Convention::Flashinfer,
+    Convention::FlashinferHnd,
+];

@@ -11,6 +11,7 @@ pub mod backend;
 pub mod cases;
 pub mod domain;
 pub mod gen;
+pub mod inputs;
 
 /// Writes one line of the suite's report to stderr, past the test harness's capture (which
 /// takes `println!` and `eprintln!` of passing tests): what was skipped, and why, and what

@@ -8,8 +8,11 @@ use kvlayout::{
     merge_ranges, ByteRange, Convention, Coord, Field, KvCacheLayout, LayoutError, TensorClaim,
     ViewTarget,
 };
-use kvlayout_conformance::domain::{coords, reference_offset};
+use kvlayout_conformance::domain::{
+    coord_of, coords, for_each_index, reference_offset, CONVENTIONS,
+};
 use kvlayout_conformance::gen::{any_layout, base_layout};
+use kvlayout_conformance::inputs::edited_spec;
 use proptest::prelude::*;
 
 fn config(cases: u32) -> ProptestConfig {
@@ -35,61 +38,6 @@ fn element_ranges(l: &KvCacheLayout) -> Vec<ByteRange> {
         })
         .collect()
 }
-
-/// Maps a view multi-index back to the coordinate it must address.
-fn coord_of(c: Convention, t: ViewTarget, layer: u64, x: u64, idx: &[u64]) -> Coord {
-    let at = |field, b, h, n, d| Coord {
-        layer,
-        block: b,
-        head: h,
-        slot: n,
-        field,
-        dim: d,
-    };
-    let kv = |i: u64| if i == 0 { Field::K } else { Field::V };
-    match (c, t) {
-        (Convention::Standard, ViewTarget::Field(f))
-        | (Convention::FlashinferHnd, ViewTarget::Field(f)) => {
-            at(f, idx[0], idx[1], idx[2], idx[3])
-        }
-        (Convention::VllmPagedV1, ViewTarget::Field(Field::K)) => {
-            at(Field::K, idx[0], idx[1], idx[3], idx[2] * x + idx[4])
-        }
-        (Convention::VllmPagedV1, ViewTarget::Field(f)) => at(f, idx[0], idx[1], idx[3], idx[2]),
-        (Convention::FlashAttn | Convention::Flashinfer, ViewTarget::Field(f)) => {
-            at(f, idx[0], idx[2], idx[1], idx[3])
-        }
-        (Convention::FlashAttn, ViewTarget::Kv) => at(kv(idx[0]), idx[1], idx[3], idx[2], idx[4]),
-        (Convention::Flashinfer, ViewTarget::Kv) => at(kv(idx[1]), idx[0], idx[3], idx[2], idx[4]),
-        (Convention::FlashinferHnd, ViewTarget::Kv) => {
-            at(kv(idx[1]), idx[0], idx[2], idx[3], idx[4])
-        }
-        other => panic!("no view expected for {other:?}"),
-    }
-}
-
-fn for_each_index(shape: &[u64], mut f: impl FnMut(&[u64])) {
-    let total: u64 = shape.iter().product();
-    let mut idx = vec![0u64; shape.len()];
-    for _ in 0..total {
-        f(&idx);
-        for d in (0..shape.len()).rev() {
-            idx[d] += 1;
-            if idx[d] < shape[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
-    }
-}
-
-const CONVENTIONS: [Convention; 5] = [
-    Convention::Standard,
-    Convention::VllmPagedV1,
-    Convention::FlashAttn,
-    Convention::Flashinfer,
-    Convention::FlashinferHnd,
-];
 
 proptest! {
     #![proptest_config(config(512))]
@@ -641,99 +589,6 @@ fn brute_force_overlap(spec: &kvlayout::LayoutSpec) -> bool {
         }
     }
     false
-}
-
-/// A value a spec string may carry where a number or a name belongs: small and boundary
-/// numbers (2^31, 2^32, 2^63, 2^64), signs, fractions, non-numbers and names of other keys.
-fn wild_value() -> impl Strategy<Value = String> {
-    prop_oneof![
-        (0u64..20).prop_map(|v| v.to_string()),
-        prop::sample::select(vec![
-            "0",
-            "128",
-            "4095",
-            "2147483648",
-            "4294967296",
-            "9223372036854775808",
-            "18446744073709551615",
-            "18446744073709551616",
-            "-1",
-            "1.5",
-            "1e3",
-            "",
-            "NaN",
-            "inf",
-            "bf16",
-            "fp8_e4m3",
-            "int8",
-            "NHD",
-            "HND",
-            "LBHNC",
-            "vllm-paged-v1",
-            "flashinfer-hnd",
-            "0..0",
-            "1:2",
-        ])
-        .prop_map(str::to_string),
-    ]
-}
-
-/// A canonical spec string with one of its tokens edited: a value replaced, a token
-/// dropped, a key repeated, or a stray `key=value` or explicit-stride token appended.
-fn edited_spec() -> impl Strategy<Value = String> {
-    let keys = prop::sample::select(vec![
-        "L",
-        "B",
-        "N",
-        "H",
-        "tps",
-        "D",
-        "Dv",
-        "rank",
-        "rope",
-        "row",
-        "conv_dim",
-        "conv_width",
-        "head_dim",
-        "state",
-        "dtype",
-        "k_scale",
-        "v_scale",
-        "order",
-        "base",
-        "align",
-        "page",
-        "layer_stride",
-        "block_stride",
-        "legacy",
-        "@K",
-        "@V",
-        "@buf1",
-    ]);
-    (
-        any_layout(),
-        0usize..64,
-        0u8..4,
-        keys,
-        wild_value(),
-        prop::collection::vec(wild_value(), 0..10),
-    )
-        .prop_map(|(l, at, edit, key, value, parts)| {
-            let mut tokens: Vec<String> = l.to_string().split(' ').map(str::to_string).collect();
-            let i = 1 + at % (tokens.len() - 1).max(1);
-            match edit {
-                0 if i < tokens.len() => {
-                    let k = tokens[i].split('=').next().unwrap_or("").to_string();
-                    tokens[i] = format!("{k}={value}");
-                }
-                1 if i < tokens.len() => {
-                    tokens.remove(i);
-                }
-                2 => tokens.push(format!("{key}={value}")),
-                _ => tokens.push(format!("{key}={}", parts.join(":"))),
-            }
-            tokens.join(" ")
-        })
 }
 
 /// Every edited spec string either gets a typed error or parses to a layout whose canonical

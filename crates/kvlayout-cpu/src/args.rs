@@ -164,14 +164,20 @@ pub(crate) fn check_decode(
     let (qk, v) = ops::decode_widths(layout)?;
     let (qk, v) = (qk as usize, v as usize);
     let kv_heads = layout.geometry().num_kv_heads as usize;
-    let q_heads = d.params.num_q_heads as usize;
+    let q_heads = usize::try_from(d.params.num_q_heads).unwrap_or(usize::MAX);
     if q_heads == 0 || !q_heads.is_multiple_of(kv_heads) {
         return Err(OpError::Shape {
             what: "num_q_heads".into(),
             expected: format!("a positive multiple of {kv_heads} KV heads"),
-            got: q_heads.to_string(),
+            got: d.params.num_q_heads.to_string(),
         });
     }
+    // A head's query row, output row and softmax state, for every head, must be countable
+    // (even for a step of no sequences).
+    ops::shape_elements(
+        "num_q_heads x (query width + value width + 2)",
+        &[q_heads, qk + v + 2],
+    )?;
     let seqs = d.seq_lens.len();
     d.query.expect_shape("query", &[seqs, q_heads, qk])?;
     if out_len != ops::shape_elements("output", &[seqs, q_heads, v])? {

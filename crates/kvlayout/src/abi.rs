@@ -152,14 +152,23 @@ impl KvCacheLayout {
             Field::V => self.scales().v_scale,
             _ => 1.0,
         };
+        // The stride of an axis of extent 1 addresses nothing, and may be any value (as a
+        // framework's size-1 dimension may): one past i64 is given as 0.
+        let [layer, block, head, slot, chunk, dim] = m.axes().map(|(ext, stride)| {
+            if ext <= 1 && stride > i64::MAX as u64 {
+                0
+            } else {
+                stride
+            }
+        });
         Ok(KvFieldArgs {
             base_offset_bytes: i64_of(s.base_offset)?,
-            layer_stride_bytes: i64_of(s.layer)?,
-            block_stride_bytes: i64_of(s.block)?,
-            head_stride_bytes: i64_of(s.head)?,
-            slot_stride_bytes: i64_of(s.slot)?,
-            dim_chunk_stride_bytes: i64_of(s.dim_chunk)?,
-            dim_stride_bytes: i64_of(s.dim)?,
+            layer_stride_bytes: i64_of(layer)?,
+            block_stride_bytes: i64_of(block)?,
+            head_stride_bytes: i64_of(head)?,
+            slot_stride_bytes: i64_of(slot)?,
+            dim_chunk_stride_bytes: i64_of(chunk)?,
+            dim_stride_bytes: i64_of(dim)?,
             num_layers: i64_of(m.num_layers)?,
             num_blocks: i64_of(m.num_blocks)?,
             num_heads: i64_of(m.num_heads)?,
