@@ -720,3 +720,21 @@ fn region_queries_are_counted_before_they_are_enumerated() {
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].len, (1u64 << 31) * 16 * 8 * 256 * 2);
 }
+
+/// An aliasing refusal names the strides in words, not as a Rust struct dump.
+#[test]
+fn aliasing_errors_name_the_strides_readably() {
+    let spec = "kv B=2 N=2 H=1 D=4 dtype=f16 @k=0:0:0:0:0:0:4:8:2 @v=0:64:0:16:0:4:4:8:2 \
+                @buf0=0..128";
+    let e = spec.parse::<KvCacheLayout>().unwrap_err();
+    assert!(matches!(e, LayoutError::Aliasing { .. }), "{e}");
+    let text = e.to_string();
+    assert!(
+        !text.contains("FieldStrides") && !text.contains('{'),
+        "{text}"
+    );
+    assert!(
+        text.contains("field k") && text.contains("block 0"),
+        "{text}"
+    );
+}

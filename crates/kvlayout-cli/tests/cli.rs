@@ -565,3 +565,75 @@ fn decode_refusals_are_one_line() {
     ]);
     assert!(e.contains("tokens_per_state"), "{e}");
 }
+
+#[test]
+fn padding_refusal_names_the_axis_outside_the_block() {
+    let e = user_error(&[
+        "explain",
+        "kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=LHBNC page=4160",
+    ]);
+    assert!(
+        e.ends_with("LHBNC has H (extent 4) outside B, only N inside B"),
+        "{e}"
+    );
+}
+
+#[test]
+fn explain_one_head_outside_the_block_with_padded_pages() {
+    // N=16, D=8 f16: dense page 16 * 32 = 512 B, padded to 544; span 2 * 3 * 544.
+    let text = ok(&[
+        "explain",
+        "kv L=2 B=3 N=16 H=1 D=8 dtype=f16 order=LHBNC page=544",
+    ]);
+    assert!(
+        text.contains("dense 512 B per (layer, block), padded to 544 B (32 B padding)"),
+        "{text}"
+    );
+    assert!(text.contains("buffer 0: bytes 0..3264 (3264 B)"), "{text}");
+    // Layer 1, block 2, token 3, V element 5: 1 * 3 * 544 + 2 * 544 + 3 * 32 + 16 + 5 * 2.
+    let at = ok(&[
+        "offset",
+        "kv L=2 B=3 N=16 H=1 D=8 dtype=f16 order=LHBNC page=544",
+        "--layer",
+        "1",
+        "--block",
+        "2",
+        "--head",
+        "0",
+        "--token",
+        "3",
+        "--field",
+        "v",
+        "--dim",
+        "5",
+    ]);
+    assert_eq!(
+        at.trim(),
+        (3 * 544 + 2 * 544 + 3 * 32 + 16 + 5 * 2).to_string()
+    );
+}
+
+#[test]
+fn explain_separate_buffers_picture_each_buffer() {
+    let text = ok(&[
+        "explain",
+        "kv L=1 B=2 N=2 H=2 D=4 dtype=f16 legacy=separate-nhd",
+    ]);
+    let k = text
+        .find("page of layer 0, block 0, buffer 0 (offsets from its first byte)")
+        .unwrap_or_else(|| panic!("{text}"));
+    let v = text
+        .find("page of layer 0, block 0, buffer 1 (offsets from its first byte)")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(k < v, "{text}");
+    let runs = |part: &str, field: char| {
+        let lines: Vec<&str> = part.lines().filter(|l| l.contains(" | ")).collect();
+        assert_eq!(lines.len(), 4, "{part}");
+        for (line, at) in lines.iter().zip(["+0 ", "+8 ", "+16 ", "+24 "]) {
+            assert!(line.trim_start().starts_with(at), "{line}");
+            assert!(line.contains(&format!("| {field} h")), "{line}");
+        }
+    };
+    runs(&text[k..v], 'k');
+    runs(&text[v..], 'v');
+}

@@ -6,6 +6,7 @@
 //! pruning with the reach of the smaller ones; real layouts need a handful of nodes.
 
 use crate::field_map::FieldMap;
+use crate::spec::FieldStrides;
 
 /// One term `k * stride` with `k` in `[lo, hi]`.
 #[derive(Debug, Clone, Copy)]
@@ -126,4 +127,78 @@ pub(crate) fn cross_overlaps(a: &FieldMap, b: &FieldMap) -> Result<bool, Undecid
         false,
         &mut budget,
     )
+}
+
+/// A field's strides in words, for messages, e.g.
+/// `buffer 0, base 0, layer 192, block 64, head 16, token 8, dim 2 (bytes)`. A content index
+/// split into chunks that do not abut adds the chunk stride and the elements per chunk,
+/// `chunk 64 (8 elements each)`, before `dim`; a split whose chunks abut addresses like none
+/// and is not shown.
+pub(crate) fn describe(s: &FieldStrides) -> String {
+    let split = if s.dim_split > 0 && s.dim_chunk != s.dim_split.saturating_mul(s.dim) {
+        format!(", chunk {} ({} elements each)", s.dim_chunk, s.dim_split)
+    } else {
+        String::new()
+    };
+    format!(
+        "buffer {}, base {}, layer {}, block {}, head {}, token {}{split}, dim {} (bytes)",
+        s.buffer, s.base_offset, s.layer, s.block, s.head, s.slot, s.dim
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Field, KvCacheLayout};
+
+    fn strides(spec: &str, field: Field) -> FieldStrides {
+        let l: KvCacheLayout = spec.parse().unwrap();
+        l.field_map(field).unwrap().strides
+    }
+
+    /// Strides read as named byte counts; the vLLM key's split shows its chunks, an unsplit
+    /// field (or a split whose chunks abut) does not.
+    #[test]
+    fn describe_names_every_stride() {
+        // Token-major page: row [K 8][V 8] f16 = 32 B, 4 heads, 16 tokens, 3 blocks.
+        let nhd = "kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=NHD base=64";
+        assert_eq!(
+            describe(&strides(nhd, Field::V)),
+            "buffer 0, base 80, layer 6144, block 2048, head 32, token 128, dim 2 (bytes)"
+        );
+        // vLLM key [B, H, D/x, N, x], x = 8 for f16: head 16*4*2 = 128 B, token x*2 = 16 B,
+        // chunk 4*8*2 = 64 B, block 4*2*16*2 = 256 B; K and V halves of 3 * 256 B per layer.
+        let vllm = "kv L=2 B=3 N=4 H=2 D=16 dtype=f16 legacy=vllm-paged-v1";
+        assert_eq!(
+            describe(&strides(vllm, Field::K)),
+            "buffer 0, base 0, layer 1536, block 256, head 128, token 16, \
+             chunk 64 (8 elements each), dim 2 (bytes)"
+        );
+        // Separate V in buffer 1.
+        let sep = "kv L=1 B=2 N=2 H=2 D=4 dtype=f16 legacy=separate-nhd";
+        assert_eq!(
+            describe(&strides(sep, Field::V)),
+            "buffer 1, base 0, layer 64, block 32, head 8, token 16, dim 2 (bytes)"
+        );
+        // Abutting chunks, and a hand-built zero split, read as no split.
+        let abut = FieldStrides {
+            buffer: 0,
+            base_offset: 0,
+            layer: 192,
+            block: 64,
+            head: 16,
+            slot: 8,
+            dim_split: 2,
+            dim_chunk: 4,
+            dim: 2,
+        };
+        let plain = "buffer 0, base 0, layer 192, block 64, head 16, token 8, dim 2 (bytes)";
+        assert_eq!(describe(&abut), plain);
+        let zero = FieldStrides {
+            dim_split: 0,
+            dim_chunk: 16,
+            ..abut
+        };
+        assert_eq!(describe(&zero), plain);
+    }
 }

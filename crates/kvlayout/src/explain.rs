@@ -7,6 +7,7 @@ use serde::Serialize;
 use strum::IntoEnumIterator;
 
 use crate::layout::KvCacheLayout;
+use crate::lower::page_axis;
 use crate::regions::ByteRange;
 use crate::spec::{Axis, Field, FieldStrides, Placement};
 use crate::view::{Convention, TensorView, ViewTarget};
@@ -42,7 +43,9 @@ pub struct ViewInfo {
 /// A contiguous run of elements inside the pictured page.
 #[derive(Debug, Clone, Serialize)]
 pub struct PageRun {
-    /// Byte offset from the page start.
+    /// The buffer (allocation) holding the run.
+    pub buffer: u32,
+    /// Byte offset from the start of the page's part in that buffer.
     pub offset: u64,
     /// Length in bytes.
     pub len: u64,
@@ -69,7 +72,7 @@ pub struct Explanation {
     pub views: Vec<ViewInfo>,
     /// Per buffer.
     pub registered_spans: Vec<ByteRange>,
-    /// Runs of the page of layer 0, block 0, in address order.
+    /// Runs of the page of layer 0, block 0, by buffer, each buffer's in address order.
     pub page_runs: Vec<PageRun>,
 }
 
@@ -79,14 +82,22 @@ fn padded_page(layout: &KvCacheLayout) -> Option<u64> {
     let Placement::Paged(p) = layout.placement() else {
         return None;
     };
-    let axes = p.order.axes();
-    let pageish = axes[..2].iter().all(|a| matches!(a, Axis::L | Axis::B));
+    let (at, outside) = page_axis(p.order, layout.geometry().num_kv_heads);
     let m = layout.stored_fields()[0].strides;
-    pageish.then(|| if axes[1] == Axis::L { m.layer } else { m.block })
+    outside.is_empty().then(|| {
+        if p.order.axes()[at] == Axis::L {
+            m.layer
+        } else {
+            m.block
+        }
+    })
 }
 
+/// The runs of layer 0, block 0: each buffer's offsets count from the first byte the page has
+/// in that buffer, so fields in separate buffers never appear to share bytes.
 fn page_runs(layout: &KvCacheLayout) -> Vec<PageRun> {
-    let mut elems: Vec<(u64, u64, Field, u64, u64, u64)> = Vec::new(); // off, elem, field, h, n, d
+    // buffer, off, elem, field, h, n, d
+    let mut elems: Vec<(u32, u64, u64, Field, u64, u64, u64)> = Vec::new();
     let total: u64 = layout
         .stored_fields()
         .iter()
@@ -95,25 +106,31 @@ fn page_runs(layout: &KvCacheLayout) -> Vec<PageRun> {
     if total > MAX_PICTURED_ELEMENTS {
         return Vec::new();
     }
-    let page0 = layout
-        .stored_fields()
-        .iter()
-        .map(|m| m.offset_unchecked(0, 0, 0, 0, 0))
-        .min()
-        .unwrap_or(0);
+    let page0 = |buffer: u32| {
+        layout
+            .stored_fields()
+            .iter()
+            .filter(|m| m.strides.buffer == buffer)
+            .map(|m| m.offset_unchecked(0, 0, 0, 0, 0))
+            .min()
+            .unwrap_or(0)
+    };
     for m in layout.stored_fields() {
+        let buffer = m.strides.buffer;
+        let start = page0(buffer);
         for h in 0..m.num_heads {
             for n in 0..m.num_slots {
                 for d in 0..m.width {
-                    let off = m.offset_unchecked(0, 0, h, n, d) - page0;
-                    elems.push((off, m.elem_bytes(), m.field, h, n, d));
+                    let off = m.offset_unchecked(0, 0, h, n, d) - start;
+                    elems.push((buffer, off, m.elem_bytes(), m.field, h, n, d));
                 }
             }
         }
     }
-    elems.sort_unstable_by_key(|e| e.0);
+    elems.sort_unstable_by_key(|e| (e.0, e.1));
     // Group adjacent elements of one (field, head) along d (same slot) or along n (same d).
     struct Run {
+        buffer: u32,
         offset: u64,
         len: u64,
         field: Field,
@@ -122,9 +139,10 @@ fn page_runs(layout: &KvCacheLayout) -> Vec<PageRun> {
         dims: (u64, u64),
     }
     let mut runs: Vec<Run> = Vec::new();
-    for (off, e, f, h, n, d) in elems {
+    for (buffer, off, e, f, h, n, d) in elems {
         if let Some(r) = runs.last_mut() {
-            let adjacent = r.offset + r.len == off && r.field == f && r.head == h;
+            let adjacent =
+                r.buffer == buffer && r.offset + r.len == off && r.field == f && r.head == h;
             let along_d = adjacent && r.slots == (n, n) && r.dims.1 + 1 == d;
             let along_n = adjacent && r.dims == (d, d) && r.slots.1 + 1 == n;
             if along_d || along_n {
@@ -135,6 +153,7 @@ fn page_runs(layout: &KvCacheLayout) -> Vec<PageRun> {
             }
         }
         runs.push(Run {
+            buffer,
             offset: off,
             len: e,
             field: f,
@@ -152,6 +171,7 @@ fn page_runs(layout: &KvCacheLayout) -> Vec<PageRun> {
     };
     runs.into_iter()
         .map(|r| PageRun {
+            buffer: r.buffer,
             offset: r.offset,
             len: r.len,
             label: format!(
@@ -318,44 +338,146 @@ impl Explanation {
                 r.len
             );
         }
-        let _ = writeln!(
-            o,
-            "\npage of layer 0, block 0 (offsets from its first byte)"
-        );
-        if self.page_runs.is_empty() {
-            let _ = writeln!(o, "  (too large to picture)");
-        }
-        let shown = 12usize;
-        let n = self.page_runs.len();
-        for (i, r) in self.page_runs.iter().enumerate() {
-            if i == shown && n > shown + 2 {
-                let _ = writeln!(o, "  {:>8} | ... {} more runs ... |", "", n - shown - 2);
-            }
-            if i >= shown && i < n.saturating_sub(2) {
-                continue;
-            }
-            let bar = "#".repeat(((r.len as f64).log2().max(0.0) as usize).clamp(1, 24));
-            let _ = writeln!(
-                o,
-                "  {:>8} | {:<28} | {:>6} B {}",
-                format!("+{}", r.offset),
-                r.label,
-                r.len,
-                bar
-            );
-        }
-        if let (Some(last), Some(p)) = (self.page_runs.last(), self.padded_page_bytes) {
-            let end = last.offset + last.len;
-            if p > end {
+        if self.registered_spans.len() > 1 && !self.page_runs.is_empty() {
+            // One picture per buffer: offsets count from the page's first byte in each.
+            for span in &self.registered_spans {
+                let b = span.buffer;
                 let _ = writeln!(
                     o,
-                    "  {:>8} | {:<28} | {:>6} B",
-                    format!("+{end}"),
-                    "padding",
-                    p - end
+                    "\npage of layer 0, block 0, buffer {b} (offsets from its first byte)"
                 );
+                let runs: Vec<&PageRun> = self.page_runs.iter().filter(|r| r.buffer == b).collect();
+                if runs.is_empty() {
+                    let _ = writeln!(o, "  (no stored field in this buffer)");
+                }
+                picture(&mut o, &runs, None);
             }
+        } else {
+            let _ = writeln!(
+                o,
+                "\npage of layer 0, block 0 (offsets from its first byte)"
+            );
+            if self.page_runs.is_empty() {
+                let _ = writeln!(o, "  (too large to picture)");
+            }
+            let runs: Vec<&PageRun> = self.page_runs.iter().collect();
+            picture(&mut o, &runs, self.padded_page_bytes);
         }
         o
+    }
+}
+
+/// Draws the runs of one buffer's part of a page (the first 12 and the last 2 when there are
+/// more), then the padding up to `padded_page` bytes when the page has any.
+fn picture(o: &mut String, runs: &[&PageRun], padded_page: Option<u64>) {
+    let shown = 12usize;
+    let n = runs.len();
+    for (i, r) in runs.iter().enumerate() {
+        if i == shown && n > shown + 2 {
+            let _ = writeln!(o, "  {:>8} | ... {} more runs ... |", "", n - shown - 2);
+        }
+        if i >= shown && i < n.saturating_sub(2) {
+            continue;
+        }
+        let bar = "#".repeat(((r.len as f64).log2().max(0.0) as usize).clamp(1, 24));
+        let _ = writeln!(
+            o,
+            "  {:>8} | {:<28} | {:>6} B {}",
+            format!("+{}", r.offset),
+            r.label,
+            r.len,
+            bar
+        );
+    }
+    if let (Some(last), Some(p)) = (runs.last(), padded_page) {
+        let end = last.offset + last.len;
+        if p > end {
+            let _ = writeln!(
+                o,
+                "  {:>8} | {:<28} | {:>6} B",
+                format!("+{end}"),
+                "padding",
+                p - end
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// K and V in separate buffers are pictured one buffer at a time, each from its own first
+    /// byte, so no two runs of one picture share an offset.
+    #[test]
+    fn separate_buffers_are_pictured_apart() {
+        let l: KvCacheLayout = "kv L=1 B=2 N=2 H=2 D=4 dtype=f16 legacy=separate-nhd"
+            .parse()
+            .unwrap();
+        let text = l.explain().to_text();
+        let picture = &text[text.find("\npage of layer 0").unwrap()..];
+        assert_eq!(
+            picture,
+            "\npage of layer 0, block 0, buffer 0 (offsets from its first byte)\n\
+             \x20       +0 | k h0 t0 d0..3                |      8 B ###\n\
+             \x20       +8 | k h1 t0 d0..3                |      8 B ###\n\
+             \x20      +16 | k h0 t1 d0..3                |      8 B ###\n\
+             \x20      +24 | k h1 t1 d0..3                |      8 B ###\n\
+             \n\
+             page of layer 0, block 0, buffer 1 (offsets from its first byte)\n\
+             \x20       +0 | v h0 t0 d0..3                |      8 B ###\n\
+             \x20       +8 | v h1 t0 d0..3                |      8 B ###\n\
+             \x20      +16 | v h0 t1 d0..3                |      8 B ###\n\
+             \x20      +24 | v h1 t1 d0..3                |      8 B ###\n"
+        );
+        // Head-major, V narrower than K: each buffer's runs partition its own page.
+        let l: KvCacheLayout = "kv L=2 B=2 N=4 H=2 D=8 Dv=4 dtype=f16 legacy=separate-hnd"
+            .parse()
+            .unwrap();
+        let runs = l.explain().page_runs;
+        for (buffer, field, width) in [(0u32, Field::K, 8u64), (1, Field::V, 4)] {
+            let mine: Vec<&PageRun> = runs.iter().filter(|r| r.buffer == buffer).collect();
+            let want = format!("{field} h");
+            assert!(mine.iter().all(|r| r.label.starts_with(&want)), "{mine:?}");
+            // Head-major [H=2, N=4, D] f16: one run per (head, token), rows back to back.
+            let row = width * 2;
+            let spans: Vec<(u64, u64)> = mine.iter().map(|r| (r.offset, r.len)).collect();
+            assert_eq!(
+                spans,
+                (0..8).map(|i| (i * row, row)).collect::<Vec<_>>(),
+                "buffer {buffer}"
+            );
+        }
+        assert_eq!(runs.len(), 16);
+    }
+
+    /// A page with its one head slot outside the block is contiguous: the page stride and its
+    /// padding are reported and pictured.
+    #[test]
+    fn one_head_outside_the_block_pictures_the_padding() {
+        let l: KvCacheLayout = "kv L=2 B=3 N=16 H=1 D=8 dtype=f16 order=LHBNC page=544"
+            .parse()
+            .unwrap();
+        let ex = l.explain();
+        assert_eq!(
+            (ex.dense_page_bytes, ex.padded_page_bytes),
+            (512, Some(544))
+        );
+        let text = ex.to_text();
+        assert!(
+            text.contains(
+                "page      dense 512 B per (layer, block), padded to 544 B (32 B padding)\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("      +512 | padding                      |     32 B\n"),
+            "{text}"
+        );
+        // With four heads outside the block, pages are not contiguous.
+        let l: KvCacheLayout = "kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=LHBNC"
+            .parse()
+            .unwrap();
+        assert_eq!(l.explain().padded_page_bytes, None);
     }
 }

@@ -237,8 +237,9 @@ fn check_map(map: &FieldMap, extents: &[BufferExtent]) -> Result<()> {
     if alias::self_overlaps(map).map_err(|_| undecided(map.field.to_string()))? {
         return Err(LayoutError::Aliasing {
             detail: format!(
-                "two elements of field {} share bytes (strides {:?})",
-                map.field, map.strides
+                "two elements of field {} share bytes (strides: {})",
+                map.field,
+                alias::describe(&map.strides)
             ),
         });
     }

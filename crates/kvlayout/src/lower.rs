@@ -4,7 +4,8 @@
 use crate::dtype::DType;
 use crate::error::{add, mul, LayoutError, Result, MAX_OFFSET};
 use crate::spec::{
-    Axis, BufferExtent, Content, Field, FieldStrides, LegacyKind, Paged, Placement, StridedField,
+    Axis, AxisOrder, BufferExtent, Content, Field, FieldStrides, LegacyKind, Paged, Placement,
+    StridedField,
 };
 
 /// A stored field before placement: name, element type, width in elements.
@@ -109,15 +110,13 @@ fn lower_paged(p: &Paged, rows: &[RowField], ext: Extents) -> Result<Lowered> {
         row_bytes = add(row_bytes, bytes, || "row bytes".into())?;
     }
     let axes = p.order.axes();
+    let (page_at, outside) = page_axis(p.order, ext.heads);
     let mut stride = [0u64; 4]; // indexed like `axes`
     let mut running = row_bytes;
-    let mut page_done = false;
     for i in (0..4).rev() {
         let axis = axes[i];
-        if matches!(axis, Axis::L | Axis::B) && !page_done {
-            page_done = true;
-            let padded_ok = i == 1; // H and N are the two innermost axes
-            if padded_ok {
+        if i == page_at {
+            if outside.is_empty() {
                 let dense = running;
                 let mut page = dense;
                 if let Some(padded) = p.page_size_padded {
@@ -135,14 +134,25 @@ fn lower_paged(p: &Paged, rows: &[RowField], ext: Extents) -> Result<Lowered> {
                 })?;
                 running = page;
             } else if p.page_size_padded.is_some() || p.alignment > 1 {
-                // What sits inside `axis`: another axis, or (innermost) only the content.
-                let inside = match axes.get(i + 1) {
-                    Some(&a) => format!("{a} inside {axis}"),
-                    None => format!("{axis} innermost"),
+                let misplaced = outside
+                    .iter()
+                    .map(|a| format!("{a} (extent {})", ext.of(*a)))
+                    .collect::<Vec<_>>()
+                    .join(" and ");
+                let inside = match &axes[i + 1..] {
+                    [] => format!("{axis} innermost"),
+                    rest => format!(
+                        "only {} inside {axis}",
+                        rest.iter()
+                            .map(|a| a.to_string())
+                            .collect::<Vec<_>>()
+                            .join(" and ")
+                    ),
                 };
                 return Err(LayoutError::Invalid(format!(
                     "page padding and alignment need H and N inside both L and B \
-                     (orders LB.. and BL..); {} has {inside}",
+                     (orders LB.. and BL..; H may sit outside when it has extent 1); \
+                     {} has {misplaced} outside {axis}, {inside}",
                     p.order
                 )));
             }
@@ -214,6 +224,25 @@ fn lower_paged(p: &Paged, rows: &[RowField], ext: Extents) -> Result<Lowered> {
             end,
         }],
     ))
+}
+
+/// Where the page sits in a paged order: the index in `order.axes()` of the inner of L and B
+/// (the page axis), and the axes a page holds that sit outside it, outermost first: N, and H
+/// unless `heads` is 1. With one head slot every head index is 0, so the head stride adds
+/// nothing to any offset and the head axis may sit anywhere (vLLM accepts a one-head axis
+/// outside the block for padded pages).
+pub(crate) fn page_axis(order: AxisOrder, heads: u64) -> (usize, Vec<Axis>) {
+    let axes = order.axes();
+    let at = axes
+        .iter()
+        .rposition(|a| matches!(a, Axis::L | Axis::B))
+        .unwrap_or(0);
+    let outside = axes[..at]
+        .iter()
+        .copied()
+        .filter(|&a| a == Axis::N || (a == Axis::H && heads > 1))
+        .collect();
+    (at, outside)
 }
 
 fn axis_name(a: Axis) -> &'static str {
@@ -413,4 +442,149 @@ fn lower_strided(
         }
     }
     Ok((out, extents.to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Coord, Field, KvCacheLayout, LayoutError};
+
+    /// A refused padded page names the axes a page holds that sit outside the page axis, with
+    /// their extents, and what does sit inside it.
+    #[test]
+    fn padding_refusal_names_the_axis_outside_the_page() {
+        for (order, heads, says) in [
+            (
+                "LHBNC",
+                4,
+                "LHBNC has H (extent 4) outside B, only N inside B",
+            ),
+            (
+                "HLBNC",
+                2,
+                "HLBNC has H (extent 2) outside B, only N inside B",
+            ),
+            (
+                "BHLNC",
+                4,
+                "BHLNC has H (extent 4) outside L, only N inside L",
+            ),
+            (
+                "LNBHC",
+                4,
+                "LNBHC has N (extent 16) outside B, only H inside B",
+            ),
+            (
+                "LNBHC",
+                1,
+                "LNBHC has N (extent 16) outside B, only H inside B",
+            ),
+            (
+                "LHNBC",
+                4,
+                "LHNBC has H (extent 4) and N (extent 16) outside B, B innermost",
+            ),
+            ("LHNBC", 1, "LHNBC has N (extent 16) outside B, B innermost"),
+        ] {
+            for padding in ["page=4160", "align=64"] {
+                let spec =
+                    format!("kv L=2 B=3 N=16 H={heads} D=8 dtype=f16 order={order} {padding}");
+                match spec.parse::<KvCacheLayout>() {
+                    Err(LayoutError::Invalid(m)) => {
+                        assert!(m.ends_with(says), "{spec}: {m}");
+                        assert!(m.contains("H may sit outside when it has extent 1"), "{m}");
+                    }
+                    other => panic!("{spec}: {other:?}"),
+                }
+            }
+        }
+    }
+
+    /// With one head slot the head axis may sit outside L or B: every element sits where the
+    /// page arithmetic puts it, no element touches a page's padding, and the registered span is
+    /// the whole padded extent.
+    #[test]
+    fn one_head_axis_outside_the_page_takes_padded_pages() {
+        // N=16, D=8 f16: row [K 8][V 8] = 32 B, dense page 16 * 32 = 512 B.
+        let (layers, blocks, slots, width, dense) = (2u64, 3u64, 16u64, 8u64, 512u64);
+        for (order, layer_outer) in [
+            ("LHBNC", true),
+            ("HLBNC", true),
+            ("BHLNC", false),
+            ("HBLNC", false),
+        ] {
+            for (extra, page) in [
+                ("page=544", 544u64),
+                ("page=520 align=64", 576),
+                ("align=256", 512),
+            ] {
+                for base in [0u64, 1024] {
+                    let spec = format!(
+                        "kv L={layers} B={blocks} N={slots} H=1 D={width} dtype=f16 \
+                         order={order} {extra} base={base}"
+                    );
+                    let l: KvCacheLayout = spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"));
+                    let end = base + layers * blocks * page;
+                    assert_eq!(l.extents().len(), 1, "{spec}");
+                    assert_eq!(
+                        (l.extents()[0].start, l.extents()[0].end),
+                        (base, end),
+                        "{spec}"
+                    );
+                    for (field, row_off) in [(Field::K, 0u64), (Field::V, 16)] {
+                        for (a, b, n, d) in (0..layers).flat_map(|a| {
+                            (0..blocks).flat_map(move |b| {
+                                (0..slots).flat_map(move |n| (0..width).map(move |d| (a, b, n, d)))
+                            })
+                        }) {
+                            let page_start = if layer_outer {
+                                base + a * blocks * page + b * page
+                            } else {
+                                base + b * layers * page + a * page
+                            };
+                            let want = page_start + n * 32 + row_off + 2 * d;
+                            let c = Coord {
+                                layer: a,
+                                block: b,
+                                head: 0,
+                                slot: n,
+                                field,
+                                dim: d,
+                            };
+                            let at = l.offset(&c).unwrap();
+                            assert_eq!((at.buffer, at.offset), (0, want), "{spec}: {c:?}");
+                            // Inside the page's dense part: the padding holds no element.
+                            assert!(at.offset + 2 <= page_start + dense, "{spec}: {c:?}");
+                            assert!(at.offset + 2 <= end, "{spec}: {c:?}");
+                        }
+                        // Head 1 does not exist.
+                        let c = Coord {
+                            layer: 0,
+                            block: 0,
+                            head: 1,
+                            slot: 0,
+                            field,
+                            dim: 0,
+                        };
+                        assert!(matches!(
+                            l.offset(&c),
+                            Err(LayoutError::OutOfRange {
+                                axis: "head",
+                                value: 1,
+                                limit: 1
+                            })
+                        ));
+                    }
+                }
+            }
+        }
+        // A padded page still holds the dense page.
+        assert!(matches!(
+            "kv L=2 B=3 N=16 H=1 D=8 dtype=f16 order=LHBNC page=500".parse::<KvCacheLayout>(),
+            Err(LayoutError::StrideTooSmall {
+                value: 500,
+                needed: 512,
+                ..
+            })
+        ));
+    }
 }

@@ -259,7 +259,8 @@ pub struct Paged {
     /// Every page start is a multiple of this; the page is padded up to it. 1 = none.
     #[serde(default = "one")]
     pub alignment: u64,
-    /// Padded page size in bytes (>= the dense page). Needs H and N inside both L and B.
+    /// Padded page size in bytes (>= the dense page). Needs H and N inside both L and B (H may
+    /// sit anywhere when it has extent 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub page_size_padded: Option<u64>,
     /// Explicit layer stride in bytes (shared allocations).
