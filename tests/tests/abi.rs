@@ -416,3 +416,38 @@ fn large_layout_offsets_are_64_bit() {
         assert_eq!(c_in_domain(&a, 1, 40_000, 7, 15, 127), 0);
     }
 }
+
+/// The `scale` member carries each field's own per-tensor scale: K (and MLA's latent and K)
+/// `k_scale`, V `v_scale`, everything else 1; with the two scales distinct, a V dequantized
+/// with K's scale is caught here.
+#[test]
+fn kernel_args_scale_is_the_fields_own() {
+    for (spec, want) in [
+        (
+            "kv B=3 N=16 H=4 D=8 dtype=fp8_e4m3 k_scale=0.5 v_scale=2.0 order=NHD",
+            vec![(Field::K, 0.5f32), (Field::V, 2.0)],
+        ),
+        (
+            "kv-scaled B=3 N=16 H=4 D=8 dtype=int8 k_scale=3.0 v_scale=0.25 order=HND",
+            vec![
+                (Field::K, 3.0),
+                (Field::V, 0.25),
+                (Field::KScale, 1.0),
+                (Field::VScale, 1.0),
+            ],
+        ),
+        (
+            "mla B=3 N=16 rank=16 rope=8 dtype=bf16 k_scale=0.5 v_scale=4.0 order=NHD",
+            vec![(Field::Latent, 0.5), (Field::K, 0.5), (Field::V, 4.0)],
+        ),
+    ] {
+        let l: KvCacheLayout = spec.parse().unwrap();
+        for (field, scale) in want {
+            assert_eq!(
+                l.kernel_args(field).unwrap().scale,
+                scale,
+                "{spec}: {field}"
+            );
+        }
+    }
+}

@@ -13,6 +13,10 @@ const SPECS: &[&str] = &[
     "kv L=2 B=3 N=4 H=4 D=8 dtype=f16 legacy=flash-attn-hnd",
     "kv L=2 B=3 N=4 H=4 D=8 dtype=f16 legacy=flashinfer-nhd",
     "kv L=2 B=3 N=4 H=4 D=8 dtype=f16 legacy=separate-hnd",
+    // Token-major rows of V then K ([V 16 B][K 16 B]): rows as long as NHD's K|V, the fields
+    // in the other order, so moving rows whole between the two would swap K and V.
+    "kv L=2 B=3 N=4 H=4 D=8 dtype=f16 @k=0:16:1536:512:32:128:8:16:2 \
+     @v=0:0:1536:512:32:128:8:16:2 @buf0=0..3072",
 ];
 
 fn filled(spec: &str, seed: u8) -> HostCache {
@@ -145,4 +149,41 @@ fn streamed_moves_on(be: &CpuBackend) {
         be.kernel_build(),
         be.prefetch_level()
     );
+}
+
+/// Caches whose layouts differ only in one per-tensor scale hold different values for the same
+/// bytes: every mover refuses them (fast path and reference alike), for K's and for V's scale.
+#[test]
+fn caches_differing_in_one_scale_are_not_moved() {
+    use kvlayout::ops::OpError;
+    let be = CpuBackend::new(Some(2));
+    let base = "kv L=1 B=3 N=4 H=2 D=8 dtype=fp8_e4m3 order=NHD";
+    let src = filled(&format!("{base} k_scale=0.5 v_scale=2.0"), 1);
+    for other in ["k_scale=0.5 v_scale=4.0", "k_scale=0.25 v_scale=2.0"] {
+        let mut dst = filled(&format!("{base} {other}"), 2);
+        let before = dst.bytes(0).to_vec();
+        let refused = |r: Result<(), OpError>, op: &str| {
+            assert!(
+                matches!(r, Err(OpError::Incompatible(ref m)) if m.contains("scales")),
+                "{op} {other}: {r:?}"
+            );
+        };
+        refused(
+            be.swap_blocks(&src.as_ref(), &mut dst.as_mut(), &[(0, 1)]),
+            "swap",
+        );
+        refused(
+            reference::swap_blocks(&src.as_ref(), &mut dst.as_mut(), &[(0, 1)]),
+            "reference swap",
+        );
+        refused(be.convert(&src.as_ref(), &mut dst.as_mut()), "convert");
+        refused(
+            reference::convert(&src.as_ref(), &mut dst.as_mut()),
+            "reference convert",
+        );
+        assert!(
+            dst.bytes(0) == before.as_slice(),
+            "{other}: refused moves wrote"
+        );
+    }
 }

@@ -175,6 +175,34 @@ fn layouts_and_dtypes_match_reference() {
     }
 }
 
+/// x-split keys whose 16-byte pieces lie further apart than a block's tokens (a chunk stride
+/// of `N * 16 + 64` bytes, as an explicit-stride layout may state): the split kernels must take
+/// the layout's chunk stride, not `N * 16`.
+#[test]
+fn split_keys_with_pieces_further_apart() {
+    let lens = [37, 0, 16, 70];
+    for (dtype, e) in [("f32", 4u64), ("f16", 2), ("bf16", 2), ("fp8_e4m3", 1)] {
+        let (n, d, heads, blocks) = (16u64, 32u64, 2u64, 24u64);
+        let x = 16 / e;
+        let chunk = n * 16 + 64;
+        let k_head = d / x * chunk;
+        let k_block = heads * k_head;
+        let v_base = blocks * k_block;
+        let (v_slot, v_head) = (d * e, n * d * e);
+        let v_block = heads * v_head;
+        let end = v_base + blocks * v_block;
+        let spec = format!(
+            "kv L=1 B={blocks} N={n} H={heads} D={d} dtype={dtype} \
+             @k=0:0:0:{k_block}:{k_head}:16:{x}:{chunk}:{e} \
+             @v=0:{v_base}:0:{v_block}:{v_head}:{v_slot}:{d}:{v_slot}:{e} @buf0=0..{end}"
+        );
+        let l: KvCacheLayout = spec.parse().unwrap();
+        let k = l.field_map(kvlayout::Field::K).unwrap();
+        assert!(k.is_dim_split() && k.strides.dim_chunk != n * 16, "{spec}");
+        run_case(&case(&spec, 8, &lens));
+    }
+}
+
 #[test]
 fn inline_and_tensor_scales() {
     let lens = [37, 0, 16, 70];
