@@ -33,10 +33,13 @@ fn at(
     slot: u64,
     d: u64,
 ) -> u64 {
-    let loc = l
-        .offset(&coord(field, layer, block, head, slot, d))
-        .unwrap_or_else(|e| panic!("{l}: {field}[{layer},{block},{head},{slot},{d}]: {e}"));
-    assert_eq!(loc.buffer, 0, "{l}: {field}");
+    at_in(l, 0, coord(field, layer, block, head, slot, d))
+}
+
+/// The checked byte offset of an element that must lie in `buffer`.
+fn at_in(l: &KvCacheLayout, buffer: u32, c: Coord) -> u64 {
+    let loc = l.offset(&c).unwrap_or_else(|e| panic!("{l}: {c:?}: {e}"));
+    assert_eq!(loc.buffer, buffer, "{l}: {c:?}");
     loc.offset
 }
 
@@ -47,7 +50,19 @@ type Dom = [u64; 5];
 /// the checked address function and the kernel arguments, and that one past the end of every
 /// axis has no address.
 fn sweep(l: &KvCacheLayout, field: Field, dom: Dom, want: impl Fn(u64, u64, u64, u64, u64) -> u64) {
+    sweep_in(l, field, 0, dom, want)
+}
+
+/// [`sweep`] of a field that lies in `buffer`.
+fn sweep_in(
+    l: &KvCacheLayout,
+    field: Field,
+    buffer: u32,
+    dom: Dom,
+    want: impl Fn(u64, u64, u64, u64, u64) -> u64,
+) {
     let args = l.kernel_args(field).unwrap();
+    assert_eq!(args.buffer as u32, buffer, "{l}: {field}");
     let [nl, nb, nh, nn, nw] = dom;
     for a in 0..nl {
         for b in 0..nb {
@@ -56,7 +71,7 @@ fn sweep(l: &KvCacheLayout, field: Field, dom: Dom, want: impl Fn(u64, u64, u64,
                     for d in 0..nw {
                         let w = want(a, b, h, n, d);
                         assert_eq!(
-                            at(l, field, a, b, h, n, d),
+                            at_in(l, buffer, coord(field, a, b, h, n, d)),
                             w,
                             "{l}: {field}[{a},{b},{h},{n},{d}]"
                         );
@@ -1501,4 +1516,83 @@ fn case03b_mla_v_of_a_split_latent() {
         e.contains("chunks of 8") && e.contains("kv_lora_rank = 12"),
         "{e}"
     );
+}
+
+/// Every legacy layout, both fields, element by element against the shapes of
+/// `shared/anchors.md` section 2 written out by hand (L = 2, B = 3, N = 16, H = 4, D = 32: no
+/// two extents alike, so a swapped axis moves some element), for x = 4, 8 and 16.
+#[test]
+fn case15_every_legacy_layout_field_by_field() {
+    let (nl, nb, nn, nh, nd) = (2u64, 3u64, 16u64, 4u64, 32u64);
+    for (dtype, e) in [("f32", 4u64), ("bf16", 2), ("fp8_e4m3", 1)] {
+        let x = 16 / e;
+        let page = nn * nh * nd * e; // one block of K (or V)
+        let half = nb * page; // one layer of K (or V)
+        let dom = [nl, nb, nh, nn, nd];
+        let spec = |kind: &str| {
+            format!("kv L={nl} B={nb} N={nn} H={nh} D={nd} dtype={dtype} legacy={kind}")
+        };
+
+        // vLLM: per layer one (2, B, N*H*D) tensor; K [B, H, D/x, N, x], V [B, H, D, N].
+        let l = layout(&spec("vllm-paged-v1"));
+        sweep(&l, Field::K, dom, |a, b, h, n, d| {
+            a * 2 * half
+                + b * page
+                + h * nd * nn * e
+                + (d / x) * nn * x * e
+                + n * x * e
+                + (d % x) * e
+        });
+        sweep(&l, Field::V, dom, |a, b, h, n, d| {
+            a * 2 * half + half + b * page + h * nd * nn * e + d * nn * e + n * e
+        });
+
+        // FlashAttention (2, B, N, H, D), and its HND stride order: stored (2, B, H, N, D).
+        let l = layout(&spec("flash-attn-nhd"));
+        for (field, kv) in [(Field::K, 0), (Field::V, 1)] {
+            sweep(&l, field, dom, |a, b, h, n, d| {
+                a * 2 * half + kv * half + b * page + n * nh * nd * e + h * nd * e + d * e
+            });
+        }
+        let l = layout(&spec("flash-attn-hnd"));
+        for (field, kv) in [(Field::K, 0), (Field::V, 1)] {
+            sweep(&l, field, dom, |a, b, h, n, d| {
+                a * 2 * half + kv * half + b * page + h * nn * nd * e + n * nd * e + d * e
+            });
+        }
+
+        // FlashInfer (B, 2, N, H, D) and (B, 2, H, N, D).
+        let l = layout(&spec("flashinfer-nhd"));
+        for (field, kv) in [(Field::K, 0), (Field::V, 1)] {
+            sweep(&l, field, dom, |a, b, h, n, d| {
+                a * 2 * half + b * 2 * page + kv * page + n * nh * nd * e + h * nd * e + d * e
+            });
+        }
+        let l = layout(&spec("flashinfer-hnd"));
+        for (field, kv) in [(Field::K, 0), (Field::V, 1)] {
+            sweep(&l, field, dom, |a, b, h, n, d| {
+                a * 2 * half + b * 2 * page + kv * page + h * nn * nd * e + n * nd * e + d * e
+            });
+        }
+
+        // Separate K and V buffers (SGLang-style), V of its own width: [B, N, H, D] / [B, H, N, D].
+        let dv = 8u64;
+        let vpage = nn * nh * dv * e;
+        let vdom = [nl, nb, nh, nn, dv];
+        let sep = |kind: &str| layout(&format!("{} Dv={dv}", spec(kind)));
+        let l = sep("separate-nhd");
+        sweep_in(&l, Field::K, 0, dom, |a, b, h, n, d| {
+            a * half + b * page + n * nh * nd * e + h * nd * e + d * e
+        });
+        sweep_in(&l, Field::V, 1, vdom, |a, b, h, n, d| {
+            a * nb * vpage + b * vpage + n * nh * dv * e + h * dv * e + d * e
+        });
+        let l = sep("separate-hnd");
+        sweep_in(&l, Field::K, 0, dom, |a, b, h, n, d| {
+            a * half + b * page + h * nn * nd * e + n * nd * e + d * e
+        });
+        sweep_in(&l, Field::V, 1, vdom, |a, b, h, n, d| {
+            a * nb * vpage + b * vpage + h * nn * dv * e + n * dv * e + d * e
+        });
+    }
 }
