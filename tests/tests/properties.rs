@@ -738,3 +738,36 @@ fn aliasing_errors_name_the_strides_readably() {
         "{text}"
     );
 }
+
+/// The random layouts give each kind of case the suite leans on a real share (at least 10%
+/// each of 3000 deterministic draws): legacy placements (vLLM's among them), scaled content
+/// (inline or per-tensor scales) and explicit-strided placements.
+#[test]
+fn gen_shares() {
+    use kvlayout::{Content, LegacyKind, Placement};
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = any_layout();
+    let n = 3000;
+    let (mut legacy, mut vllm, mut scaled, mut strided) = (0, 0, 0, 0);
+    for _ in 0..n {
+        let l = strategy.new_tree(&mut runner).unwrap().current();
+        match l.placement() {
+            Placement::Legacy { layout, .. } => {
+                legacy += 1;
+                vllm += usize::from(*layout == LegacyKind::VllmPagedV1);
+            }
+            Placement::Strided { .. } => strided += 1,
+            _ => {}
+        }
+        let s = l.scales();
+        if matches!(l.content(), Content::KvScaled { .. }) || s.k_scale != 1.0 || s.v_scale != 1.0 {
+            scaled += 1;
+        }
+    }
+    let share = |k: usize| k as f64 / n as f64;
+    for (what, k) in [("legacy", legacy), ("scaled", scaled), ("strided", strided)] {
+        assert!(share(k) >= 0.10, "{what}: {k} of {n}");
+    }
+    assert!(share(vllm) >= 0.02, "vllm-paged-v1: {vllm} of {n}");
+}
