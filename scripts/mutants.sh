@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Mutation testing with cargo-mutants: plant one small bug at a time in the code the suite must
+# guard most, run the tests that guard it, and list the bugs nothing caught. Not in CI (every
+# mutant is a rebuild and a test run: hours for all of them); a session runs it with a budget
+# and records the result in design/testing.md.
+#
+#   ./scripts/mutants.sh                 # both phases, MUTANTS_BUDGET_S seconds each (1800)
+#   MUTANTS_BUDGET_S=600 ./scripts/mutants.sh descriptor
+#   ./scripts/mutants.sh cpu crates/kvlayout-cpu/src/args.rs   # one phase, chosen files
+#
+# Phases:
+#   descriptor  address maps, kernel arguments, validation and op checks of `kvlayout`, tested by
+#               its unit tests and the conformance crate's properties, anchors, ABI and fuzz tests;
+#   cpu         the CPU backend's argument checks, tolerances and row addressing, tested by its
+#               unit and integration tests and the conformance crate's CPU property and
+#               conformance tests.
+# Results: target/mutants/<phase>/mutants.out/{caught,missed,timeout,unviable}.txt and a
+# summary line per phase. A phase that runs out of budget stops and summarizes what it ran.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VERSION=27.1.0
+if ! cargo mutants --version 2>/dev/null | grep -q "$VERSION"; then
+    echo "mutants: cargo install cargo-mutants@$VERSION" >&2
+    cargo install --locked "cargo-mutants@$VERSION"
+fi
+
+budget="${MUTANTS_BUDGET_S:-1800}"
+# The fuzz test's own budget, per mutant.
+export KVLAYOUT_FUZZ_SECONDS=2
+
+descriptor_files=(
+    crates/kvlayout/src/field_map.rs
+    crates/kvlayout/src/abi.rs
+    crates/kvlayout/src/layout.rs
+    crates/kvlayout/src/ops.rs
+    crates/kvlayout/src/view.rs
+    crates/kvlayout/src/regions.rs
+)
+cpu_files=(
+    crates/kvlayout-cpu/src/args.rs
+    crates/kvlayout-cpu/src/tolerance.rs
+    crates/kvlayout-cpu/src/cache.rs
+    crates/kvlayout-cpu/src/tensor.rs
+    crates/kvlayout-cpu/src/decode/src.rs
+)
+
+run_phase() {
+    local phase="$1"
+    shift
+    local files=("$@") test_args=()
+    case "$phase" in
+        descriptor)
+            test_args=(--test-package kvlayout --test-package kvlayout-conformance
+                --cargo-test-arg=--lib --cargo-test-arg=--test=properties
+                --cargo-test-arg=--test=anchors --cargo-test-arg=--test=abi
+                --cargo-test-arg=--test=fuzz) ;;
+        cpu)
+            test_args=(--test-package kvlayout-cpu --test-package kvlayout-conformance
+                --cargo-test-arg=--lib --cargo-test-arg=--test=hostile
+                --cargo-test-arg=--test=movers --cargo-test-arg=--test=write
+                --cargo-test-arg=--test=cpu_properties --cargo-test-arg=--test=conformance) ;;
+        *) echo "mutants: unknown phase $phase (descriptor, cpu)" >&2; exit 2 ;;
+    esac
+    local out="target/mutants/$phase" file_args=()
+    for f in "${files[@]}"; do file_args+=(--file "$f"); done
+    mkdir -p "$out"
+    echo "== mutants: $phase (${files[*]}), budget ${budget} s"
+    timeout "$budget" cargo mutants --no-shuffle -j 1 --timeout 600 --output "$out" \
+        "${file_args[@]}" "${test_args[@]}" || true
+    local dir="$out/mutants.out"
+    count() { [ -f "$dir/$1.txt" ] && wc -l < "$dir/$1.txt" || echo 0; }
+    echo "mutants: $phase: caught $(count caught), missed $(count missed)," \
+        "timeout $(count timeout), unviable $(count unviable)"
+    if [ -s "$dir/missed.txt" ]; then
+        echo "missed:"
+        sed 's/^/  /' "$dir/missed.txt"
+    fi
+}
+
+if [ "$#" -gt 0 ]; then
+    phase="$1"
+    shift
+    if [ "$#" -gt 0 ]; then
+        run_phase "$phase" "$@"
+    elif [ "$phase" = descriptor ]; then
+        run_phase descriptor "${descriptor_files[@]}"
+    else
+        run_phase "$phase" "${cpu_files[@]}"
+    fi
+else
+    run_phase descriptor "${descriptor_files[@]}"
+    run_phase cpu "${cpu_files[@]}"
+fi
