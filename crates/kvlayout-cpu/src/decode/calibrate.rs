@@ -11,17 +11,8 @@
 //! bench command on one build).
 
 use std::sync::OnceLock;
-use std::time::Instant;
 
-use kvlayout::ops::DecodeParams;
-use kvlayout::KvCacheLayout;
-
-use super::{decode_with, Options};
-use crate::args::Decode;
-use crate::backend::CpuBackend;
-use crate::cache::HostCache;
 use crate::simd::{available, Isa};
-use crate::tensor::Activations;
 
 /// The build a backend runs unless one is named, and why.
 #[derive(Debug, Clone)]
@@ -89,7 +80,7 @@ fn measured(note: String) -> Choice {
     let mut total = [0f64; 2];
     let mut detail = Vec::new();
     for dtype in ["bf16", "fp8_e4m3"] {
-        let ns = match Bench::new(dtype) {
+        let ns = match timing::Bench::new(dtype) {
             Some(b) => b.fastest(&candidates),
             None => continue,
         };
@@ -116,87 +107,103 @@ fn measured(note: String) -> Choice {
     }
 }
 
-/// Tokens of the calibration decode (8 blocks of 16): 256 KiB of bf16 K and V.
-const TOKENS: u32 = 128;
-/// KV heads, query heads per KV head and head size: Llama-3-8B's.
-const KV_HEADS: u64 = 8;
-const GROUP: u64 = 4;
-const HEAD: u64 = 128;
+/// The calibration decode (only where two AVX-512 builds can run).
+#[cfg(target_arch = "x86_64")]
+mod timing {
+    use std::time::Instant;
 
-/// One sequence's decode on one thread, rows in cache.
-struct Bench {
-    cache: HostCache,
-    query: Vec<f32>,
-    table: Vec<i32>,
-    be: CpuBackend,
-}
+    use kvlayout::ops::DecodeParams;
+    use kvlayout::KvCacheLayout;
 
-impl Bench {
-    fn new(dtype: &str) -> Option<Self> {
-        let blocks = TOKENS / 16;
-        let spec = format!("kv B={blocks} N=16 H={KV_HEADS} D={HEAD} dtype={dtype} order=HND");
-        let layout: KvCacheLayout = spec.parse().ok()?;
-        let mut cache = HostCache::new(layout).ok()?;
-        // Bytes 0x30..0x3b: finite values of every dtype, of varied magnitude.
-        for i in 0..cache.layout().num_buffers() {
-            for (j, b) in cache.bytes_mut(i).iter_mut().enumerate() {
-                *b = 0x30 + (j.wrapping_mul(2_654_435_761) >> 7) as u8 % 12;
-            }
-        }
-        let query = (0..KV_HEADS * GROUP * HEAD)
-            .map(|i| ((i % 113) as f32 - 56.0) / 64.0)
-            .collect();
-        Some(Bench {
-            cache,
-            query,
-            table: (0..blocks as i32).collect(),
-            be: CpuBackend::single_thread(Isa::Scalar).ok()?,
-        })
+    use super::super::{decode_with, Options};
+    use crate::args::Decode;
+    use crate::backend::CpuBackend;
+    use crate::cache::HostCache;
+    use crate::simd::Isa;
+    use crate::tensor::Activations;
+
+    /// Tokens of the calibration decode (8 blocks of 16): 256 KiB of bf16 K and V.
+    const TOKENS: u32 = 128;
+    /// KV heads, query heads per KV head and head size: Llama-3-8B's.
+    const KV_HEADS: u64 = 8;
+    const GROUP: u64 = 4;
+    const HEAD: u64 = 128;
+
+    /// One sequence's decode on one thread, rows in cache.
+    pub(super) struct Bench {
+        cache: HostCache,
+        query: Vec<f32>,
+        table: Vec<i32>,
+        be: CpuBackend,
     }
 
-    /// The fastest of several alternating runs of each build, ns per token x KV head.
-    fn fastest(&self, builds: &[Isa; 2]) -> [f64; 2] {
-        const ROUNDS: usize = 9;
-        const ITERS: usize = 4;
-        let lens = [TOKENS];
-        let d = Decode {
-            layer: 0,
-            query: Activations::F32(&self.query),
-            block_table: &self.table,
-            blocks_per_seq: self.table.len(),
-            seq_lens: &lens,
-            params: DecodeParams {
-                num_q_heads: KV_HEADS * GROUP,
-                scale: 1.0 / (HEAD as f32).sqrt(),
-                sliding_window: None,
-                soft_cap: None,
-            },
-        };
-        let mut out = vec![0f32; (KV_HEADS * GROUP * HEAD) as usize];
-        let cache = self.cache.as_ref();
-        let run = |isa: Isa, out: &mut [f32]| {
-            let opts = Options {
-                partitions: Some(1),
-                isa: Some(isa),
-                inline: Some(true),
-            };
-            decode_with(&self.be, &cache, &d, out, opts).is_ok()
-        };
-        let mut best = [f64::INFINITY; 2];
-        for round in 0..=ROUNDS {
-            for (k, &isa) in builds.iter().enumerate() {
-                let t = Instant::now();
-                for _ in 0..ITERS {
-                    if !run(isa, &mut out) {
-                        return [f64::INFINITY; 2];
-                    }
-                }
-                // Round 0 warms the rows and the code up.
-                if round > 0 {
-                    best[k] = best[k].min(t.elapsed().as_secs_f64());
+    impl Bench {
+        pub(super) fn new(dtype: &str) -> Option<Self> {
+            let blocks = TOKENS / 16;
+            let spec = format!("kv B={blocks} N=16 H={KV_HEADS} D={HEAD} dtype={dtype} order=HND");
+            let layout: KvCacheLayout = spec.parse().ok()?;
+            let mut cache = HostCache::new(layout).ok()?;
+            // Bytes 0x30..0x3b: finite values of every dtype, of varied magnitude.
+            for i in 0..cache.layout().num_buffers() {
+                for (j, b) in cache.bytes_mut(i).iter_mut().enumerate() {
+                    *b = 0x30 + (j.wrapping_mul(2_654_435_761) >> 7) as u8 % 12;
                 }
             }
+            let query = (0..KV_HEADS * GROUP * HEAD)
+                .map(|i| ((i % 113) as f32 - 56.0) / 64.0)
+                .collect();
+            Some(Bench {
+                cache,
+                query,
+                table: (0..blocks as i32).collect(),
+                be: CpuBackend::single_thread(Isa::Scalar).ok()?,
+            })
         }
-        best.map(|s| s * 1e9 / ITERS as f64 / (f64::from(TOKENS) * KV_HEADS as f64))
+
+        /// The fastest of several alternating runs of each build, ns per token x KV head.
+        pub(super) fn fastest(&self, builds: &[Isa; 2]) -> [f64; 2] {
+            const ROUNDS: usize = 9;
+            const ITERS: usize = 4;
+            let lens = [TOKENS];
+            let d = Decode {
+                layer: 0,
+                query: Activations::F32(&self.query),
+                block_table: &self.table,
+                blocks_per_seq: self.table.len(),
+                seq_lens: &lens,
+                params: DecodeParams {
+                    num_q_heads: KV_HEADS * GROUP,
+                    scale: 1.0 / (HEAD as f32).sqrt(),
+                    sliding_window: None,
+                    soft_cap: None,
+                },
+            };
+            let mut out = vec![0f32; (KV_HEADS * GROUP * HEAD) as usize];
+            let cache = self.cache.as_ref();
+            let run = |isa: Isa, out: &mut [f32]| {
+                let opts = Options {
+                    partitions: Some(1),
+                    isa: Some(isa),
+                    inline: Some(true),
+                };
+                decode_with(&self.be, &cache, &d, out, opts).is_ok()
+            };
+            let mut best = [f64::INFINITY; 2];
+            for round in 0..=ROUNDS {
+                for (k, &isa) in builds.iter().enumerate() {
+                    let t = Instant::now();
+                    for _ in 0..ITERS {
+                        if !run(isa, &mut out) {
+                            return [f64::INFINITY; 2];
+                        }
+                    }
+                    // Round 0 warms the rows and the code up.
+                    if round > 0 {
+                        best[k] = best[k].min(t.elapsed().as_secs_f64());
+                    }
+                }
+            }
+            best.map(|s| s * 1e9 / ITERS as f64 / (f64::from(TOKENS) * KV_HEADS as f64))
+        }
     }
 }
