@@ -10,10 +10,10 @@
 #
 # Phases:
 #   descriptor  address maps, kernel arguments, validation and op checks of `kvlayout`, tested by
-#               its unit tests and the conformance crate's properties, anchors, ABI and fuzz tests;
+#               the conformance crate's properties, anchors, ABI, fuzz and conformance tests;
 #   cpu         the CPU backend's argument checks, tolerances and row addressing, tested by its
-#               unit and integration tests and the conformance crate's CPU property and
-#               conformance tests.
+#               unit and integration tests.
+# (cargo-mutants takes one test package when test targets are named.)
 # Results: target/mutants/<phase>/mutants.out/{caught,missed,timeout,unviable}.txt and a
 # summary line per phase. A phase that runs out of budget stops and summarizes what it ran.
 set -euo pipefail
@@ -30,18 +30,18 @@ budget="${MUTANTS_BUDGET_S:-1800}"
 export KVLAYOUT_FUZZ_SECONDS=2
 
 descriptor_files=(
-    crates/kvlayout/src/field_map.rs
     crates/kvlayout/src/abi.rs
-    crates/kvlayout/src/layout.rs
+    crates/kvlayout/src/field_map.rs
     crates/kvlayout/src/ops.rs
+    crates/kvlayout/src/layout.rs
     crates/kvlayout/src/view.rs
     crates/kvlayout/src/regions.rs
 )
 cpu_files=(
     crates/kvlayout-cpu/src/args.rs
-    crates/kvlayout-cpu/src/tolerance.rs
-    crates/kvlayout-cpu/src/cache.rs
     crates/kvlayout-cpu/src/tensor.rs
+    crates/kvlayout-cpu/src/cache.rs
+    crates/kvlayout-cpu/src/tolerance.rs
     crates/kvlayout-cpu/src/decode/src.rs
 )
 
@@ -51,15 +51,14 @@ run_phase() {
     local files=("$@") test_args=()
     case "$phase" in
         descriptor)
-            test_args=(--test-package kvlayout --test-package kvlayout-conformance
-                --cargo-test-arg=--lib --cargo-test-arg=--test=properties
-                --cargo-test-arg=--test=anchors --cargo-test-arg=--test=abi
-                --cargo-test-arg=--test=fuzz) ;;
+            test_args=(--test-package kvlayout-conformance
+                --cargo-test-arg=--test=properties --cargo-test-arg=--test=anchors
+                --cargo-test-arg=--test=abi --cargo-test-arg=--test=fuzz
+                --cargo-test-arg=--test=conformance) ;;
         cpu)
-            test_args=(--test-package kvlayout-cpu --test-package kvlayout-conformance
+            test_args=(--test-package kvlayout-cpu
                 --cargo-test-arg=--lib --cargo-test-arg=--test=hostile
-                --cargo-test-arg=--test=movers --cargo-test-arg=--test=write
-                --cargo-test-arg=--test=cpu_properties --cargo-test-arg=--test=conformance) ;;
+                --cargo-test-arg=--test=movers --cargo-test-arg=--test=write) ;;
         *) echo "mutants: unknown phase $phase (descriptor, cpu)" >&2; exit 2 ;;
     esac
     local out="target/mutants/$phase" file_args=()
