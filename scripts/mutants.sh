@@ -13,7 +13,7 @@
 #               the conformance crate's properties, anchors, ABI, fuzz and conformance tests;
 #   cpu         the CPU backend's argument checks, tolerances and row addressing, tested by its
 #               unit and integration tests.
-# (cargo-mutants takes one test package when test targets are named.)
+# (cargo-mutants applies named test targets to every package it tests, so one per phase.)
 # Results: target/mutants/<phase>/mutants.out/{caught,missed,timeout,unviable}.txt and a
 # summary line per phase. A phase that runs out of budget stops and summarizes what it ran.
 set -euo pipefail
@@ -65,8 +65,10 @@ run_phase() {
     for f in "${files[@]}"; do file_args+=(--file "$f"); done
     mkdir -p "$out"
     echo "== mutants: $phase (${files[*]}), budget ${budget} s"
-    timeout "$budget" cargo mutants --no-shuffle -j 1 --timeout 600 --output "$out" \
-        "${file_args[@]}" "${test_args[@]}" || true
+    # No baseline run: cargo-mutants would test it in the mutated package, not the one named
+    # (the test command checks the unmutated tree).
+    timeout "$budget" cargo mutants --no-shuffle -j 1 --baseline skip --timeout 300 \
+        --build-timeout 600 --output "$out" "${file_args[@]}" "${test_args[@]}" || true
     local dir="$out/mutants.out"
     count() { [ -f "$dir/$1.txt" ] && wc -l < "$dir/$1.txt" || echo 0; }
     echo "mutants: $phase: caught $(count caught), missed $(count missed)," \
