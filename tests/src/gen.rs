@@ -235,10 +235,11 @@ pub fn build(s: &Seed) -> Option<KvCacheLayout> {
         geometry,
         content,
         dtype,
+        // MLA's one latent has one scale; K and V scales differ elsewhere.
         scales: if e2 == 3 {
             TensorScales {
                 k_scale: 0.5,
-                v_scale: 2.0,
+                v_scale: if s.kind == Kind::Mla { 0.5 } else { 2.0 },
             }
         } else {
             TensorScales::default()

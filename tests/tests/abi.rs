@@ -437,8 +437,8 @@ fn kernel_args_scale_is_the_fields_own() {
             ],
         ),
         (
-            "mla B=3 N=16 rank=16 rope=8 dtype=bf16 k_scale=0.5 v_scale=4.0 order=NHD",
-            vec![(Field::Latent, 0.5), (Field::K, 0.5), (Field::V, 4.0)],
+            "mla B=3 N=16 rank=16 rope=8 dtype=bf16 k_scale=0.5 v_scale=0.5 order=NHD",
+            vec![(Field::Latent, 0.5), (Field::K, 0.5), (Field::V, 0.5)],
         ),
     ] {
         let l: KvCacheLayout = spec.parse().unwrap();

@@ -1516,6 +1516,13 @@ fn case03b_mla_v_of_a_split_latent() {
         e.contains("chunks of 8") && e.contains("kv_lora_rank = 12"),
         "{e}"
     );
+    // One latent, one scale: K's and V's per-tensor scales must agree (write_kv divides the
+    // latent by k_scale; V read back times a different v_scale would be off by their ratio).
+    let e = "mla B=1 N=16 rank=16 rope=16 dtype=fp8_e4m3 k_scale=0.5 v_scale=2.0 order=NHD"
+        .parse::<KvCacheLayout>()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("k_scale 0.5 and v_scale 2 differ"), "{e}");
 }
 
 /// Every legacy layout, both fields, element by element against the shapes of

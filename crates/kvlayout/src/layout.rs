@@ -262,6 +262,14 @@ impl KvCacheLayout {
                 )));
             }
         }
+        if matches!(spec.content, Content::Mla { .. }) && spec.scales.k_scale != spec.scales.v_scale
+        {
+            return Err(LayoutError::Invalid(format!(
+                "MLA stores one latent for K and V, so its scale is one: k_scale {} and v_scale \
+                 {} differ",
+                spec.scales.k_scale, spec.scales.v_scale
+            )));
+        }
         let g = spec.geometry;
         positive("num_layers", g.num_layers)?;
         positive("num_blocks", g.num_blocks)?;
