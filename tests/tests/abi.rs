@@ -451,3 +451,24 @@ fn kernel_args_scale_is_the_fields_own() {
         }
     }
 }
+
+/// `KvFieldArgs::offset` answers inside the domain only: a negative index or one at its
+/// extent, on every axis, is an error (as `kvl_in_domain` says 0), not an offset.
+#[test]
+fn kernel_args_offset_refuses_coordinates_outside_the_domain() {
+    let l: KvCacheLayout = "kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=HND"
+        .parse()
+        .unwrap();
+    let a = l.kernel_args(Field::V).unwrap();
+    let inside = [1i64, 2, 3, 15, 7];
+    let at = |c: [i64; 5]| a.offset(c[0], c[1], c[2], c[3], c[4]);
+    assert!(at(inside).is_ok());
+    for (axis, limit) in [2i64, 3, 4, 16, 8].into_iter().enumerate() {
+        for bad in [-1, limit, i64::MAX] {
+            let mut c = inside;
+            c[axis] = bad;
+            assert!(at(c).is_err(), "axis {axis} = {bad}");
+            assert_eq!(c_in_domain(&a, c[0], c[1], c[2], c[3], c[4]), 0);
+        }
+    }
+}
