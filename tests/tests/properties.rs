@@ -492,6 +492,9 @@ proptest! {
     #[test]
     fn mla_derived_fields_address_the_latent(spec in arbitrary_mla()) {
         let Ok(l) = KvCacheLayout::new(spec) else { return Ok(()) };
+        for field in [Field::K, Field::V] {
+            prop_assert_eq!(l.field_map(field).unwrap().field, field);
+        }
         let spans = l.registered_spans();
         for c in coords(&l, false) {
             let at = l.offset(&c).unwrap();
@@ -770,4 +773,40 @@ fn gen_shares() {
         assert!(share(k) >= 0.10, "{what}: {k} of {n}");
     }
     assert!(share(vllm) >= 0.02, "vllm-paged-v1: {vllm} of {n}");
+}
+
+/// Alignment is checked on every axis of extent above one and only there: an f16 head stride
+/// of an odd number of bytes is refused with two heads and accepted with one (a size-1 axis's
+/// stride addresses nothing).
+#[test]
+fn alignment_is_checked_on_axes_of_extent_above_one() {
+    let spec = |h: u64, head: u64| {
+        format!(
+            "kv B=2 N=2 H={h} D=4 dtype=f16 @k=0:0:0:64:{head}:8:4:8:2 \
+             @v=0:128:0:64:{head}:8:4:8:2 @buf0=0..256"
+        )
+    };
+    let e = spec(2, 33).parse::<KvCacheLayout>().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LayoutError::Misaligned {
+                value: 33,
+                align: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let l: KvCacheLayout = spec(1, 33).parse().unwrap();
+    assert_eq!(l.field_map(Field::K).unwrap().strides.head, 33);
+    // The same for a block stride that is misaligned: refused with two blocks.
+    let e = "kv B=2 N=2 H=1 D=4 dtype=f16 @k=0:0:0:65:0:8:4:8:2 @v=0:32:0:65:0:8:4:8:2 \
+             @buf0=0..256"
+        .parse::<KvCacheLayout>()
+        .unwrap_err();
+    assert!(
+        matches!(e, LayoutError::Misaligned { value: 65, .. }),
+        "{e}"
+    );
 }
