@@ -810,3 +810,22 @@ fn alignment_is_checked_on_axes_of_extent_above_one() {
         "{e}"
     );
 }
+
+/// The block table check reads each sequence's own row: an id past the cache only in the
+/// last sequence's row is refused, naming that sequence and position.
+#[test]
+fn block_table_check_reads_every_sequences_row() {
+    use kvlayout::ops::{check_block_table, OpError};
+    let l: KvCacheLayout = "kv B=4 N=16 H=1 D=8 dtype=f16 order=NHD".parse().unwrap();
+    let table = [0, 0, 1, 1, 2, 9];
+    match check_block_table(&l, &table, 2, &[16, 16, 32]) {
+        Err(OpError::BlockOutOfRange {
+            seq: 2,
+            position: 1,
+            block: 9,
+            limit: 4,
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(check_block_table(&l, &table, 2, &[16, 16, 16]).is_ok());
+}
