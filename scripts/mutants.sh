@@ -4,15 +4,17 @@
 # mutant is a rebuild and a test run: hours for all of them); a session runs it with a budget
 # and records the result in design/testing.md.
 #
-#   ./scripts/mutants.sh                 # both phases, MUTANTS_BUDGET_S seconds each (1800)
+#   ./scripts/mutants.sh                 # every phase, MUTANTS_BUDGET_S seconds each (1800)
 #   MUTANTS_BUDGET_S=600 ./scripts/mutants.sh descriptor
-#   ./scripts/mutants.sh cpu crates/kvlayout-cpu/src/args.rs   # one phase, chosen files
+#   ./scripts/mutants.sh cpu-checks crates/kvlayout-cpu/src/args.rs   # one phase, chosen files
 #
 # Phases:
 #   descriptor  address maps, kernel arguments, validation and op checks of `kvlayout`, tested by
 #               the conformance crate's properties, anchors, ABI, fuzz and conformance tests;
-#   cpu         the CPU backend's argument checks, tolerances and row addressing, tested by its
-#               unit and integration tests.
+#   cpu-checks  the CPU backend's argument checks, caches and tolerances, tested by the
+#               conformance crate's conformance (its refusals) and CPU property tests;
+#   cpu-rows    the CPU decode's row addressing, tested by the CPU backend's unit and
+#               integration tests.
 # (cargo-mutants applies named test targets to every package it tests, so one per phase.)
 # Results: target/mutants/<phase>/mutants.out/{caught,missed,timeout,unviable}.txt and a
 # summary line per phase. A phase that runs out of budget stops and summarizes what it ran.
@@ -37,11 +39,13 @@ descriptor_files=(
     crates/kvlayout/src/view.rs
     crates/kvlayout/src/regions.rs
 )
-cpu_files=(
+cpu_check_files=(
     crates/kvlayout-cpu/src/args.rs
     crates/kvlayout-cpu/src/tensor.rs
     crates/kvlayout-cpu/src/cache.rs
     crates/kvlayout-cpu/src/tolerance.rs
+)
+cpu_row_files=(
     crates/kvlayout-cpu/src/decode/src.rs
 )
 
@@ -55,11 +59,14 @@ run_phase() {
                 --cargo-test-arg=--test=properties --cargo-test-arg=--test=anchors
                 --cargo-test-arg=--test=abi --cargo-test-arg=--test=fuzz
                 --cargo-test-arg=--test=conformance) ;;
-        cpu)
+        cpu-checks)
+            test_args=(--test-package kvlayout-conformance
+                --cargo-test-arg=--test=conformance --cargo-test-arg=--test=cpu_properties) ;;
+        cpu-rows)
             test_args=(--test-package kvlayout-cpu
                 --cargo-test-arg=--lib --cargo-test-arg=--test=hostile
                 --cargo-test-arg=--test=movers --cargo-test-arg=--test=write) ;;
-        *) echo "mutants: unknown phase $phase (descriptor, cpu)" >&2; exit 2 ;;
+        *) echo "mutants: unknown phase $phase (descriptor, cpu-checks, cpu-rows)" >&2; exit 2 ;;
     esac
     local out="target/mutants/$phase" file_args=()
     for f in "${files[@]}"; do file_args+=(--file "$f"); done
@@ -79,17 +86,25 @@ run_phase() {
     fi
 }
 
+files_of() {
+    case "$1" in
+        descriptor) echo "${descriptor_files[@]}" ;;
+        cpu-checks) echo "${cpu_check_files[@]}" ;;
+        *) echo "${cpu_row_files[@]}" ;;
+    esac
+}
 if [ "$#" -gt 0 ]; then
     phase="$1"
     shift
     if [ "$#" -gt 0 ]; then
         run_phase "$phase" "$@"
-    elif [ "$phase" = descriptor ]; then
-        run_phase descriptor "${descriptor_files[@]}"
     else
-        run_phase "$phase" "${cpu_files[@]}"
+        # shellcheck disable=SC2046 # file paths without spaces
+        run_phase "$phase" $(files_of "$phase")
     fi
 else
-    run_phase descriptor "${descriptor_files[@]}"
-    run_phase cpu "${cpu_files[@]}"
+    for phase in descriptor cpu-checks cpu-rows; do
+        # shellcheck disable=SC2046
+        run_phase "$phase" $(files_of "$phase")
+    done
 fi

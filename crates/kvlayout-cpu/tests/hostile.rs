@@ -70,3 +70,29 @@ fn query_heads_whose_counts_wrap_are_refused() {
         assert!(e.to_string().contains("overflows"), "{e}");
     }
 }
+
+/// A step of no sequences does nothing, however many query heads it names (the softmax state
+/// of a group of 2^60 heads was sized before, and overflowed).
+#[test]
+fn a_step_of_no_sequences_does_nothing() {
+    let cache = HostCache::new(layout()).unwrap();
+    let d = Decode {
+        layer: 0,
+        query: Activations::F32(&[]),
+        block_table: &[],
+        blocks_per_seq: 1,
+        seq_lens: &[],
+        params: DecodeParams {
+            num_q_heads: 1 << 61,
+            scale: 1.0,
+            sliding_window: None,
+            soft_cap: None,
+        },
+    };
+    let be = CpuBackend::new(Some(1));
+    assert_eq!(be.paged_decode(&cache.as_ref(), &d, &mut []), Ok(()));
+    assert_eq!(
+        reference::paged_decode(&cache.as_ref(), &d, &mut []),
+        Ok(())
+    );
+}

@@ -149,6 +149,11 @@ pub(crate) fn decode_with(
     opts: Options,
 ) -> Result<(), OpError> {
     let shape = check_decode(cache.layout, d, out.len())?;
+    if shape.seqs == 0 {
+        // Nothing to attend to. (With one sequence or more, the query's length bounds the
+        // query heads, and so every count below.)
+        return Ok(());
+    }
     let layout = cache.layout;
     let plan = Plan::new(cache, d, shape, opts.isa.unwrap_or(be.isa), be.prefetch)?;
     let kv_heads = layout.geometry().num_kv_heads as usize;
