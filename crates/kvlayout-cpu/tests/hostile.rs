@@ -96,3 +96,36 @@ fn a_step_of_no_sequences_does_nothing() {
         Ok(())
     );
 }
+
+/// A soft-cap must be positive: `c * tanh(x / c)` of a cap of 0 (or below, or NaN) is no cap.
+#[test]
+fn a_soft_cap_of_zero_is_refused() {
+    let cache = HostCache::new(layout()).unwrap();
+    let q = vec![0.5f32; 2 * 8];
+    let be = CpuBackend::new(Some(1));
+    for cap in [0.0f32, -0.0, -1.0, f32::NAN, f32::INFINITY] {
+        let d = Decode {
+            layer: 0,
+            query: Activations::F32(&q),
+            block_table: &[0],
+            blocks_per_seq: 1,
+            seq_lens: &[1],
+            params: DecodeParams {
+                num_q_heads: 2,
+                scale: 1.0,
+                sliding_window: None,
+                soft_cap: Some(cap),
+            },
+        };
+        let mut out = vec![0f32; 2 * 8];
+        for r in [
+            be.paged_decode(&cache.as_ref(), &d, &mut out),
+            reference::paged_decode(&cache.as_ref(), &d, &mut out),
+        ] {
+            assert!(
+                matches!(&r, Err(OpError::Shape { what, .. }) if what == "soft_cap"),
+                "cap {cap}: {r:?}"
+            );
+        }
+    }
+}
