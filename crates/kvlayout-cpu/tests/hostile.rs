@@ -129,3 +129,49 @@ fn a_soft_cap_of_zero_is_refused() {
         }
     }
 }
+
+/// A staging cache that differs from the cache in one thing only (dtype, or one per-tensor
+/// scale, or content) is refused by gather and scatter, fast path and reference alike.
+#[test]
+fn staging_differing_in_one_property_is_refused() {
+    let base = "L=1 B=4 N=16 H=2 D=8 order=NHD";
+    let cache = HostCache::new(format!("kv {base} dtype=fp8_e4m3").parse().unwrap()).unwrap();
+    let be = CpuBackend::new(Some(1));
+    for other in [
+        format!("kv {base} dtype=fp8_e5m2"),
+        format!("kv {base} dtype=fp8_e4m3 v_scale=2.0"),
+        format!("kv {base} dtype=fp8_e4m3 k_scale=0.5"),
+        format!("kv {base} Dv=16 dtype=fp8_e4m3"),
+    ] {
+        let l: KvCacheLayout = other.parse().unwrap();
+        let mut staging = HostCache::new(l).unwrap();
+        let refused = |r: Result<(), OpError>| matches!(r, Err(OpError::Incompatible(_)));
+        assert!(
+            refused(be.gather_blocks(&cache.as_ref(), &[1], 0..2, &mut staging.as_mut())),
+            "{other}"
+        );
+        assert!(
+            refused(reference::gather_blocks(
+                &cache.as_ref(),
+                &[1],
+                0..2,
+                &mut staging.as_mut()
+            )),
+            "{other}"
+        );
+        let mut back = HostCache::new(cache.layout().clone()).unwrap();
+        assert!(
+            refused(be.scatter_blocks(&staging.as_ref(), &[1], 0..2, &mut back.as_mut())),
+            "{other}"
+        );
+        assert!(
+            refused(reference::scatter_blocks(
+                &staging.as_ref(),
+                &[1],
+                0..2,
+                &mut back.as_mut()
+            )),
+            "{other}"
+        );
+    }
+}
