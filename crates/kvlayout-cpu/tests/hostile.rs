@@ -11,6 +11,30 @@ fn layout() -> KvCacheLayout {
         .unwrap()
 }
 
+/// A decode step of layer 0 with a scale of 1 and no window.
+fn step<'a>(
+    query: &'a [f32],
+    block_table: &'a [i32],
+    blocks_per_seq: usize,
+    seq_lens: &'a [u32],
+    num_q_heads: u64,
+    soft_cap: Option<f32>,
+) -> Decode<'a> {
+    Decode {
+        layer: 0,
+        query: Activations::F32(query),
+        block_table,
+        blocks_per_seq,
+        seq_lens,
+        params: DecodeParams {
+            num_q_heads,
+            scale: 1.0,
+            sliding_window: None,
+            soft_cap,
+        },
+    }
+}
+
 /// Three sequences x 6148914691236517206 blocks wraps to 2 in 64 bits: a 2-entry table
 /// passed the length check, and the decode then indexed past it.
 #[test]
@@ -22,19 +46,7 @@ fn a_block_table_whose_size_wraps_is_refused() {
     assert!(matches!(e, OpError::Shape { .. }), "{e}");
     let cache = HostCache::new(l.clone()).unwrap();
     let q = vec![0f32; 3 * 2 * 8];
-    let d = Decode {
-        layer: 0,
-        query: Activations::F32(&q),
-        block_table: &[0, 1],
-        blocks_per_seq: bps,
-        seq_lens: &[1, 1, 1],
-        params: DecodeParams {
-            num_q_heads: 2,
-            scale: 1.0,
-            sliding_window: None,
-            soft_cap: None,
-        },
-    };
+    let d = step(&q, &[0, 1], bps, &[1, 1, 1], 2, None);
     let mut out = vec![0f32; 3 * 2 * 8];
     let be = CpuBackend::new(Some(1));
     assert!(be.paged_decode(&cache.as_ref(), &d, &mut out).is_err());
@@ -47,19 +59,7 @@ fn a_block_table_whose_size_wraps_is_refused() {
 fn query_heads_whose_counts_wrap_are_refused() {
     let l = layout();
     let cache = HostCache::new(l).unwrap();
-    let d = Decode {
-        layer: 0,
-        query: Activations::F32(&[]),
-        block_table: &[0],
-        blocks_per_seq: 1,
-        seq_lens: &[1],
-        params: DecodeParams {
-            num_q_heads: 1 << 61,
-            scale: 1.0,
-            sliding_window: None,
-            soft_cap: None,
-        },
-    };
+    let d = step(&[], &[0], 1, &[1], 1 << 61, None);
     let be = CpuBackend::new(Some(1));
     for r in [
         be.paged_decode(&cache.as_ref(), &d, &mut []),
@@ -76,19 +76,7 @@ fn query_heads_whose_counts_wrap_are_refused() {
 #[test]
 fn a_step_of_no_sequences_does_nothing() {
     let cache = HostCache::new(layout()).unwrap();
-    let d = Decode {
-        layer: 0,
-        query: Activations::F32(&[]),
-        block_table: &[],
-        blocks_per_seq: 1,
-        seq_lens: &[],
-        params: DecodeParams {
-            num_q_heads: 1 << 61,
-            scale: 1.0,
-            sliding_window: None,
-            soft_cap: None,
-        },
-    };
+    let d = step(&[], &[], 1, &[], 1 << 61, None);
     let be = CpuBackend::new(Some(1));
     assert_eq!(be.paged_decode(&cache.as_ref(), &d, &mut []), Ok(()));
     assert_eq!(
@@ -104,19 +92,7 @@ fn a_soft_cap_of_zero_is_refused() {
     let q = vec![0.5f32; 2 * 8];
     let be = CpuBackend::new(Some(1));
     for cap in [0.0f32, -0.0, -1.0, f32::NAN, f32::INFINITY] {
-        let d = Decode {
-            layer: 0,
-            query: Activations::F32(&q),
-            block_table: &[0],
-            blocks_per_seq: 1,
-            seq_lens: &[1],
-            params: DecodeParams {
-                num_q_heads: 2,
-                scale: 1.0,
-                sliding_window: None,
-                soft_cap: Some(cap),
-            },
-        };
+        let d = step(&q, &[0], 1, &[1], 2, Some(cap));
         let mut out = vec![0f32; 2 * 8];
         for r in [
             be.paged_decode(&cache.as_ref(), &d, &mut out),
