@@ -1,5 +1,6 @@
 //! The kernel builds (instruction sets) this crate compiles, which of them this machine runs
-//! (runtime-detected once), and the order they are preferred in.
+//! (runtime-detected once), and each build's decode tolerance. Which one a backend runs is
+//! chosen in `decode::calibrate`.
 
 use super::RowKind;
 use crate::tolerance::Tolerance;
@@ -19,10 +20,9 @@ pub(crate) enum Isa {
 }
 
 /// The builds this machine runs, in [`Isa::ALL`]'s order. CPUID settles every pair but one:
-/// whether the bf16-operand build outruns the plain AVX-512 one depends on the core
-/// (`vdpbf16ps` costs 4.4 FMAs on Intel's Emerald Rapids, fewer on Zen 4, more than widening
-/// on Zen 5), so [`CpuBackend::new`](crate::CpuBackend::new) times the two
-/// (`decode::calibrate`).
+/// whether the bf16-operand build outruns the plain AVX-512 one depends on the core (faster
+/// on Zen 4, where it was written; slower on Zen 5 and on Intel's Emerald Rapids), so
+/// [`CpuBackend::new`](crate::CpuBackend::new) times the two (`decode::calibrate`).
 pub(crate) fn available() -> Vec<Isa> {
     Isa::ALL.iter().copied().filter(|i| i.runs()).collect()
 }
