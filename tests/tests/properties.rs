@@ -829,3 +829,24 @@ fn block_table_check_reads_every_sequences_row() {
     }
     assert!(check_block_table(&l, &table, 2, &[16, 16, 16]).is_ok());
 }
+
+/// A size-1 axis may carry a stride that is no whole number of elements (a one-head TP slice
+/// with an odd head stride): its views exist, the stride reported in whole elements; and a
+/// view refused names its convention and target.
+#[test]
+fn views_of_a_size_one_axis_with_an_odd_stride() {
+    let l: KvCacheLayout = "kv B=2 N=2 H=1 D=4 dtype=f16 @k=0:0:0:64:33:8:4:8:2 \
+                            @v=0:128:0:64:33:8:4:8:2 @buf0=0..256"
+        .parse()
+        .unwrap();
+    for conv in CONVENTIONS {
+        let v = l.view(conv, ViewTarget::Field(Field::V), 0).unwrap();
+        let x = v.dtype.vllm_x();
+        for_each_index(&v.shape, |idx| {
+            let c = coord_of(conv, ViewTarget::Field(Field::V), 0, x, idx);
+            assert_eq!(v.byte_offset(idx).unwrap(), l.offset(&c).unwrap().offset);
+        });
+    }
+    let e = l.view(Convention::Standard, ViewTarget::Kv, 0).unwrap_err();
+    assert!(e.to_string().contains("standard view of field kv"), "{e}");
+}
