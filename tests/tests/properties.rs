@@ -850,3 +850,35 @@ fn views_of_a_size_one_axis_with_an_odd_stride() {
     let e = l.view(Convention::Standard, ViewTarget::Kv, 0).unwrap_err();
     assert!(e.to_string().contains("standard view of field kv"), "{e}");
 }
+
+/// The stacked K/V view of every layer of a multi-layer cache exists and addresses each
+/// element as the layout does (the K/V stride is taken in the layer asked for).
+#[test]
+fn kv_views_of_every_layer() {
+    for (spec, conv) in [
+        (
+            "kv L=3 B=2 N=4 H=2 D=8 dtype=f16 legacy=flash-attn-nhd",
+            Convention::FlashAttn,
+        ),
+        (
+            "kv L=3 B=2 N=4 H=2 D=8 dtype=f16 legacy=flashinfer-hnd",
+            Convention::FlashinferHnd,
+        ),
+        (
+            "kv L=3 B=2 N=4 H=2 D=8 dtype=f16 order=LBNHC",
+            Convention::Flashinfer,
+        ),
+    ] {
+        let l: KvCacheLayout = spec.parse().unwrap();
+        for layer in 0..3 {
+            let v = l
+                .view(conv, ViewTarget::Kv, layer)
+                .unwrap_or_else(|e| panic!("{spec} {conv} layer {layer}: {e}"));
+            for_each_index(&v.shape, |idx| {
+                let c = coord_of(conv, ViewTarget::Kv, layer, 1, idx);
+                let want = l.offset(&c).unwrap().offset;
+                assert_eq!(v.byte_offset(idx).unwrap(), want, "{spec} {conv} {layer}");
+            });
+        }
+    }
+}
