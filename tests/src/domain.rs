@@ -61,14 +61,7 @@ pub fn reference_offset(l: &KvCacheLayout, c: &Coord) -> (u32, u64) {
 /// Maps a view multi-index back to the coordinate it must address (`x`: the vLLM key's
 /// split, for that convention's key view).
 pub fn coord_of(c: Convention, t: ViewTarget, layer: u64, x: u64, idx: &[u64]) -> Coord {
-    let at = |field, b, h, n, d| Coord {
-        layer,
-        block: b,
-        head: h,
-        slot: n,
-        field,
-        dim: d,
-    };
+    let at = |field, b, h, n, d| Coord::new(field, layer, b, h, n, d);
     let kv = |i: u64| if i == 0 { Field::K } else { Field::V };
     match (c, t) {
         (Convention::Standard, ViewTarget::Field(f))

@@ -12,17 +12,6 @@ fn layout(spec: &str) -> KvCacheLayout {
     spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"))
 }
 
-fn coord(field: Field, layer: u64, block: u64, head: u64, slot: u64, dim: u64) -> Coord {
-    Coord {
-        layer,
-        block,
-        head,
-        slot,
-        field,
-        dim,
-    }
-}
-
 /// The checked byte offset of an element of buffer 0.
 fn at(
     l: &KvCacheLayout,
@@ -33,7 +22,7 @@ fn at(
     slot: u64,
     d: u64,
 ) -> u64 {
-    at_in(l, 0, coord(field, layer, block, head, slot, d))
+    at_in(l, 0, Coord::new(field, layer, block, head, slot, d))
 }
 
 /// The checked byte offset of an element that must lie in `buffer`.
@@ -71,7 +60,7 @@ fn sweep_in(
                     for d in 0..nw {
                         let w = want(a, b, h, n, d);
                         assert_eq!(
-                            at_in(l, buffer, coord(field, a, b, h, n, d)),
+                            at_in(l, buffer, Coord::new(field, a, b, h, n, d)),
                             w,
                             "{l}: {field}[{a},{b},{h},{n},{d}]"
                         );
@@ -88,11 +77,11 @@ fn sweep_in(
         }
     }
     for (axis, c) in [
-        ("layer", coord(field, nl, 0, 0, 0, 0)),
-        ("block", coord(field, 0, nb, 0, 0, 0)),
-        ("head", coord(field, 0, 0, nh, 0, 0)),
-        ("token", coord(field, 0, 0, 0, nn, 0)),
-        ("dim", coord(field, 0, 0, 0, 0, nw)),
+        ("layer", Coord::new(field, nl, 0, 0, 0, 0)),
+        ("block", Coord::new(field, 0, nb, 0, 0, 0)),
+        ("head", Coord::new(field, 0, 0, nh, 0, 0)),
+        ("token", Coord::new(field, 0, 0, 0, nn, 0)),
+        ("dim", Coord::new(field, 0, 0, 0, 0, nw)),
     ] {
         match l.offset(&c) {
             Err(LayoutError::OutOfRange { axis: a, .. }) => assert_eq!(a, axis, "{l}"),
@@ -728,7 +717,7 @@ fn case03_single_head_with_any_stride_and_mla() {
         (60 * 1024 + 1023) * 64 * 1152 + 63 * 1152 + 1150
     );
     assert!(matches!(
-        mla.offset(&coord(Field::V, 0, 0, 0, 0, 512)),
+        mla.offset(&Coord::new(Field::V, 0, 0, 0, 0, 512)),
         Err(LayoutError::OutOfRange { axis: "dim", .. })
     ));
     assert!(matches!(

@@ -205,17 +205,6 @@ fn host_cache(l: &KvCacheLayout, bytes: &Bytes) -> HostCache {
     c
 }
 
-fn coord(field: Field, layer: u64, block: u64, head: u64, slot: u64, dim: u64) -> Coord {
-    Coord {
-        layer,
-        block,
-        head,
-        slot,
-        field,
-        dim,
-    }
-}
-
 /// `|got - want| <= bound`, false for NaN.
 fn within(got: f64, want: f64, bound: f64) -> bool {
     (got - want).abs() <= bound
@@ -506,7 +495,7 @@ fn compare_write(p: &Prepared, got: &Bytes, want: &Bytes) -> Outcome<()> {
         let (b, n) = ((slot / bs) as u64, (slot % bs) as u64);
         for h in 0..l.geometry().num_kv_heads {
             for &(field, width) in &fields {
-                let at = |d| coord(field, w.layer, b, h, n, d as u64);
+                let at = |d| Coord::new(field, w.layer, b, h, n, d as u64);
                 let want_row: Vec<f64> = (0..width)
                     .map(|d| reference::value_at(&r, &at(d)))
                     .collect();

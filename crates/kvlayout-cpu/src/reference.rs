@@ -23,17 +23,6 @@ fn at(layout: &KvCacheLayout, c: &Coord) -> (usize, usize) {
     (loc.buffer as usize, loc.offset as usize)
 }
 
-fn coord(field: Field, layer: u64, block: u64, head: u64, slot: u64, dim: u64) -> Coord {
-    Coord {
-        layer,
-        block,
-        head,
-        slot,
-        field,
-        dim,
-    }
-}
-
 /// The stored bytes of one element.
 fn bytes_at<'a>(cache: &'a CacheRef<'_>, c: &Coord) -> &'a [u8] {
     let m = cache.layout.field_map(c.field).expect("readable field");
@@ -103,12 +92,16 @@ pub fn write_kv(cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError
                 if scaled {
                     let amax = xs.iter().fold(0f32, |a, x| a.max(x.abs()));
                     q = inline_scale(dtype, amax);
-                    store(cache, &coord(scale_field, w.layer, b, h as u64, n, 0), q);
+                    store(
+                        cache,
+                        &Coord::new(scale_field, w.layer, b, h as u64, n, 0),
+                        q,
+                    );
                 }
                 for (d, x) in xs.iter().enumerate() {
                     store(
                         cache,
-                        &coord(field, w.layer, b, h as u64, n, d as u64),
+                        &Coord::new(field, w.layer, b, h as u64, n, d as u64),
                         x / q,
                     );
                 }
@@ -148,7 +141,7 @@ pub fn paged_decode_magnitudes(
                 let (mut dot, mut abs) = (0f64, 0f64);
                 for i in 0..shape.qk_width {
                     let qk = f64::from(d.query.get(q0 + i))
-                        * value_at(cache, &coord(Field::K, d.layer, b, kvh, n, i as u64));
+                        * value_at(cache, &Coord::new(Field::K, d.layer, b, kvh, n, i as u64));
                     dot += qk;
                     abs += qk.abs();
                 }
@@ -173,7 +166,7 @@ pub fn paged_decode_magnitudes(
             for (i, o) in out.iter_mut().enumerate() {
                 let mut acc = 0f64;
                 for (t, p) in (start..len).zip(&w) {
-                    let c = coord(Field::V, d.layer, block_of(t), kvh, t % bs, i as u64);
+                    let c = Coord::new(Field::V, d.layer, block_of(t), kvh, t % bs, i as u64);
                     let v = value_at(cache, &c);
                     mag.values = mag.values.max(v.abs());
                     acc += p * v;
@@ -197,8 +190,10 @@ pub(crate) fn copy_elements(src: &CacheRef<'_>, dst: &mut CacheMut<'_>, m: &Move
                     let dh = h - m.heads.start + m.dst_head0;
                     for n in 0..f.num_slots {
                         for d in 0..f.width {
-                            let (s_buf, s_off) = at(src.layout, &coord(f.field, l, sb, h, n, d));
-                            let (d_buf, d_off) = at(dst.layout, &coord(f.field, l, db, dh, n, d));
+                            let (s_buf, s_off) =
+                                at(src.layout, &Coord::new(f.field, l, sb, h, n, d));
+                            let (d_buf, d_off) =
+                                at(dst.layout, &Coord::new(f.field, l, db, dh, n, d));
                             dst.buffers[d_buf][d_off..d_off + e]
                                 .copy_from_slice(&src.buffers[s_buf][s_off..s_off + e]);
                         }

@@ -51,6 +51,20 @@ pub struct Coord {
     pub dim: u64,
 }
 
+impl Coord {
+    /// The coordinate of element `dim` of `field` at `(layer, block, head, slot)`.
+    pub fn new(field: Field, layer: u64, block: u64, head: u64, slot: u64, dim: u64) -> Self {
+        Coord {
+            layer,
+            block,
+            head,
+            slot,
+            field,
+            dim,
+        }
+    }
+}
+
 /// Where an element lives: a buffer (allocation) and a byte offset from its start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Location {

@@ -480,14 +480,7 @@ mod tests {
                     other => panic!("{other} has no kv view"),
                 };
                 let field = [Field::K, Field::V][kv as usize];
-                let coord = Coord {
-                    layer,
-                    block,
-                    head,
-                    slot,
-                    field,
-                    dim,
-                };
+                let coord = Coord::new(field, layer, block, head, slot, dim);
                 let want = l.offset(&coord).unwrap();
                 let got = (v.buffer, v.byte_offset(&idx).unwrap());
                 assert_eq!(got, (want.buffer, want.offset), "{l}: {c} {idx:?}");
