@@ -113,23 +113,25 @@ fn decode<'a>(q: &'a [f32], table: &'a [i32], per_seq: usize, lens: &'a [u32]) -
 /// The C peer (`benches/peer/decode_f32.c`, built by the crate's build script).
 mod peer {
     use kvlayout::KvFieldArgs;
+
+    /// `kvl_peer_step`: one (sequence, KV head) of an f32 cache with its `group` query heads.
+    #[repr(C)]
+    pub struct Step {
+        pub k: KvFieldArgs,
+        pub v: KvFieldArgs,
+        pub cache: *const u8,
+        pub block_table: *const i32,
+        pub len: i64,
+        pub group: i64,
+        pub kv_head: i64,
+        pub query: *const f32,
+        pub scale: f32,
+        pub out: *mut f32,
+        pub logits: *mut f32,
+    }
+
     extern "C" {
-        /// One (sequence, KV head) of an f32 cache with its `group` query heads.
-        #[allow(clippy::too_many_arguments)]
-        // the C signature, as a hand-written loop takes it
-        pub fn kvl_peer_decode_f32(
-            k: KvFieldArgs,
-            v: KvFieldArgs,
-            cache: *const u8,
-            block_table: *const i32,
-            len: i64,
-            query: *const f32,
-            group: i64,
-            kv_head: i64,
-            scale: f32,
-            out: *mut f32,
-            logits: *mut f32,
-        );
+        pub fn kvl_peer_decode_f32(step: *const Step);
     }
 }
 
@@ -159,24 +161,23 @@ fn peer_decode(be: &CpuBackend, cache: &HostCache, d: &Decode<'_>, out: &mut [f3
                     &d.block_table[seq * d.blocks_per_seq..][..len.div_ceil(BLOCK as usize)];
                 let mut logits = vec![0f32; group * len];
                 let q = &q[item * group * HEAD..][..group * HEAD];
+                let step = peer::Step {
+                    k,
+                    v,
+                    cache: bytes.as_ptr(),
+                    block_table: table.as_ptr(),
+                    len: len as i64,
+                    group: group as i64,
+                    kv_head: head as i64,
+                    query: q.as_ptr(),
+                    scale: d.params.scale,
+                    out: o.as_mut_ptr(),
+                    logits: logits.as_mut_ptr(),
+                };
                 // SAFETY: the rows the peer reads are K and V rows of blocks of `table` (in
                 // the cache, whose layout gave the argument structs) and heads below KV_HEADS;
                 // `q`, `o` and `logits` hold `group * HEAD`, `group * HEAD` and `group * len` floats.
-                unsafe {
-                    peer::kvl_peer_decode_f32(
-                        k,
-                        v,
-                        bytes.as_ptr(),
-                        table.as_ptr(),
-                        len as i64,
-                        q.as_ptr(),
-                        group as i64,
-                        head as i64,
-                        d.params.scale,
-                        o.as_mut_ptr(),
-                        logits.as_mut_ptr(),
-                    )
-                }
+                unsafe { peer::kvl_peer_decode_f32(&step) }
             })
     });
 }

@@ -9,11 +9,27 @@
 
 #include "kvlayout.h"
 
-void kvl_peer_decode_f32(kvl_field_args k, kvl_field_args v, const unsigned char *cache,
-                         const int32_t *block_table, int64_t len, const float *query,
-                         int64_t group, int64_t kv_head, float scale, float *out,
-                         float *logits)
+/* One call's arguments: what a hand-written loop takes, named. */
+typedef struct kvl_peer_step {
+    kvl_field_args k, v;
+    const unsigned char *cache;
+    const int32_t *block_table;
+    int64_t len, group, kv_head;
+    const float *query; /* [group][k.width] */
+    float scale;
+    float *out;    /* [group][v.width] */
+    float *logits; /* [group][len] scratch */
+} kvl_peer_step;
+
+void kvl_peer_decode_f32(const kvl_peer_step *a)
 {
+    const kvl_field_args k = a->k, v = a->v;
+    const unsigned char *cache = a->cache;
+    const int32_t *block_table = a->block_table;
+    const int64_t len = a->len, group = a->group, kv_head = a->kv_head;
+    const float *query = a->query;
+    const float scale = a->scale;
+    float *out = a->out, *logits = a->logits;
     const int64_t dk = k.width, dv = v.width, bs = k.block_size;
     /* logits: [group][len]; each K row read once for the whole group. */
     for (int64_t t = 0; t < len; t++) {
