@@ -68,6 +68,68 @@ impl FieldMap {
         ]
     }
 
+    /// Byte offset of `(layer, block, head 0, slot, element 0)`: where a token's rows start.
+    /// The caller guarantees the coordinate is in the domain.
+    #[inline]
+    pub fn slot_offset(&self, layer: u64, block: u64, slot: u64) -> u64 {
+        self.offset_unchecked(layer, block, 0, slot, 0)
+    }
+
+    /// Bytes from head 0 to head `head` of the same token (`head * head stride`).
+    #[inline]
+    pub fn head_offset(&self, head: u64) -> u64 {
+        head * self.strides.head
+    }
+
+    /// Bytes from one token to the next of the same block (the slot stride).
+    #[inline]
+    pub fn slot_stride(&self) -> u64 {
+        self.strides.slot
+    }
+
+    /// Bytes of one row (`width` elements) when stored contiguously.
+    pub fn row_bytes(&self) -> u64 {
+        self.width * self.elem_bytes()
+    }
+
+    /// The bytes of a row when the row is one contiguous run (whether or not its content
+    /// index is split into chunks that abut), else `None`.
+    pub fn row_run(&self) -> Option<u64> {
+        let (s, e) = (&self.strides, self.elem_bytes());
+        let chunks = self.width.checked_div(s.dim_split).unwrap_or(1);
+        (s.dim == e && (chunks <= 1 || s.dim_chunk == s.dim_split * e)).then_some(self.row_bytes())
+    }
+
+    /// Whether a row is one contiguous run ([`FieldMap::row_run`]).
+    pub fn row_contiguous(&self) -> bool {
+        self.row_run().is_some()
+    }
+
+    /// Whether rows are stored in whole pieces of `piece_bytes` bytes of consecutive
+    /// elements, each row a whole number of pieces, pieces `dim_chunk` bytes apart (the legacy
+    /// vLLM key with `x = piece_bytes / element size`).
+    pub fn x_split(&self, piece_bytes: u64) -> bool {
+        let (s, e) = (&self.strides, self.elem_bytes());
+        s.dim == e
+            && s.dim_split.checked_mul(e) == Some(piece_bytes)
+            && self.width.is_multiple_of(s.dim_split)
+            && s.dim_chunk >= piece_bytes
+    }
+
+    /// `(chunk_stride, element_stride)` in bytes when element `d = c * x + i` lies at
+    /// `c * chunk_stride + i * element_stride` from the row's start: the stored split itself,
+    /// or any `x` dividing an unsplit row; `None` otherwise.
+    pub fn split_strides(&self, x: u64) -> Option<(u64, u64)> {
+        let s = &self.strides;
+        if s.dim_split == x {
+            Some((s.dim_chunk, s.dim))
+        } else if s.dim_split == self.width && x != 0 && self.width.is_multiple_of(x) {
+            Some((x * s.dim, s.dim))
+        } else {
+            None
+        }
+    }
+
     /// Whether the content index is split into chunks (the legacy vLLM key).
     pub fn is_dim_split(&self) -> bool {
         self.strides.dim_split != self.width
