@@ -96,8 +96,6 @@ fn padded_page(layout: &KvCacheLayout) -> Option<u64> {
 /// The runs of layer 0, block 0: each buffer's offsets count from the first byte the page has
 /// in that buffer, so fields in separate buffers never appear to share bytes.
 fn page_runs(layout: &KvCacheLayout) -> Vec<PageRun> {
-    // buffer, off, elem, field, h, n, d
-    let mut elems: Vec<(u32, u64, u64, Field, u64, u64, u64)> = Vec::new();
     let total: u64 = layout
         .stored_fields()
         .iter()
@@ -106,6 +104,26 @@ fn page_runs(layout: &KvCacheLayout) -> Vec<PageRun> {
     if total > MAX_PICTURED_ELEMENTS {
         return Vec::new();
     }
+    group_runs(page_elements(layout))
+        .into_iter()
+        .map(Run::into_page_run)
+        .collect()
+}
+
+/// One element of the pictured page.
+struct Element {
+    buffer: u32,
+    /// From the page's first byte in `buffer`.
+    offset: u64,
+    bytes: u64,
+    field: Field,
+    head: u64,
+    slot: u64,
+    dim: u64,
+}
+
+/// Every element of layer 0, block 0, in address order by buffer.
+fn page_elements(layout: &KvCacheLayout) -> Vec<Element> {
     let page0 = |buffer: u32| {
         layout
             .stored_fields()
@@ -115,74 +133,96 @@ fn page_runs(layout: &KvCacheLayout) -> Vec<PageRun> {
             .min()
             .unwrap_or(0)
     };
+    let mut elems = Vec::new();
     for m in layout.stored_fields() {
         let buffer = m.strides.buffer;
         let start = page0(buffer);
         for h in 0..m.num_heads {
             for n in 0..m.num_slots {
                 for d in 0..m.width {
-                    let off = m.offset_unchecked(0, 0, h, n, d) - start;
-                    elems.push((buffer, off, m.elem_bytes(), m.field, h, n, d));
+                    elems.push(Element {
+                        buffer,
+                        offset: m.offset_unchecked(0, 0, h, n, d) - start,
+                        bytes: m.elem_bytes(),
+                        field: m.field,
+                        head: h,
+                        slot: n,
+                        dim: d,
+                    });
                 }
             }
         }
     }
-    elems.sort_unstable_by_key(|e| (e.0, e.1));
-    // Group adjacent elements of one (field, head) along d (same slot) or along n (same d).
-    struct Run {
-        buffer: u32,
-        offset: u64,
-        len: u64,
-        field: Field,
-        head: u64,
-        slots: (u64, u64),
-        dims: (u64, u64),
-    }
+    elems.sort_unstable_by_key(|e| (e.buffer, e.offset));
+    elems
+}
+
+/// Adjacent elements of one (field, head), along d (same slot) or along n (same d).
+struct Run {
+    buffer: u32,
+    offset: u64,
+    len: u64,
+    field: Field,
+    head: u64,
+    slots: (u64, u64),
+    dims: (u64, u64),
+}
+
+/// Groups elements in address order into runs.
+fn group_runs(elems: Vec<Element>) -> Vec<Run> {
     let mut runs: Vec<Run> = Vec::new();
-    for (buffer, off, e, f, h, n, d) in elems {
+    for e in elems {
+        let (n, d) = (e.slot, e.dim);
         if let Some(r) = runs.last_mut() {
-            let adjacent =
-                r.buffer == buffer && r.offset + r.len == off && r.field == f && r.head == h;
+            let adjacent = r.buffer == e.buffer
+                && r.offset + r.len == e.offset
+                && r.field == e.field
+                && r.head == e.head;
             let along_d = adjacent && r.slots == (n, n) && r.dims.1 + 1 == d;
             let along_n = adjacent && r.dims == (d, d) && r.slots.1 + 1 == n;
             if along_d || along_n {
-                r.len += e;
+                r.len += e.bytes;
                 r.slots.1 = n;
                 r.dims.1 = d;
                 continue;
             }
         }
         runs.push(Run {
-            buffer,
-            offset: off,
-            len: e,
-            field: f,
-            head: h,
+            buffer: e.buffer,
+            offset: e.offset,
+            len: e.bytes,
+            field: e.field,
+            head: e.head,
             slots: (n, n),
             dims: (d, d),
         });
     }
-    let span = |(a, b): (u64, u64)| {
-        if a == b {
-            format!("{a}")
-        } else {
-            format!("{a}..{b}")
-        }
-    };
-    runs.into_iter()
-        .map(|r| PageRun {
-            buffer: r.buffer,
-            offset: r.offset,
-            len: r.len,
+    runs
+}
+
+impl Run {
+    /// The run labelled like `K h0 t3 d0..127`.
+    fn into_page_run(self) -> PageRun {
+        let span = |(a, b): (u64, u64)| {
+            if a == b {
+                format!("{a}")
+            } else {
+                format!("{a}..{b}")
+            }
+        };
+        PageRun {
+            buffer: self.buffer,
+            offset: self.offset,
+            len: self.len,
             label: format!(
                 "{} h{} t{} d{}",
-                r.field,
-                r.head,
-                span(r.slots),
-                span(r.dims)
+                self.field,
+                self.head,
+                span(self.slots),
+                span(self.dims)
             ),
-        })
-        .collect()
+        }
+    }
 }
 
 impl KvCacheLayout {
@@ -233,6 +273,16 @@ impl Explanation {
     /// Plain-text rendering with an ASCII picture of one page.
     pub fn to_text(&self) -> String {
         let mut o = String::new();
+        self.write_summary(&mut o);
+        self.write_fields(&mut o);
+        self.write_views(&mut o);
+        self.write_spans(&mut o);
+        self.write_pictures(&mut o);
+        o
+    }
+
+    /// The spec, geometry, content and page lines.
+    fn write_summary(&self, o: &mut String) {
         let g = &self.layout["geometry"];
         let _ = writeln!(o, "spec      {}", self.spec);
         let _ = writeln!(
@@ -269,6 +319,10 @@ impl Explanation {
                 None => ", pages are not contiguous in this placement".into(),
             }
         );
+    }
+
+    /// The table of field strides, in bytes.
+    fn write_fields(&self, o: &mut String) {
         let _ = writeln!(o, "\nfields (strides in bytes)");
         let _ = writeln!(
             o,
@@ -311,6 +365,10 @@ impl Explanation {
                 s.dim
             );
         }
+    }
+
+    /// Each convention's view of layer 0, or why it is refused.
+    fn write_views(&self, o: &mut String) {
         let _ = writeln!(o, "\nviews of layer 0 (offset, shape, strides in elements)");
         for v in &self.views {
             match (&v.view, &v.refused) {
@@ -327,6 +385,10 @@ impl Explanation {
                 _ => {}
             }
         }
+    }
+
+    /// The registered byte span of each buffer.
+    fn write_spans(&self, o: &mut String) {
         let _ = writeln!(o, "\nregistered span (padding included)");
         for r in &self.registered_spans {
             let _ = writeln!(
@@ -338,6 +400,10 @@ impl Explanation {
                 r.len
             );
         }
+    }
+
+    /// The picture of the page of layer 0, block 0: one per buffer when there are several.
+    fn write_pictures(&self, o: &mut String) {
         if self.registered_spans.len() > 1 && !self.page_runs.is_empty() {
             // One picture per buffer: offsets count from the page's first byte in each.
             for span in &self.registered_spans {
@@ -350,7 +416,7 @@ impl Explanation {
                 if runs.is_empty() {
                     let _ = writeln!(o, "  (no stored field in this buffer)");
                 }
-                picture(&mut o, &runs, None);
+                picture(o, &runs, None);
             }
         } else {
             let _ = writeln!(
@@ -361,9 +427,8 @@ impl Explanation {
                 let _ = writeln!(o, "  (too large to picture)");
             }
             let runs: Vec<&PageRun> = self.page_runs.iter().collect();
-            picture(&mut o, &runs, self.padded_page_bytes);
+            picture(o, &runs, self.padded_page_bytes);
         }
-        o
     }
 }
 

@@ -6,8 +6,8 @@ use crate::alias;
 use crate::dtype::{DType, TensorScales};
 use crate::error::{add, mul, LayoutError, Result, MAX_OFFSET};
 use crate::field_map::FieldMap;
-use crate::lower::{lower, row_fields, Extents};
-use crate::spec::{BufferExtent, Content, Field, Geometry, LayoutSpec, Placement};
+use crate::lower::{lower, row_fields, Extents, RowField};
+use crate::spec::{BufferExtent, Content, Field, FieldStrides, Geometry, LayoutSpec, Placement};
 
 /// A validated KV cache layout: the one source of truth for every address.
 ///
@@ -82,6 +82,8 @@ fn positive(what: &'static str, v: u64) -> Result<u64> {
     }
 }
 
+/// The content's sizes are positive and their sums and products in range, and its kind fits
+/// the dtype and the head slots.
 fn check_content(content: &Content, dtype: DType, heads: u64) -> Result<()> {
     let one_head = |kind: &str| {
         if heads != 1 {
@@ -142,6 +144,11 @@ fn check_content(content: &Content, dtype: DType, heads: u64) -> Result<()> {
             mul_ok(head_dim, state_size, "SSM state size")?;
         }
     }
+    check_byte_rows(content, dtype)
+}
+
+/// Opaque rows are `u8`, and `u8` is only for opaque rows.
+fn check_byte_rows(content: &Content, dtype: DType) -> Result<()> {
     if matches!(content, Content::Opaque { .. }) && dtype != DType::U8 {
         return Err(LayoutError::Invalid(format!(
             "opaque rows are bytes: dtype must be u8, got {dtype}"
@@ -211,7 +218,7 @@ fn mla_alias(latent: &FieldMap, field: Field, rank: u64) -> FieldMap {
     }
     let s = latent.strides;
     let strides = if s.dim_split >= rank {
-        crate::spec::FieldStrides {
+        FieldStrides {
             dim_split: rank,
             dim_chunk: s.dim.saturating_mul(rank),
             ..s
@@ -224,6 +231,13 @@ fn mla_alias(latent: &FieldMap, field: Field, rank: u64) -> FieldMap {
         width: rank,
         strides,
         ..*latent
+    }
+}
+
+/// Aliasing the overlap check of `what` could not decide.
+fn undecided(what: String) -> LayoutError {
+    LayoutError::Aliasing {
+        detail: format!("{what}: strides too irregular to prove disjoint"),
     }
 }
 
@@ -240,9 +254,6 @@ fn check_map(map: &FieldMap, extents: &[BufferExtent]) -> Result<()> {
             map.field, map.strides.base_offset, end, map.strides.buffer, x.start, x.end
         )));
     }
-    let undecided = |what: String| LayoutError::Aliasing {
-        detail: format!("{what}: strides too irregular to prove disjoint"),
-    };
     if alias::self_overlaps(map).map_err(|_| undecided(map.field.to_string()))? {
         return Err(LayoutError::Aliasing {
             detail: format!(
@@ -255,30 +266,127 @@ fn check_map(map: &FieldMap, extents: &[BufferExtent]) -> Result<()> {
     Ok(())
 }
 
+/// The per-tensor scales are finite and positive, and one for MLA's one latent.
+fn check_scales(spec: &LayoutSpec) -> Result<()> {
+    for (what, v) in [
+        ("k_scale", spec.scales.k_scale),
+        ("v_scale", spec.scales.v_scale),
+    ] {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(LayoutError::Invalid(format!(
+                "per-tensor {what} must be finite and positive, got {v}"
+            )));
+        }
+    }
+    if matches!(spec.content, Content::Mla { .. }) && spec.scales.k_scale != spec.scales.v_scale {
+        return Err(LayoutError::Invalid(format!(
+            "MLA stores one latent for K and V, so its scale is one: k_scale {} and v_scale \
+             {} differ",
+            spec.scales.k_scale, spec.scales.v_scale
+        )));
+    }
+    Ok(())
+}
+
+/// Token (state) slots per block: `block_size / tokens_per_state` (a whole number), or 1 for
+/// per-block states.
+fn slots_per_block(spec: &LayoutSpec) -> Result<u64> {
+    let g = spec.geometry;
+    if spec.content.is_per_block_state() {
+        return Ok(1);
+    }
+    if !g.block_size.is_multiple_of(g.tokens_per_state) {
+        return Err(LayoutError::Invalid(format!(
+            "block_size {} is not a multiple of tokens_per_state {}",
+            g.block_size, g.tokens_per_state
+        )));
+    }
+    Ok(g.block_size / g.tokens_per_state)
+}
+
+/// Every axis extent is within [`MAX_OFFSET`].
+fn check_extents_in_range(g: &Geometry) -> Result<()> {
+    for (what, v) in [
+        ("num_layers", g.num_layers),
+        ("num_blocks", g.num_blocks),
+        ("block_size", g.block_size),
+        ("num_kv_heads", g.num_kv_heads),
+    ] {
+        if v > MAX_OFFSET {
+            return Err(LayoutError::Overflow {
+                what: what.into(),
+                limit: MAX_OFFSET,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The address map of a lowered field, its split normalized: a split whose chunks abut (chunk
+/// stride = split x element stride) addresses exactly like no split, so views and comparisons
+/// see one form.
+fn lowered_map(g: &Geometry, slots: u64, r: RowField, mut strides: FieldStrides) -> FieldMap {
+    let chunks = r.width / strides.dim_split.max(1);
+    if strides.dim_split != r.width
+        && (chunks <= 1 || strides.dim_chunk == strides.dim_split.saturating_mul(strides.dim))
+        && strides.dim_split > 0
+        && r.width.is_multiple_of(strides.dim_split)
+    {
+        strides.dim_chunk = strides.dim.saturating_mul(r.width);
+        strides.dim_split = r.width;
+    }
+    FieldMap {
+        field: r.field,
+        dtype: r.dtype,
+        num_layers: g.num_layers,
+        num_blocks: g.num_blocks,
+        num_heads: g.num_kv_heads,
+        num_slots: slots,
+        width: r.width,
+        strides,
+    }
+}
+
+/// MLA's K and V maps, derived from the latent, hold the invariants of a stored map, V being
+/// whole chunks of a split latent.
+fn check_mla_aliases(latent: &FieldMap, kv_lora_rank: u64, extents: &[BufferExtent]) -> Result<()> {
+    let s = latent.strides.dim_split;
+    if s < kv_lora_rank && !kv_lora_rank.is_multiple_of(s) {
+        return Err(LayoutError::Invalid(format!(
+            "the MLA latent is split into chunks of {s} elements, so V (its first \
+             kv_lora_rank = {kv_lora_rank} elements) is not whole chunks"
+        )));
+    }
+    for field in [Field::K, Field::V] {
+        check_map(&mla_alias(latent, field, kv_lora_rank), extents)?;
+    }
+    Ok(())
+}
+
+/// No two stored fields in one buffer share bytes.
+fn check_fields_disjoint(fields: &[FieldMap]) -> Result<()> {
+    for (i, a) in fields.iter().enumerate() {
+        for b in &fields[i + 1..] {
+            if a.strides.buffer == b.strides.buffer
+                && alias::cross_overlaps(a, b)
+                    .map_err(|_| undecided(format!("{} and {}", a.field, b.field)))?
+            {
+                return Err(LayoutError::Aliasing {
+                    detail: format!("fields {} and {} share bytes", a.field, b.field),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 impl KvCacheLayout {
     /// Validates a spec and derives every field's address map.
     pub fn new(mut spec: LayoutSpec) -> Result<Self> {
         if let Placement::Strided { fields, .. } = &mut spec.placement {
             fields.sort_by_key(|f| f.field);
         }
-        for (what, v) in [
-            ("k_scale", spec.scales.k_scale),
-            ("v_scale", spec.scales.v_scale),
-        ] {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(LayoutError::Invalid(format!(
-                    "per-tensor {what} must be finite and positive, got {v}"
-                )));
-            }
-        }
-        if matches!(spec.content, Content::Mla { .. }) && spec.scales.k_scale != spec.scales.v_scale
-        {
-            return Err(LayoutError::Invalid(format!(
-                "MLA stores one latent for K and V, so its scale is one: k_scale {} and v_scale \
-                 {} differ",
-                spec.scales.k_scale, spec.scales.v_scale
-            )));
-        }
+        check_scales(&spec)?;
         let g = spec.geometry;
         positive("num_layers", g.num_layers)?;
         positive("num_blocks", g.num_blocks)?;
@@ -286,30 +394,8 @@ impl KvCacheLayout {
         positive("num_kv_heads", g.num_kv_heads)?;
         positive("tokens_per_state", g.tokens_per_state)?;
         check_content(&spec.content, spec.dtype, g.num_kv_heads)?;
-        let slots = if spec.content.is_per_block_state() {
-            1
-        } else {
-            if !g.block_size.is_multiple_of(g.tokens_per_state) {
-                return Err(LayoutError::Invalid(format!(
-                    "block_size {} is not a multiple of tokens_per_state {}",
-                    g.block_size, g.tokens_per_state
-                )));
-            }
-            g.block_size / g.tokens_per_state
-        };
-        for (what, v) in [
-            ("num_layers", g.num_layers),
-            ("num_blocks", g.num_blocks),
-            ("block_size", g.block_size),
-            ("num_kv_heads", g.num_kv_heads),
-        ] {
-            if v > MAX_OFFSET {
-                return Err(LayoutError::Overflow {
-                    what: what.into(),
-                    limit: MAX_OFFSET,
-                });
-            }
-        }
+        let slots = slots_per_block(&spec)?;
+        check_extents_in_range(&g)?;
         let rows = row_fields(&spec.content, spec.dtype);
         let ext = Extents {
             layers: g.num_layers,
@@ -320,63 +406,16 @@ impl KvCacheLayout {
         let (lowered, extents) = lower(&spec.placement, &rows, ext)?;
         let fields: Vec<FieldMap> = lowered
             .into_iter()
-            .map(|(r, mut strides)| {
-                // A split whose chunks abut (chunk stride = split x element stride) addresses
-                // exactly like no split: normalize it, so views and comparisons see one form.
-                let chunks = r.width / strides.dim_split.max(1);
-                if strides.dim_split != r.width
-                    && (chunks <= 1
-                        || strides.dim_chunk == strides.dim_split.saturating_mul(strides.dim))
-                    && strides.dim_split > 0
-                    && r.width % strides.dim_split == 0
-                {
-                    strides.dim_chunk = strides.dim.saturating_mul(r.width);
-                    strides.dim_split = r.width;
-                }
-                FieldMap {
-                    field: r.field,
-                    dtype: r.dtype,
-                    num_layers: g.num_layers,
-                    num_blocks: g.num_blocks,
-                    num_heads: g.num_kv_heads,
-                    num_slots: slots,
-                    width: r.width,
-                    strides,
-                }
-            })
+            .map(|(r, strides)| lowered_map(&g, slots, r, strides))
             .collect();
         for map in &fields {
             check_map(map, &extents)?;
         }
         // The maps derived from stored ones (MLA's K and V) hold the same invariants.
         if let Content::Mla { kv_lora_rank, .. } = spec.content {
-            let latent = &fields[0];
-            let s = latent.strides.dim_split;
-            if s < kv_lora_rank && !kv_lora_rank.is_multiple_of(s) {
-                return Err(LayoutError::Invalid(format!(
-                    "the MLA latent is split into chunks of {s} elements, so V (its first \
-                     kv_lora_rank = {kv_lora_rank} elements) is not whole chunks"
-                )));
-            }
-            for field in [Field::K, Field::V] {
-                check_map(&mla_alias(latent, field, kv_lora_rank), &extents)?;
-            }
+            check_mla_aliases(&fields[0], kv_lora_rank, &extents)?;
         }
-        let undecided = |what: String| LayoutError::Aliasing {
-            detail: format!("{what}: strides too irregular to prove disjoint"),
-        };
-        for (i, a) in fields.iter().enumerate() {
-            for b in &fields[i + 1..] {
-                if a.strides.buffer == b.strides.buffer
-                    && alias::cross_overlaps(a, b)
-                        .map_err(|_| undecided(format!("{} and {}", a.field, b.field)))?
-                {
-                    return Err(LayoutError::Aliasing {
-                        detail: format!("fields {} and {} share bytes", a.field, b.field),
-                    });
-                }
-            }
-        }
+        check_fields_disjoint(&fields)?;
         Ok(KvCacheLayout {
             spec,
             fields,

@@ -4,9 +4,12 @@
 use crate::dtype::DType;
 use crate::error::{add, mul, LayoutError, Result, MAX_OFFSET};
 use crate::spec::{
-    Axis, AxisOrder, BufferExtent, Content, Field, FieldStrides, LegacyKind, Paged, Placement,
-    StridedField,
+    Axis, AxisOrder, BufferExtent, Content, Field, FieldStrides, Paged, Placement, StridedField,
 };
+
+mod legacy;
+
+use legacy::lower_legacy;
 
 /// A stored field before placement: name, element type, width in elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +82,7 @@ impl Extents {
 /// Per-field strides (in row order) and per-buffer extents.
 pub(crate) type Lowered = (Vec<(RowField, FieldStrides)>, Vec<BufferExtent>);
 
+/// The strides and extents of any placement.
 pub(crate) fn lower(placement: &Placement, rows: &[RowField], ext: Extents) -> Result<Lowered> {
     match placement {
         Placement::Paged(p) => lower_paged(p, rows, ext),
@@ -90,103 +94,11 @@ pub(crate) fn lower(placement: &Placement, rows: &[RowField], ext: Extents) -> R
     }
 }
 
+/// The strides and extent of a paged placement: rows inside pages inside the order's axes.
 fn lower_paged(p: &Paged, rows: &[RowField], ext: Extents) -> Result<Lowered> {
-    if p.alignment == 0 {
-        return Err(LayoutError::ZeroSize { what: "alignment" });
-    }
-    if !p.alignment.is_power_of_two() {
-        return Err(LayoutError::NotPowerOfTwo {
-            what: "alignment",
-            value: p.alignment,
-        });
-    }
-    let mut row_offsets = Vec::with_capacity(rows.len());
-    let mut row_bytes = 0u64;
-    for r in rows {
-        row_offsets.push(row_bytes);
-        let bytes = mul(r.width, r.dtype.size_bytes(), || {
-            format!("{} row bytes", r.field)
-        })?;
-        row_bytes = add(row_bytes, bytes, || "row bytes".into())?;
-    }
-    let axes = p.order.axes();
-    let (page_at, outside) = page_axis(p.order, ext.heads);
-    let mut stride = [0u64; 4]; // indexed like `axes`
-    let mut running = row_bytes;
-    for i in (0..4).rev() {
-        let axis = axes[i];
-        if i == page_at {
-            if outside.is_empty() {
-                let dense = running;
-                let mut page = dense;
-                if let Some(padded) = p.page_size_padded {
-                    if padded < dense {
-                        return Err(LayoutError::StrideTooSmall {
-                            what: "page_size_padded".into(),
-                            value: padded,
-                            needed: dense,
-                        });
-                    }
-                    page = padded;
-                }
-                page = mul(page.div_ceil(p.alignment), p.alignment, || {
-                    "page size rounded up to the alignment".into()
-                })?;
-                running = page;
-            } else if p.page_size_padded.is_some() || p.alignment > 1 {
-                let misplaced = outside
-                    .iter()
-                    .map(|a| format!("{a} (extent {})", ext.of(*a)))
-                    .collect::<Vec<_>>()
-                    .join(" and ");
-                let inside = match &axes[i + 1..] {
-                    [] => format!("{axis} innermost"),
-                    rest => format!(
-                        "only {} inside {axis}",
-                        rest.iter()
-                            .map(|a| a.to_string())
-                            .collect::<Vec<_>>()
-                            .join(" and ")
-                    ),
-                };
-                return Err(LayoutError::Invalid(format!(
-                    "page padding and alignment need H and N inside both L and B \
-                     (orders LB.. and BL..; H may sit outside when it has extent 1); \
-                     {} has {misplaced} outside {axis}, {inside}",
-                    p.order
-                )));
-            }
-        }
-        let explicit = match axis {
-            Axis::L => p.layer_stride_bytes,
-            Axis::B => p.block_stride_bytes,
-            _ => None,
-        };
-        let s = match explicit {
-            Some(s) => {
-                if s < running {
-                    return Err(LayoutError::StrideTooSmall {
-                        what: format!("{} stride", axis_name(axis)),
-                        value: s,
-                        needed: running,
-                    });
-                }
-                if s % p.alignment != 0 {
-                    return Err(LayoutError::Misaligned {
-                        what: format!("{} stride", axis_name(axis)),
-                        value: s,
-                        align: p.alignment,
-                    });
-                }
-                s
-            }
-            None => running,
-        };
-        stride[i] = s;
-        running = mul(s, ext.of(axis), || {
-            format!("{} extent in bytes", axis_name(axis))
-        })?;
-    }
+    check_page_alignment(p.alignment)?;
+    let (row_offsets, row_bytes) = row_layout(rows)?;
+    let (stride, span) = axis_strides(p, row_bytes, ext)?;
     if !p.base_offset.is_multiple_of(p.alignment) {
         return Err(LayoutError::Misaligned {
             what: "base_offset".into(),
@@ -194,8 +106,9 @@ fn lower_paged(p: &Paged, rows: &[RowField], ext: Extents) -> Result<Lowered> {
             align: p.alignment,
         });
     }
+    let axes = p.order.axes();
     let by_axis = |a: Axis| stride[axes.iter().position(|x| *x == a).unwrap_or(0)];
-    let end = add(p.base_offset, running, || "registered span".into())?;
+    let end = add(p.base_offset, span, || "registered span".into())?;
     let fields = rows
         .iter()
         .zip(row_offsets)
@@ -226,6 +139,134 @@ fn lower_paged(p: &Paged, rows: &[RowField], ext: Extents) -> Result<Lowered> {
     ))
 }
 
+/// A paged alignment is a nonzero power of two.
+fn check_page_alignment(alignment: u64) -> Result<()> {
+    if alignment == 0 {
+        return Err(LayoutError::ZeroSize { what: "alignment" });
+    }
+    if !alignment.is_power_of_two() {
+        return Err(LayoutError::NotPowerOfTwo {
+            what: "alignment",
+            value: alignment,
+        });
+    }
+    Ok(())
+}
+
+/// Each field's byte offset in the row, and the row's bytes.
+fn row_layout(rows: &[RowField]) -> Result<(Vec<u64>, u64)> {
+    let mut row_offsets = Vec::with_capacity(rows.len());
+    let mut row_bytes = 0u64;
+    for r in rows {
+        row_offsets.push(row_bytes);
+        let bytes = mul(r.width, r.dtype.size_bytes(), || {
+            format!("{} row bytes", r.field)
+        })?;
+        row_bytes = add(row_bytes, bytes, || "row bytes".into())?;
+    }
+    Ok((row_offsets, row_bytes))
+}
+
+/// The byte stride of each axis (indexed like `p.order.axes()`), built from the row outwards
+/// with the page padded and aligned at the page axis, and the bytes all four axes span.
+fn axis_strides(p: &Paged, row_bytes: u64, ext: Extents) -> Result<([u64; 4], u64)> {
+    let axes = p.order.axes();
+    let (page_at, outside) = page_axis(p.order, ext.heads);
+    let mut stride = [0u64; 4]; // indexed like `axes`
+    let mut running = row_bytes;
+    for i in (0..4).rev() {
+        let axis = axes[i];
+        if i == page_at {
+            if outside.is_empty() {
+                running = padded_page_bytes(p, running)?;
+            } else if p.page_size_padded.is_some() || p.alignment > 1 {
+                return Err(padding_refused(p, i, &outside, ext));
+            }
+        }
+        let s = axis_stride(p, axis, running)?;
+        stride[i] = s;
+        running = mul(s, ext.of(axis), || {
+            format!("{} extent in bytes", axis_name(axis))
+        })?;
+    }
+    Ok((stride, running))
+}
+
+/// The page stride: the `dense` page, or the padded page when given (never smaller), rounded
+/// up to the alignment.
+fn padded_page_bytes(p: &Paged, dense: u64) -> Result<u64> {
+    let mut page = dense;
+    if let Some(padded) = p.page_size_padded {
+        if padded < dense {
+            return Err(LayoutError::StrideTooSmall {
+                what: "page_size_padded".into(),
+                value: padded,
+                needed: dense,
+            });
+        }
+        page = padded;
+    }
+    mul(page.div_ceil(p.alignment), p.alignment, || {
+        "page size rounded up to the alignment".into()
+    })
+}
+
+/// Why pages with axes `outside` the page axis (at `page_at` of the order) cannot be padded
+/// or aligned: the order, the axes outside with their extents, and what sits inside.
+fn padding_refused(p: &Paged, page_at: usize, outside: &[Axis], ext: Extents) -> LayoutError {
+    let axes = p.order.axes();
+    let axis = axes[page_at];
+    let misplaced = outside
+        .iter()
+        .map(|a| format!("{a} (extent {})", ext.of(*a)))
+        .collect::<Vec<_>>()
+        .join(" and ");
+    let inside = match &axes[page_at + 1..] {
+        [] => format!("{axis} innermost"),
+        rest => format!(
+            "only {} inside {axis}",
+            rest.iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        ),
+    };
+    LayoutError::Invalid(format!(
+        "page padding and alignment need H and N inside both L and B \
+         (orders LB.. and BL..; H may sit outside when it has extent 1); \
+         {} has {misplaced} outside {axis}, {inside}",
+        p.order
+    ))
+}
+
+/// The stride of `axis`: its explicit layer or block stride (at least the `inner` bytes it
+/// steps over, and aligned), or else `inner`.
+fn axis_stride(p: &Paged, axis: Axis, inner: u64) -> Result<u64> {
+    let explicit = match axis {
+        Axis::L => p.layer_stride_bytes,
+        Axis::B => p.block_stride_bytes,
+        _ => None,
+    };
+    let Some(s) = explicit else {
+        return Ok(inner);
+    };
+    if s < inner {
+        return Err(LayoutError::StrideTooSmall {
+            what: format!("{} stride", axis_name(axis)),
+            value: s,
+            needed: inner,
+        });
+    }
+    if s % p.alignment != 0 {
+        return Err(LayoutError::Misaligned {
+            what: format!("{} stride", axis_name(axis)),
+            value: s,
+            align: p.alignment,
+        });
+    }
+    Ok(s)
+}
+
 /// Where the page sits in a paged order: the index in `order.axes()` of the inner of L and B
 /// (the page axis), and the axes a page holds that sit outside it, outermost first: N, and H
 /// unless `heads` is 1. With one head slot every head index is 0, so the head stride adds
@@ -254,134 +295,7 @@ fn axis_name(a: Axis) -> &'static str {
     }
 }
 
-fn lower_legacy(kind: LegacyKind, base: u64, rows: &[RowField], ext: Extents) -> Result<Lowered> {
-    let [k, v] = rows else {
-        return Err(LayoutError::Invalid(format!(
-            "legacy layout {kind} stores plain K and V; this content has fields {}",
-            rows.iter()
-                .map(|r| r.field.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
-    };
-    if (k.field, v.field) != (Field::K, Field::V) {
-        return Err(LayoutError::Invalid(format!(
-            "legacy layout {kind} stores plain K and V"
-        )));
-    }
-    add(base, 0, || "base_offset".into())?;
-    let e = k.dtype.size_bytes();
-    let separate = matches!(kind, LegacyKind::SeparateNhd | LegacyKind::SeparateHnd);
-    if !separate && k.width != v.width {
-        return Err(LayoutError::Invalid(format!(
-            "{kind} keeps K and V in one tensor with one head size; head_size {} != head_size_v {}",
-            k.width, v.width
-        )));
-    }
-    let d = k.width;
-    let Extents {
-        layers,
-        blocks,
-        heads,
-        slots,
-    } = ext;
-    // Bytes of one [N, H, D] page of one of K or V, and of one layer of it.
-    let page = mul(
-        mul(mul(slots, heads, || "page".into())?, d, || "page".into())?,
-        e,
-        || "page bytes".into(),
-    )?;
-    let half = mul(page, blocks, || "per-layer K bytes".into())?;
-    let plain = |width: u64, nhd: bool, buffer: u32, base_offset: u64, block: u64, layer: u64| {
-        let (head, slot) = if nhd {
-            (width * e, heads * width * e)
-        } else {
-            (slots * width * e, width * e)
-        };
-        FieldStrides {
-            buffer,
-            base_offset,
-            layer,
-            block,
-            head,
-            slot,
-            dim_split: width,
-            dim_chunk: width * e,
-            dim: e,
-        }
-    };
-    let total = |per_layer: u64| -> Result<BufferExtent> {
-        let span = mul(per_layer, layers, || "registered span".into())?;
-        Ok(BufferExtent {
-            start: base,
-            end: add(base, span, || "registered span".into())?,
-        })
-    };
-    let two_halves = mul(half, 2, || "per-layer K+V bytes".into())?;
-    let (ks, vs, extents) = match kind {
-        LegacyKind::VllmPagedV1 => {
-            let x = k.dtype.vllm_x();
-            if d % x != 0 {
-                return Err(LayoutError::XNotDividing {
-                    head_size: d,
-                    x,
-                    elem_bytes: e,
-                });
-            }
-            let key = FieldStrides {
-                buffer: 0,
-                base_offset: base,
-                layer: two_halves,
-                block: page,
-                head: d * slots * e,
-                slot: x * e,
-                dim_split: x,
-                dim_chunk: slots * x * e,
-                dim: e,
-            };
-            let value = FieldStrides {
-                buffer: 0,
-                base_offset: base + half,
-                layer: two_halves,
-                block: page,
-                head: d * slots * e,
-                slot: e,
-                dim_split: d,
-                dim_chunk: d * slots * e,
-                dim: slots * e,
-            };
-            (key, value, vec![total(two_halves)?])
-        }
-        LegacyKind::FlashAttnNhd | LegacyKind::FlashAttnHnd => {
-            let nhd = kind == LegacyKind::FlashAttnNhd;
-            (
-                plain(d, nhd, 0, base, page, two_halves),
-                plain(d, nhd, 0, base + half, page, two_halves),
-                vec![total(two_halves)?],
-            )
-        }
-        LegacyKind::FlashinferNhd | LegacyKind::FlashinferHnd => {
-            let nhd = kind == LegacyKind::FlashinferNhd;
-            (
-                plain(d, nhd, 0, base, 2 * page, two_halves),
-                plain(d, nhd, 0, base + page, 2 * page, two_halves),
-                vec![total(two_halves)?],
-            )
-        }
-        LegacyKind::SeparateNhd | LegacyKind::SeparateHnd => {
-            let nhd = kind == LegacyKind::SeparateNhd;
-            let vpage = mul(slots * heads, v.width * e, || "V page bytes".into())?;
-            let vhalf = mul(vpage, blocks, || "per-layer V bytes".into())?;
-            (
-                plain(d, nhd, 0, base, page, half),
-                plain(v.width, nhd, 1, base, vpage, vhalf),
-                vec![total(half)?, total(vhalf)?],
-            )
-        }
-    };
-    Ok((vec![(*k, ks), (*v, vs)], extents))
-}
-
+/// The strides and extents of a strided placement, as given, checked against the content.
 fn lower_strided(
     fields: &[StridedField],
     extents: &[BufferExtent],
@@ -499,13 +413,18 @@ mod tests {
         }
     }
 
+    // N=16, D=8 f16: row [K 8][V 8] = 32 B, dense page 16 * 32 = 512 B.
+    const LAYERS: u64 = 2;
+    const BLOCKS: u64 = 3;
+    const SLOTS: u64 = 16;
+    const WIDTH: u64 = 8;
+    const DENSE: u64 = 512;
+
     /// With one head slot the head axis may sit outside L or B: every element sits where the
     /// page arithmetic puts it, no element touches a page's padding, and the registered span is
     /// the whole padded extent.
     #[test]
     fn one_head_axis_outside_the_page_takes_padded_pages() {
-        // N=16, D=8 f16: row [K 8][V 8] = 32 B, dense page 16 * 32 = 512 B.
-        let (layers, blocks, slots, width, dense) = (2u64, 3u64, 16u64, 8u64, 512u64);
         for (order, layer_outer) in [
             ("LHBNC", true),
             ("HLBNC", true),
@@ -519,61 +438,25 @@ mod tests {
             ] {
                 for base in [0u64, 1024] {
                     let spec = format!(
-                        "kv L={layers} B={blocks} N={slots} H=1 D={width} dtype=f16 \
+                        "kv L={LAYERS} B={BLOCKS} N={SLOTS} H=1 D={WIDTH} dtype=f16 \
                          order={order} {extra} base={base}"
                     );
                     let l: KvCacheLayout = spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"));
-                    let end = base + layers * blocks * page;
+                    let end = base + LAYERS * BLOCKS * page;
                     assert_eq!(l.extents().len(), 1, "{spec}");
                     assert_eq!(
                         (l.extents()[0].start, l.extents()[0].end),
                         (base, end),
                         "{spec}"
                     );
-                    for (field, row_off) in [(Field::K, 0u64), (Field::V, 16)] {
-                        for (a, b, n, d) in (0..layers).flat_map(|a| {
-                            (0..blocks).flat_map(move |b| {
-                                (0..slots).flat_map(move |n| (0..width).map(move |d| (a, b, n, d)))
-                            })
-                        }) {
-                            let page_start = if layer_outer {
-                                base + a * blocks * page + b * page
-                            } else {
-                                base + b * layers * page + a * page
-                            };
-                            let want = page_start + n * 32 + row_off + 2 * d;
-                            let c = Coord {
-                                layer: a,
-                                block: b,
-                                head: 0,
-                                slot: n,
-                                field,
-                                dim: d,
-                            };
-                            let at = l.offset(&c).unwrap();
-                            assert_eq!((at.buffer, at.offset), (0, want), "{spec}: {c:?}");
-                            // Inside the page's dense part: the padding holds no element.
-                            assert!(at.offset + 2 <= page_start + dense, "{spec}: {c:?}");
-                            assert!(at.offset + 2 <= end, "{spec}: {c:?}");
+                    let page_start = |a: u64, b: u64| {
+                        if layer_outer {
+                            base + a * BLOCKS * page + b * page
+                        } else {
+                            base + b * LAYERS * page + a * page
                         }
-                        // Head 1 does not exist.
-                        let c = Coord {
-                            layer: 0,
-                            block: 0,
-                            head: 1,
-                            slot: 0,
-                            field,
-                            dim: 0,
-                        };
-                        assert!(matches!(
-                            l.offset(&c),
-                            Err(LayoutError::OutOfRange {
-                                axis: "head",
-                                value: 1,
-                                limit: 1
-                            })
-                        ));
-                    }
+                    };
+                    assert_one_head_offsets(&l, &spec, page_start, end);
                 }
             }
         }
@@ -586,5 +469,55 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// Every K and V element of the one head of `l` sits at `page_start(layer, block)` plus its
+    /// row and element offsets, in the page's dense part and before `end`; head 1 is refused.
+    fn assert_one_head_offsets(
+        l: &KvCacheLayout,
+        spec: &str,
+        page_start: impl Fn(u64, u64) -> u64,
+        end: u64,
+    ) {
+        for (field, row_off) in [(Field::K, 0u64), (Field::V, 16)] {
+            for (a, b, n, d) in (0..LAYERS).flat_map(|a| {
+                (0..BLOCKS).flat_map(move |b| {
+                    (0..SLOTS).flat_map(move |n| (0..WIDTH).map(move |d| (a, b, n, d)))
+                })
+            }) {
+                let page_start = page_start(a, b);
+                let want = page_start + n * 32 + row_off + 2 * d;
+                let c = Coord {
+                    layer: a,
+                    block: b,
+                    head: 0,
+                    slot: n,
+                    field,
+                    dim: d,
+                };
+                let at = l.offset(&c).unwrap();
+                assert_eq!((at.buffer, at.offset), (0, want), "{spec}: {c:?}");
+                // Inside the page's dense part: the padding holds no element.
+                assert!(at.offset + 2 <= page_start + DENSE, "{spec}: {c:?}");
+                assert!(at.offset + 2 <= end, "{spec}: {c:?}");
+            }
+            // Head 1 does not exist.
+            let c = Coord {
+                layer: 0,
+                block: 0,
+                head: 1,
+                slot: 0,
+                field,
+                dim: 0,
+            };
+            assert!(matches!(
+                l.offset(&c),
+                Err(LayoutError::OutOfRange {
+                    axis: "head",
+                    value: 1,
+                    limit: 1
+                })
+            ));
+        }
     }
 }

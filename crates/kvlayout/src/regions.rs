@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::error::{LayoutError, Result, MAX_OFFSET};
 use crate::field_map::FieldMap;
 use crate::layout::KvCacheLayout;
+use crate::spec::Field;
 
 /// A byte range `[offset, offset + len)` of one buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -37,69 +38,114 @@ struct Piece {
     axes: Vec<(u64, u64, u64)>,
 }
 
-/// A field's contiguous run inside one row, if the row is one run.
-fn row_run(m: &FieldMap) -> Option<u64> {
-    let e = m.elem_bytes();
-    let s = m.strides;
-    let chunks = m.width / s.dim_split;
-    (s.dim == e && (chunks == 1 || s.dim_chunk == s.dim_split * e)).then_some(m.width * e)
+/// Rows of several fields fused into one run: every field of one buffer, with the same outer
+/// strides (layer, block, head, slot), each row one contiguous run, the runs abutting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FusedRow {
+    /// Offset of the run for `(layer 0, block 0, head 0, slot 0)`.
+    pub start: u64,
+    /// Bytes of the run.
+    pub len: u64,
+    /// Per field, in the order given: `(field, offset in the run, bytes)`.
+    pub fields: Vec<(Field, u64, u64)>,
+}
+
+/// The fused row of `fields`, if their rows fuse (see [`FusedRow`]); `None` for no field.
+/// Shared by the region queries and the move planner ([`crate::ops::MovePlan`]).
+pub(crate) fn fused_row(fields: &[FieldMap]) -> Option<FusedRow> {
+    let outer = |m: &FieldMap| {
+        let [l, b, h, n, _, _] = m.axes();
+        (m.strides.buffer, l.1, b.1, h.1, n.1)
+    };
+    if !fields.windows(2).all(|w| outer(&w[0]) == outer(&w[1])) {
+        return None;
+    }
+    let runs = fields
+        .iter()
+        .map(|m| Some((m.slot_offset(0, 0, 0), m.row_run()?)))
+        .collect::<Option<Vec<(u64, u64)>>>()?;
+    let mut sorted = runs.clone();
+    sorted.sort_unstable();
+    let start = sorted.first()?.0;
+    if !sorted.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0) {
+        return None;
+    }
+    Some(FusedRow {
+        start,
+        len: sorted.iter().map(|r| r.1).sum(),
+        fields: fields
+            .iter()
+            .zip(runs)
+            .map(|(m, (at, len))| (m.field, at - start, len))
+            .collect(),
+    })
+}
+
+/// Folds into `unit` the dims contiguous on every side: after dropping dims of extent 1 and
+/// sorting the rest by stride (the last side's first, then the others'), each leading dim
+/// whose strides all equal the unit multiplies the unit by its extent. Returns the unit;
+/// `dims` (`(extent, stride on each side)`) keeps the dims left, innermost first.
+/// Shared by the region queries (one side) and the move planner (source and destination).
+pub(crate) fn fold_contiguous<const N: usize>(
+    mut unit: u64,
+    dims: &mut Vec<(u64, [u64; N])>,
+) -> u64 {
+    dims.retain(|d| d.0 != 1);
+    dims.sort_by_key(|d| {
+        let mut k = d.1;
+        k.reverse();
+        k
+    });
+    let folded = dims
+        .iter()
+        .take_while(|&&(ext, strides)| {
+            let fold = strides.iter().all(|&s| s == unit);
+            if fold {
+                unit *= ext;
+            }
+            fold
+        })
+        .count();
+    dims.drain(..folded);
+    unit
 }
 
 /// Splits fields into pieces; fields of one buffer that share outer strides and whose rows
 /// abut are fused into one piece per row.
 fn pieces(fields: &[FieldMap], sel: &Selection, slots: u64) -> Vec<Piece> {
     let outer = |m: &FieldMap| {
-        let s = m.strides;
+        let [l, b, h, n, _, _] = m.axes();
         vec![
-            (sel.layers.start, sel.layers.end - sel.layers.start, s.layer),
-            (sel.blocks.start, sel.blocks.end - sel.blocks.start, s.block),
-            (sel.heads.start, sel.heads.end - sel.heads.start, s.head),
-            (0, slots, s.slot),
+            (sel.layers.start, sel.layers.end - sel.layers.start, l.1),
+            (sel.blocks.start, sel.blocks.end - sel.blocks.start, b.1),
+            (sel.heads.start, sel.heads.end - sel.heads.start, h.1),
+            (0, slots, n.1),
         ]
     };
-    let same_outer = fields.windows(2).all(|w| {
-        let (a, b) = (w[0].strides, w[1].strides);
-        (a.buffer, a.layer, a.block, a.head, a.slot) == (b.buffer, b.layer, b.block, b.head, b.slot)
-    });
-    if same_outer {
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        for m in fields {
-            match row_run(m) {
-                Some(r) => runs.push((m.strides.base_offset, r)),
-                None => {
-                    runs.clear();
-                    break;
-                }
-            }
-        }
-        runs.sort_unstable();
-        let abut = !runs.is_empty() && runs.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0);
-        if abut {
-            let total = runs.iter().map(|r| r.1).sum();
-            return vec![Piece {
-                buffer: fields[0].strides.buffer,
-                base: runs[0].0,
-                run: total,
-                axes: outer(&fields[0]),
-            }];
-        }
+    if let Some(row) = fused_row(fields) {
+        return vec![Piece {
+            buffer: fields[0].strides.buffer,
+            base: row.start,
+            run: row.len,
+            axes: outer(&fields[0]),
+        }];
     }
     fields
         .iter()
         .map(|m| {
-            let s = m.strides;
             let mut axes = outer(m);
-            let run = match row_run(m) {
+            let run = match m.row_run() {
                 Some(r) => r,
                 None => {
-                    axes.push((0, m.width / s.dim_split, s.dim_chunk));
-                    axes.push((0, s.dim_split, s.dim));
+                    let [.., (chunks, chunk), (split, dim)] = m.axes();
+                    axes.push((0, chunks, chunk));
+                    axes.push((0, split, dim));
                     m.elem_bytes()
                 }
             };
             Piece {
-                buffer: s.buffer,
-                base: s.base_offset,
+                buffer: m.strides.buffer,
+                base: m.slot_offset(0, 0, 0),
                 run,
                 axes,
             }
@@ -123,25 +169,19 @@ impl Folded {
     /// `None` when an axis of the piece selects nothing.
     fn of(p: &Piece) -> Option<Self> {
         let mut base = p.base;
-        let mut run = p.run;
-        let mut axes: Vec<(u64, u64)> = Vec::new();
+        let mut axes: Vec<(u64, [u64; 1])> = Vec::new();
         for &(start, count, stride) in &p.axes {
-            base += start * stride;
-            if count > 1 {
-                axes.push((count, stride));
-            } else if count == 0 {
+            if count == 0 {
                 return None;
             }
+            base += start * stride;
+            axes.push((count, [stride]));
         }
-        axes.sort_by_key(|a| a.1);
-        while let Some(&(count, stride)) = axes.first() {
-            if stride == run {
-                run *= count;
-                axes.remove(0);
-            } else {
-                break;
-            }
-        }
+        let run = fold_contiguous(p.run, &mut axes);
+        let axes = axes
+            .into_iter()
+            .map(|(count, [stride])| (count, stride))
+            .collect();
         Some(Folded {
             buffer: p.buffer,
             base,

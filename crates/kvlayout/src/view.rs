@@ -224,6 +224,91 @@ fn unsplit(c: Convention, t: ViewTarget, m: &FieldMap) -> Result<u64> {
     }
 }
 
+/// The `[B, H, D/x, N, x]` dims of vLLM's key (its split, if any, must be the convention's x)
+/// or the `[B, H, D, N]` dims of its value, from `m`'s strides.
+fn vllm_paged_v1_dims(
+    c: Convention,
+    t: ViewTarget,
+    field: Field,
+    m: &FieldMap,
+) -> Result<Vec<(u64, u64)>> {
+    let s = m.strides;
+    let (b, h, n, w) = (m.num_blocks, m.num_heads, m.num_slots, m.width);
+    match field {
+        Field::K => {
+            let x = m.dtype.vllm_x();
+            if w % x != 0 {
+                return Err(refuse(
+                    c,
+                    t,
+                    format!("head size {w} is not a multiple of x = {x}"),
+                ));
+            }
+            let chunk = if m.is_dim_split() {
+                if s.dim_split != x {
+                    return Err(refuse(
+                        c,
+                        t,
+                        format!(
+                            "stored with x = {}, the convention needs x = {x}",
+                            s.dim_split
+                        ),
+                    ));
+                }
+                s.dim_chunk
+            } else {
+                x * s.dim
+            };
+            Ok(vec![
+                (b, s.block),
+                (h, s.head),
+                (w / x, chunk),
+                (n, s.slot),
+                (x, s.dim),
+            ])
+        }
+        Field::V => {
+            let ds = unsplit(c, t, m)?;
+            Ok(vec![(b, s.block), (h, s.head), (w, ds), (n, s.slot)])
+        }
+        _ => Err(refuse(
+            c,
+            t,
+            "the vllm-paged-v1 convention has only K and V",
+        )),
+    }
+}
+
+/// K and V can be one tensor: one buffer, one width, one dtype.
+fn check_kv_alike(c: Convention, k: &FieldMap, v: &FieldMap) -> Result<()> {
+    let t = ViewTarget::Kv;
+    if k.strides.buffer != v.strides.buffer {
+        return Err(refuse(
+            c,
+            t,
+            format!(
+                "K and V are separate allocations (buffers {} and {})",
+                k.strides.buffer, v.strides.buffer
+            ),
+        ));
+    }
+    if k.width != v.width {
+        return Err(refuse(
+            c,
+            t,
+            format!("K and V widths differ ({} vs {})", k.width, v.width),
+        ));
+    }
+    if k.dtype != v.dtype {
+        return Err(refuse(
+            c,
+            t,
+            format!("K and V dtypes differ ({} vs {})", k.dtype, v.dtype),
+        ));
+    }
+    Ok(())
+}
+
 impl KvCacheLayout {
     /// The view of one field (or of K and V together) of layer slot `layer`.
     ///
@@ -252,93 +337,18 @@ impl KvCacheLayout {
         let s = m.strides;
         let base = s.base_offset + layer * s.layer;
         let (b, h, n, w) = (m.num_blocks, m.num_heads, m.num_slots, m.width);
-        match c {
-            Convention::Standard => {
+        let dims = match c {
+            Convention::Standard | Convention::FlashinferHnd => {
                 let ds = unsplit(c, t, &m)?;
-                make(
-                    c,
-                    t,
-                    &m,
-                    base,
-                    vec![(b, s.block), (h, s.head), (n, s.slot), (w, ds)],
-                )
+                vec![(b, s.block), (h, s.head), (n, s.slot), (w, ds)]
             }
-            Convention::VllmPagedV1 => match field {
-                Field::K => {
-                    let x = m.dtype.vllm_x();
-                    if w % x != 0 {
-                        return Err(refuse(
-                            c,
-                            t,
-                            format!("head size {w} is not a multiple of x = {x}"),
-                        ));
-                    }
-                    let chunk = if m.is_dim_split() {
-                        if s.dim_split != x {
-                            return Err(refuse(
-                                c,
-                                t,
-                                format!(
-                                    "stored with x = {}, the convention needs x = {x}",
-                                    s.dim_split
-                                ),
-                            ));
-                        }
-                        s.dim_chunk
-                    } else {
-                        x * s.dim
-                    };
-                    make(
-                        c,
-                        t,
-                        &m,
-                        base,
-                        vec![
-                            (b, s.block),
-                            (h, s.head),
-                            (w / x, chunk),
-                            (n, s.slot),
-                            (x, s.dim),
-                        ],
-                    )
-                }
-                Field::V => {
-                    let ds = unsplit(c, t, &m)?;
-                    make(
-                        c,
-                        t,
-                        &m,
-                        base,
-                        vec![(b, s.block), (h, s.head), (w, ds), (n, s.slot)],
-                    )
-                }
-                _ => Err(refuse(
-                    c,
-                    t,
-                    "the vllm-paged-v1 convention has only K and V",
-                )),
-            },
+            Convention::VllmPagedV1 => vllm_paged_v1_dims(c, t, field, &m)?,
             Convention::FlashAttn | Convention::Flashinfer => {
                 let ds = unsplit(c, t, &m)?;
-                make(
-                    c,
-                    t,
-                    &m,
-                    base,
-                    vec![(b, s.block), (n, s.slot), (h, s.head), (w, ds)],
-                )
+                vec![(b, s.block), (n, s.slot), (h, s.head), (w, ds)]
             }
-            Convention::FlashinferHnd => {
-                let ds = unsplit(c, t, &m)?;
-                make(
-                    c,
-                    t,
-                    &m,
-                    base,
-                    vec![(b, s.block), (h, s.head), (n, s.slot), (w, ds)],
-                )
-            }
-        }
+        };
+        make(c, t, &m, base, dims)
     }
 
     /// K and V stacked along a size-2 axis of stride `V - K` (the bases of this layer). K and V
@@ -355,30 +365,7 @@ impl KvCacheLayout {
         }
         let (k, v) = (self.field_map(Field::K)?, self.field_map(Field::V)?);
         let (ks, vs) = (k.strides, v.strides);
-        if ks.buffer != vs.buffer {
-            return Err(refuse(
-                c,
-                t,
-                format!(
-                    "K and V are separate allocations (buffers {} and {})",
-                    ks.buffer, vs.buffer
-                ),
-            ));
-        }
-        if k.width != v.width {
-            return Err(refuse(
-                c,
-                t,
-                format!("K and V widths differ ({} vs {})", k.width, v.width),
-            ));
-        }
-        if k.dtype != v.dtype {
-            return Err(refuse(
-                c,
-                t,
-                format!("K and V dtypes differ ({} vs {})", k.dtype, v.dtype),
-            ));
-        }
+        check_kv_alike(c, &k, &v)?;
         let (kd, vd) = (unsplit(c, t, &k)?, unsplit(c, t, &v)?);
         let (b, h, n, w) = (k.num_blocks, k.num_heads, k.num_slots, k.width);
         let spanned = [

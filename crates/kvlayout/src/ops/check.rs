@@ -3,7 +3,9 @@
 
 use std::ops::Range;
 
+use super::args::{DecodeArgs, DecodeShape, TensorDesc, WriteArgs, WriteShape};
 use super::error::OpError;
+use crate::error::LayoutError;
 use crate::layout::KvCacheLayout;
 use crate::spec::Content;
 
@@ -207,4 +209,174 @@ pub fn check_heads(layout: &KvCacheLayout, heads: &Range<u64>) -> Result<(), OpE
         });
     }
     Ok(())
+}
+
+/// Checks that a tensor holds the elements of `shape` (named `what` in the error).
+pub fn check_tensor_len(what: &str, t: &impl TensorDesc, shape: &[usize]) -> Result<(), OpError> {
+    let n = shape_elements(what, shape)?;
+    if t.len() != n {
+        return Err(OpError::Shape {
+            what: what.into(),
+            expected: format!("{shape:?} = {n} elements"),
+            got: format!("{} elements", t.len()),
+        });
+    }
+    Ok(())
+}
+
+/// Checks a layer index.
+pub fn check_layer(layout: &KvCacheLayout, layer: u64) -> Result<(), OpError> {
+    let n = layout.geometry().num_layers;
+    if layer >= n {
+        return Err(LayoutError::OutOfRange {
+            axis: "layer",
+            value: layer,
+            limit: n,
+        }
+        .into());
+    }
+    Ok(())
+}
+
+fn no_compressed(layout: &KvCacheLayout, op: &'static str) -> Result<(), OpError> {
+    let tps = layout.geometry().tokens_per_state;
+    if tps != 1 {
+        return Err(OpError::Unsupported {
+            op,
+            reason: format!("tokens_per_state = {tps}: compressed states are produced by the model's compressor, not per token"),
+        });
+    }
+    Ok(())
+}
+
+/// Checks a `write_kv` call: the layer, the content (keys and values, one token per state),
+/// the key and value tensors' shapes and dtypes, and the slot mapping.
+pub fn check_write<T: TensorDesc>(
+    layout: &KvCacheLayout,
+    w: &WriteArgs<'_, T>,
+) -> Result<WriteShape, OpError> {
+    check_layer(layout, w.layer)?;
+    no_compressed(layout, "write_kv")?;
+    let tokens = w.slot_mapping.len();
+    let heads = layout.geometry().num_kv_heads as usize;
+    let shape = match *layout.content() {
+        Content::Kv {
+            head_size,
+            head_size_v,
+        }
+        | Content::KvScaled {
+            head_size,
+            head_size_v,
+        } => {
+            let (k, v) = (head_size as usize, head_size_v as usize);
+            check_tensor_len("key", &w.key, &[tokens, heads, k])?;
+            let Some(value) = &w.value else {
+                return Err(OpError::Shape {
+                    what: "value".into(),
+                    expected: format!("[{tokens}, {heads}, {v}]"),
+                    got: "none".into(),
+                });
+            };
+            check_tensor_len("value", value, &[tokens, heads, v])?;
+            if value.dtype() != w.key.dtype() {
+                return Err(OpError::Shape {
+                    what: "value dtype".into(),
+                    expected: w.key.dtype().to_string(),
+                    got: value.dtype().to_string(),
+                });
+            }
+            WriteShape {
+                heads,
+                k_width: k,
+                v_width: v,
+                mla: false,
+            }
+        }
+        Content::Mla {
+            kv_lora_rank,
+            rope_dim,
+        } => {
+            let k = (kv_lora_rank + rope_dim) as usize;
+            check_tensor_len("latent", &w.key, &[tokens, 1, k])?;
+            if w.value.is_some() {
+                return Err(OpError::Shape {
+                    what: "value".into(),
+                    expected: "none (MLA stores one latent)".into(),
+                    got: "a tensor".into(),
+                });
+            }
+            WriteShape {
+                heads: 1,
+                k_width: k,
+                v_width: 0,
+                mla: true,
+            }
+        }
+        _ => {
+            return Err(OpError::Unsupported {
+                op: "write_kv",
+                reason: format!(
+                    "content {} holds no keys and values",
+                    layout.content().spec_name()
+                ),
+            })
+        }
+    };
+    check_slot_mapping(layout, w.slot_mapping)?;
+    Ok(shape)
+}
+
+/// Checks a `paged_decode` call into an output of `out_len` elements: the layer, the content,
+/// the query heads, the query and output shapes, the scale and soft-cap, and the block table.
+pub fn check_decode<T: TensorDesc>(
+    layout: &KvCacheLayout,
+    d: &DecodeArgs<'_, T>,
+    out_len: usize,
+) -> Result<DecodeShape, OpError> {
+    check_layer(layout, d.layer)?;
+    no_compressed(layout, "paged_decode")?;
+    let (qk, v) = decode_widths(layout)?;
+    let (qk, v) = (qk as usize, v as usize);
+    let kv_heads = layout.geometry().num_kv_heads as usize;
+    let q_heads = usize::try_from(d.params.num_q_heads).unwrap_or(usize::MAX);
+    if q_heads == 0 || !q_heads.is_multiple_of(kv_heads) {
+        return Err(OpError::Shape {
+            what: "num_q_heads".into(),
+            expected: format!("a positive multiple of {kv_heads} KV heads"),
+            got: d.params.num_q_heads.to_string(),
+        });
+    }
+    let seqs = d.seq_lens.len();
+    check_tensor_len("query", &d.query, &[seqs, q_heads, qk])?;
+    if out_len != shape_elements("output", &[seqs, q_heads, v])? {
+        return Err(OpError::Shape {
+            what: "output".into(),
+            expected: format!("[{seqs}, {q_heads}, {v}]"),
+            got: format!("{out_len} elements"),
+        });
+    }
+    if let Some(c) = d.params.soft_cap {
+        if !(c.is_finite() && c > 0.0) {
+            return Err(OpError::Shape {
+                what: "soft_cap".into(),
+                expected: "finite and positive".into(),
+                got: c.to_string(),
+            });
+        }
+    }
+    if !d.params.scale.is_finite() {
+        return Err(OpError::Shape {
+            what: "scale".into(),
+            expected: "finite".into(),
+            got: d.params.scale.to_string(),
+        });
+    }
+    check_block_table(layout, d.block_table, d.blocks_per_seq, d.seq_lens)?;
+    Ok(DecodeShape {
+        seqs,
+        q_heads,
+        group: q_heads / kv_heads,
+        qk_width: qk,
+        v_width: v,
+    })
 }

@@ -1,18 +1,27 @@
-//! The backend contract: the arguments of every op and their validation against a layout.
+//! The backend contract: the arguments of every op, their validation against a layout, the
+//! plan of the block moves, and the trait every backend implements.
 //!
-//! Every backend (CPU, CUDA, HIP) calls these checks before it writes anything, so a bad slot
-//! mapping, block table or block pair is refused the same way everywhere, with the index, the
-//! value and the limit. Executing the ops is the backends' business; this module only decides
-//! whether a call is well-formed. Pure: no unsafe, no I/O.
+//! Every backend (CPU, CUDA, HIP) and the KV connector call these checks before they write
+//! anything, so a bad slot mapping, block table or block pair is refused the same way
+//! everywhere, with the index, the value and the limit; and they move blocks by the same plan.
+//! Executing the ops is the backends' business. Pure: no unsafe, no I/O.
 //!
 //! - [`error`]: [`OpError`], the typed refusal.
 //! - [`args`]: the op argument structs.
 //! - [`check`]: the validations.
+//! - [`backend`]: the [`Backend`] trait every backend implements, with [`HostTensor`] and
+//!   [`BufferShape`].
+//! - [`moves`]: the block movers' validated [`Moves`] and the two-sided [`MovePlan`] that
+//!   executes them.
 
 pub mod args;
+pub mod backend;
 pub mod check;
 pub mod error;
+pub mod moves;
 
 pub use args::*;
+pub use backend::*;
 pub use check::*;
 pub use error::*;
+pub use moves::*;
