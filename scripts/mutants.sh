@@ -6,11 +6,12 @@
 #
 #   ./scripts/mutants.sh                 # every phase, MUTANTS_BUDGET_S seconds each (1800)
 #   MUTANTS_BUDGET_S=600 ./scripts/mutants.sh descriptor
-#   ./scripts/mutants.sh cpu-checks crates/kvlayout-cpu/src/args.rs   # one phase, chosen files
+#   ./scripts/mutants.sh cpu-checks crates/kvlayout-cpu/src/cache.rs   # one phase, chosen files
 #
 # Phases:
-#   descriptor  address maps, kernel arguments, validation and op checks of `kvlayout`, tested by
-#               the conformance crate's properties, anchors, ABI, fuzz and conformance tests;
+#   descriptor  address maps, kernel arguments, validation, op checks and move plans of
+#               `kvlayout`, tested by the conformance crate's properties, anchors, ABI, fuzz
+#               and conformance tests;
 #   cpu-checks  the CPU backend's argument checks, caches and tolerances, tested by the
 #               conformance crate's conformance (its refusals) and CPU property tests;
 #   cpu-rows    the CPU decode's row addressing, tested by the CPU backend's unit and
@@ -34,13 +35,13 @@ export KVLAYOUT_FUZZ_SECONDS=2
 descriptor_files=(
     crates/kvlayout/src/abi.rs
     crates/kvlayout/src/field_map.rs
-    crates/kvlayout/src/ops.rs
+    crates/kvlayout/src/ops/check.rs
+    crates/kvlayout/src/ops/moves.rs
     crates/kvlayout/src/layout.rs
     crates/kvlayout/src/view.rs
     crates/kvlayout/src/regions.rs
 )
 cpu_check_files=(
-    crates/kvlayout-cpu/src/args.rs
     crates/kvlayout-cpu/src/tensor.rs
     crates/kvlayout-cpu/src/cache.rs
     crates/kvlayout-cpu/src/tolerance.rs

@@ -36,6 +36,16 @@ mod strum_free {
     }
 }
 
+/// The element types the generator draws: every dtype but raw bytes.
+pub const DTYPES: [DType; 6] = [
+    DType::F32,
+    DType::F16,
+    DType::Bf16,
+    DType::Fp8E4m3,
+    DType::Fp8E5m2,
+    DType::Int8,
+];
+
 /// Content kinds the generator draws from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -98,14 +108,7 @@ fn seed() -> impl Strategy<Value = Seed> {
         select(vec![4u64, 8, 8, 16, 32]),
         select(vec![4u64, 8, 12, 16]),
     );
-    let dtypes = select(vec![
-        DType::F32,
-        DType::F16,
-        DType::Bf16,
-        DType::Fp8E4m3,
-        DType::Fp8E5m2,
-        DType::Int8,
-    ]);
+    let dtypes = select(DTYPES.to_vec());
     // vLLM's x-split key and transposed value is the legacy layout most unlike the others:
     // three draws in nine.
     let legacy = select(vec![
@@ -153,7 +156,46 @@ fn seed() -> impl Strategy<Value = Seed> {
 
 /// Builds the spec of a seed; `None` when the draw cannot make a valid layout.
 pub fn build(s: &Seed) -> Option<KvCacheLayout> {
-    let (layers, blocks, block_size, mut heads) = s.dims;
+    let (layers, blocks, block_size, _) = s.dims;
+    let (content, dtype, heads) = content(s);
+    let tokens_per_state = if block_size % s.tps == 0 && !content.is_per_block_state() {
+        s.tps
+    } else {
+        1
+    };
+    let geometry = Geometry {
+        num_layers: layers,
+        num_blocks: blocks,
+        block_size,
+        num_kv_heads: heads,
+        tokens_per_state,
+    };
+    let spec = LayoutSpec {
+        geometry,
+        content,
+        dtype,
+        // MLA's one latent has one scale; K and V scales differ elsewhere.
+        scales: if s.extra.2 == 3 {
+            TensorScales {
+                k_scale: 0.5,
+                v_scale: if s.kind == Kind::Mla { 0.5 } else { 2.0 },
+            }
+        } else {
+            TensorScales::default()
+        },
+        placement: placement(s),
+    };
+    let layout = KvCacheLayout::new(spec.clone()).ok()?;
+    Some(with_wider_strides(s, spec, layout))
+}
+
+/// Offsets, padding and alignment are drawn in units of this many bytes.
+const ALIGN_UNIT: u64 = 16;
+
+/// The content of a seed, its element type and its head count (one for the kinds that have
+/// one head).
+fn content(s: &Seed) -> (Content, DType, u64) {
+    let (_, _, _, mut heads) = s.dims;
     let (a, b) = s.sizes;
     let mut dtype = s.dtype;
     let content = match s.kind {
@@ -201,83 +243,69 @@ pub fn build(s: &Seed) -> Option<KvCacheLayout> {
             state_size: b,
         },
     };
-    let tokens_per_state = if block_size % s.tps == 0 && !content.is_per_block_state() {
-        s.tps
-    } else {
-        1
-    };
-    let geometry = Geometry {
-        num_layers: layers,
-        num_blocks: blocks,
-        block_size,
-        num_kv_heads: heads,
-        tokens_per_state,
-    };
-    let (e0, e1, e2) = s.extra;
-    let align_unit = 16u64;
-    let page_orders = matches!(&s.order.to_string()[..2], "LB" | "BL");
-    let placement = match s.placement {
+    (content, dtype, heads)
+}
+
+/// Whether the seed's order keeps pages contiguous (layers and blocks outermost), where a
+/// padded page applies.
+fn page_orders(s: &Seed) -> bool {
+    matches!(&s.order.to_string()[..2], "LB" | "BL")
+}
+
+/// The placement of a seed before any stride is widened.
+fn placement(s: &Seed) -> Placement {
+    let e0 = s.extra.0;
+    match s.placement {
         3 if matches!(s.kind, Kind::Kv | Kind::KvScaled) => Placement::Legacy {
             layout: s.legacy,
-            base_offset: e0 * align_unit,
+            base_offset: e0 * ALIGN_UNIT,
         },
-        2 if page_orders => Placement::Paged(Paged {
+        2 if page_orders(s) => Placement::Paged(Paged {
             alignment: [1, 16, 64, 256][e0 as usize],
             ..Paged::new(s.order)
         }),
         4 => Placement::Paged(Paged {
-            base_offset: (e0 + 1) * align_unit,
+            base_offset: (e0 + 1) * ALIGN_UNIT,
             ..Paged::new(s.order)
         }),
         _ => Placement::Paged(Paged::new(s.order)),
-    };
-    let spec = LayoutSpec {
-        geometry,
-        content,
-        dtype,
-        // MLA's one latent has one scale; K and V scales differ elsewhere.
-        scales: if e2 == 3 {
-            TensorScales {
-                k_scale: 0.5,
-                v_scale: if s.kind == Kind::Mla { 0.5 } else { 2.0 },
-            }
-        } else {
-            TensorScales::default()
-        },
-        placement,
-    };
-    let mut layout = KvCacheLayout::new(spec.clone()).ok()?;
-    // Padded pages and explicit strides: grow strides of the first stored field and rebuild.
-    if let Placement::Paged(p) = spec.placement {
-        let m = layout.stored_fields()[0].strides;
-        let mut q = p;
-        match s.placement {
-            2 if page_orders && e1 > 0 => {
-                let page = if p.order.to_string().starts_with("LB") {
-                    m.block
-                } else {
-                    m.layer
-                };
-                q.page_size_padded = Some(page + e1 * align_unit);
-            }
-            1 => {
-                q.block_stride_bytes = Some(m.block + e1 * align_unit);
-                if e0 % 2 == 1 {
-                    q.layer_stride_bytes = Some(m.layer * 2 + e1 * 64 * align_unit);
-                }
-            }
-            _ => {}
-        }
-        if q != p {
-            if let Ok(l) = KvCacheLayout::new(LayoutSpec {
-                placement: Placement::Paged(q),
-                ..spec
-            }) {
-                layout = l;
-            }
-        }
     }
-    Some(layout)
+}
+
+/// Padded pages and explicit strides: grows strides of the first stored field and rebuilds
+/// (keeping `layout` where the grown spec is refused).
+fn with_wider_strides(s: &Seed, spec: LayoutSpec, layout: KvCacheLayout) -> KvCacheLayout {
+    let Placement::Paged(p) = spec.placement else {
+        return layout;
+    };
+    let (e0, e1, _) = s.extra;
+    let m = layout.stored_fields()[0].strides;
+    let mut q = p;
+    match s.placement {
+        2 if page_orders(s) && e1 > 0 => {
+            let page = if p.order.to_string().starts_with("LB") {
+                m.block
+            } else {
+                m.layer
+            };
+            q.page_size_padded = Some(page + e1 * ALIGN_UNIT);
+        }
+        1 => {
+            q.block_stride_bytes = Some(m.block + e1 * ALIGN_UNIT);
+            if e0 % 2 == 1 {
+                q.layer_stride_bytes = Some(m.layer * 2 + e1 * 64 * ALIGN_UNIT);
+            }
+        }
+        _ => {}
+    }
+    if q == p {
+        return layout;
+    }
+    KvCacheLayout::new(LayoutSpec {
+        placement: Placement::Paged(q),
+        ..spec
+    })
+    .unwrap_or(layout)
 }
 
 /// A transformation applied after building.

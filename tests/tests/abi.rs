@@ -10,7 +10,7 @@ use std::mem::{align_of, offset_of, size_of};
 
 use kvlayout::{field_code, Coord, DType, Field, KvCacheLayout, KvFieldArgs};
 use kvlayout_conformance::domain::reference_offset;
-use kvlayout_conformance::gen::any_layout;
+use kvlayout_conformance::gen::{any_layout, DTYPES};
 use proptest::prelude::*;
 
 extern "C" {
@@ -160,15 +160,10 @@ fn c_field_index(f: Field) -> i32 {
     }
 }
 
-const ALL_DTYPES: [DType; 7] = [
-    DType::F32,
-    DType::F16,
-    DType::Bf16,
-    DType::Fp8E4m3,
-    DType::Fp8E5m2,
-    DType::Int8,
-    DType::U8,
-];
+/// Every dtype: the element types the generator draws, and raw bytes.
+fn all_dtypes() -> Vec<DType> {
+    DTYPES.iter().copied().chain([DType::U8]).collect()
+}
 
 const ALL_FIELDS: [Field; 8] = [
     Field::K,
@@ -222,7 +217,8 @@ fn struct_layout_matches() {
 
 #[test]
 fn constants_match() {
-    for d in ALL_DTYPES {
+    let dtypes = all_dtypes();
+    for &d in &dtypes {
         // SAFETY: the probe only indexes a static table, bounds-checked on the C side.
         let c = unsafe { kvl_probe_dtype_code(c_dtype_index(d)) };
         assert_eq!(c, d.abi_code(), "KVL_DTYPE_ of {d}");
@@ -235,7 +231,7 @@ fn constants_match() {
     // SAFETY: as above; one past the end is answered with -1.
     let (d_end, f_end) = unsafe {
         (
-            kvl_probe_dtype_code(ALL_DTYPES.len() as i32),
+            kvl_probe_dtype_code(dtypes.len() as i32),
             kvl_probe_field_code(ALL_FIELDS.len() as i32),
         )
     };

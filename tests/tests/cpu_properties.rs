@@ -3,12 +3,15 @@
 //! `write_kv`, decode outputs within the dtype's tolerance for every kernel build; and wild
 //! arguments refused alike by both, without a write.
 
+use std::cell::Cell;
+
 use kvlayout::ops::DecodeParams;
 use kvlayout::{Content, KvCacheLayout};
 use kvlayout_conformance::gen::any_layout;
 use kvlayout_cpu::tolerance::decode_error;
 use kvlayout_cpu::{reference, Activations, CpuBackend, Decode, HostCache, PrefetchLevel, WriteKv};
 use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
 
 fn filled(l: &KvCacheLayout, seed: u8) -> HostCache {
     let mut c = HostCache::new(l.clone()).unwrap();
@@ -204,137 +207,38 @@ fn snapshot(c: &HostCache) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// A runner of `cases` cases that persists no failures (the inputs are printed instead).
+fn runner(cases: u32, max_local_rejects: u32) -> TestRunner {
+    TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        max_global_rejects: 100_000,
+        max_local_rejects,
+        ..Config::default()
+    })
+}
+
 /// Every op on wild arguments: the fast path and the reference accept or refuse alike; a
 /// refusal is a typed error that leaves the cache (and a decode's output) as it was; nothing
 /// panics. Both outcomes must come up for `write_kv` and `paged_decode`.
 #[test]
 fn wild_arguments_are_refused_alike_and_write_nothing() {
-    use proptest::test_runner::{Config, TestRunner};
-    use std::cell::Cell;
     let counts: [Cell<u32>; 4] = Default::default(); // write ok / refused, decode ok / refused
     let tally = |i: usize, ok: bool| {
         counts[2 * i + usize::from(!ok)].set(counts[2 * i + usize::from(!ok)].get() + 1)
     };
     let be = CpuBackend::new(Some(2));
-    let config = Config {
-        cases: 1500,
-        failure_persistence: None,
-        max_global_rejects: 100_000,
-        max_local_rejects: 10_000_000,
-        ..Config::default()
-    };
-    TestRunner::new(config)
+    runner(1500, 10_000_000)
         .run(
             &(
                 prop_oneof![4 => decodable_layout(), 1 => any_layout()],
                 wild(),
             ),
             |(l, a)| {
-                let (kw, vw) = kvlayout::ops::decode_widths(&l)
-                    .map_or((8, 8), |(k, v)| (k as usize, v as usize));
-                let heads = l.geometry().num_kv_heads as usize;
-                let q_heads =
-                    a.q_heads.unwrap_or_else(|raw| raw) * a.q_heads.map_or(1, |_| heads as u64);
-                let sized = |n: usize, err: i64| (n as i64 + err).max(0) as usize;
-                let k: Vec<f32> = (0..sized(a.tokens * heads * kw, a.len_err.0))
-                    .map(|i| (i % 17) as f32 * 0.25 - 2.0)
-                    .collect();
-                let v: Vec<f32> = (0..sized(a.tokens * heads * vw, a.len_err.1))
-                    .map(|i| (i % 13) as f32 * 0.25 - 1.5)
-                    .collect();
-                let slots: Vec<i64> = a.slots.iter().copied().take(a.tokens).collect();
-                let mla = matches!(l.content(), Content::Mla { .. });
-                let w = WriteKv {
-                    layer: a.layer,
-                    key: Activations::F32(&k),
-                    value: (!mla || a.len_err.1 != 0).then_some(Activations::F32(&v)),
-                    slot_mapping: &slots,
-                };
                 let (mut fast, mut slow) = (filled(&l, 3), filled(&l, 3));
-                let before = snapshot(&fast);
-                let (rf, rs) = (
-                    be.write_kv(&mut fast.as_mut(), &w),
-                    reference::write_kv(&mut slow.as_mut(), &w),
-                );
-                prop_assert_eq!(&rf, &rs, "write_kv on {}", l);
-                prop_assert!(same(&fast, &slow), "write_kv on {}", l);
-                if rf.is_err() {
-                    prop_assert!(snapshot(&fast) == before, "refused write_kv wrote: {}", l);
-                }
-                tally(0, rf.is_ok());
-
-                let q: Vec<f32> = (0..sized(a.seqs * q_heads as usize * kw, a.len_err.2))
-                    .map(|i| (i % 7) as f32 * 0.1)
-                    .collect();
-                let lens: Vec<u32> = a.lens.iter().copied().take(a.seqs).collect();
-                let table: Vec<i32> = a
-                    .table
-                    .iter()
-                    .copied()
-                    .take(a.seqs * a.blocks_per_seq)
-                    .collect();
-                let params = DecodeParams {
-                    num_q_heads: q_heads,
-                    scale: a.scale,
-                    sliding_window: a.window,
-                    soft_cap: a.cap,
-                };
-                let d = Decode {
-                    layer: a.layer,
-                    query: Activations::F32(&q),
-                    block_table: &table,
-                    blocks_per_seq: a.blocks_per_seq,
-                    seq_lens: &lens,
-                    params,
-                };
-                let n = a.seqs * q_heads as usize * vw;
-                let (mut out_fast, mut out_slow) = (vec![-7.0f32; n], vec![-7.0f32; n]);
-                let rf = be.paged_decode(&fast.as_ref(), &d, &mut out_fast);
-                let rs = reference::paged_decode(&slow.as_ref(), &d, &mut out_slow);
-                prop_assert_eq!(&rf, &rs, "paged_decode on {}", l);
-                if rf.is_err() {
-                    prop_assert!(
-                        out_fast.iter().all(|&x| x == -7.0),
-                        "refused decode wrote its output: {}",
-                        l
-                    );
-                }
-                tally(1, rf.is_ok());
-
-                let before = snapshot(&fast);
-                let (rf, rs) = (
-                    be.copy_blocks(&mut fast.as_mut(), &a.pairs),
-                    reference::copy_blocks(&mut slow.as_mut(), &a.pairs),
-                );
-                prop_assert_eq!(&rf, &rs, "copy_blocks on {}", l);
-                prop_assert!(
-                    rf.is_ok() || snapshot(&fast) == before,
-                    "refused copy_blocks wrote: {}",
-                    l
-                );
-                let blocks: Vec<u64> = a.pairs.iter().map(|p| p.0).collect();
-                let heads = a.heads.0..a.heads.1;
-                let mut staging = filled(&l, 5);
-                let before = snapshot(&staging);
-                let r = be.gather_blocks(
-                    &fast.as_ref(),
-                    &blocks,
-                    heads.clone(),
-                    &mut staging.as_mut(),
-                );
-                prop_assert!(
-                    r.is_ok() || snapshot(&staging) == before,
-                    "refused gather wrote: {}",
-                    l
-                );
-                let before = snapshot(&fast);
-                let r = be.scatter_blocks(&staging.as_ref(), &blocks, heads, &mut fast.as_mut());
-                prop_assert!(
-                    r.is_ok() || snapshot(&fast) == before,
-                    "refused scatter wrote: {}",
-                    l
-                );
-                Ok(())
+                tally(0, wild_write(&be, &a, &mut fast, &mut slow)?);
+                tally(1, wild_decode(&be, &a, &fast, &slow)?);
+                wild_movers(&be, &a, &mut fast, &mut slow)
             },
         )
         .unwrap();
@@ -343,6 +247,152 @@ fn wild_arguments_are_refused_alike_and_write_nothing() {
         w_ok > 50 && w_err > 50 && d_ok > 50 && d_err > 50,
         "write_kv {w_ok} ok / {w_err} refused, decode {d_ok} / {d_err}"
     );
+}
+
+/// `(K width, V width, KV heads, query heads)` of wild arguments on a layout (widths of 8
+/// where it has no keys and values).
+fn wild_sizes(l: &KvCacheLayout, a: &Wild) -> (usize, usize, usize, u64) {
+    let (kw, vw) =
+        kvlayout::ops::decode_widths(l).map_or((8, 8), |(k, v)| (k as usize, v as usize));
+    let heads = l.geometry().num_kv_heads as usize;
+    let q_heads = a.q_heads.unwrap_or_else(|raw| raw) * a.q_heads.map_or(1, |_| heads as u64);
+    (kw, vw, heads, q_heads)
+}
+
+/// `n` elements, `err` more or fewer (none below zero).
+fn sized(n: usize, err: i64) -> usize {
+    (n as i64 + err).max(0) as usize
+}
+
+/// `write_kv`: the fast path and the reference alike, and a refusal writes nothing; whether
+/// the write was accepted.
+fn wild_write(
+    be: &CpuBackend,
+    a: &Wild,
+    fast: &mut HostCache,
+    slow: &mut HostCache,
+) -> Result<bool, TestCaseError> {
+    let l = fast.layout().clone();
+    let (kw, vw, heads, _) = wild_sizes(&l, a);
+    let k: Vec<f32> = (0..sized(a.tokens * heads * kw, a.len_err.0))
+        .map(|i| (i % 17) as f32 * 0.25 - 2.0)
+        .collect();
+    let v: Vec<f32> = (0..sized(a.tokens * heads * vw, a.len_err.1))
+        .map(|i| (i % 13) as f32 * 0.25 - 1.5)
+        .collect();
+    let slots: Vec<i64> = a.slots.iter().copied().take(a.tokens).collect();
+    let mla = matches!(l.content(), Content::Mla { .. });
+    let w = WriteKv {
+        layer: a.layer,
+        key: Activations::F32(&k),
+        value: (!mla || a.len_err.1 != 0).then_some(Activations::F32(&v)),
+        slot_mapping: &slots,
+    };
+    let before = snapshot(fast);
+    let (rf, rs) = (
+        be.write_kv(&mut fast.as_mut(), &w),
+        reference::write_kv(&mut slow.as_mut(), &w),
+    );
+    prop_assert_eq!(&rf, &rs, "write_kv on {}", l);
+    prop_assert!(same(fast, slow), "write_kv on {}", l);
+    if rf.is_err() {
+        prop_assert!(snapshot(fast) == before, "refused write_kv wrote: {}", l);
+    }
+    Ok(rf.is_ok())
+}
+
+/// `paged_decode`: the fast path and the reference alike, and a refusal leaves the output as
+/// it was; whether the decode was accepted.
+fn wild_decode(
+    be: &CpuBackend,
+    a: &Wild,
+    fast: &HostCache,
+    slow: &HostCache,
+) -> Result<bool, TestCaseError> {
+    let l = fast.layout();
+    let (kw, vw, _, q_heads) = wild_sizes(l, a);
+    let q: Vec<f32> = (0..sized(a.seqs * q_heads as usize * kw, a.len_err.2))
+        .map(|i| (i % 7) as f32 * 0.1)
+        .collect();
+    let lens: Vec<u32> = a.lens.iter().copied().take(a.seqs).collect();
+    let table: Vec<i32> = a
+        .table
+        .iter()
+        .copied()
+        .take(a.seqs * a.blocks_per_seq)
+        .collect();
+    let params = DecodeParams {
+        num_q_heads: q_heads,
+        scale: a.scale,
+        sliding_window: a.window,
+        soft_cap: a.cap,
+    };
+    let d = Decode {
+        layer: a.layer,
+        query: Activations::F32(&q),
+        block_table: &table,
+        blocks_per_seq: a.blocks_per_seq,
+        seq_lens: &lens,
+        params,
+    };
+    let n = a.seqs * q_heads as usize * vw;
+    let (mut out_fast, mut out_slow) = (vec![-7.0f32; n], vec![-7.0f32; n]);
+    let rf = be.paged_decode(&fast.as_ref(), &d, &mut out_fast);
+    let rs = reference::paged_decode(&slow.as_ref(), &d, &mut out_slow);
+    prop_assert_eq!(&rf, &rs, "paged_decode on {}", l);
+    if rf.is_err() {
+        prop_assert!(
+            out_fast.iter().all(|&x| x == -7.0),
+            "refused decode wrote its output: {}",
+            l
+        );
+    }
+    Ok(rf.is_ok())
+}
+
+/// `copy_blocks` (the fast path and the reference alike), then `gather_blocks` and
+/// `scatter_blocks` of the pairs' sources: a refusal writes nothing.
+fn wild_movers(
+    be: &CpuBackend,
+    a: &Wild,
+    fast: &mut HostCache,
+    slow: &mut HostCache,
+) -> Result<(), TestCaseError> {
+    let l = fast.layout().clone();
+    let before = snapshot(fast);
+    let (rf, rs) = (
+        be.copy_blocks(&mut fast.as_mut(), &a.pairs),
+        reference::copy_blocks(&mut slow.as_mut(), &a.pairs),
+    );
+    prop_assert_eq!(&rf, &rs, "copy_blocks on {}", l);
+    prop_assert!(
+        rf.is_ok() || snapshot(fast) == before,
+        "refused copy_blocks wrote: {}",
+        l
+    );
+    let blocks: Vec<u64> = a.pairs.iter().map(|p| p.0).collect();
+    let heads = a.heads.0..a.heads.1;
+    let mut staging = filled(&l, 5);
+    let before = snapshot(&staging);
+    let r = be.gather_blocks(
+        &fast.as_ref(),
+        &blocks,
+        heads.clone(),
+        &mut staging.as_mut(),
+    );
+    prop_assert!(
+        r.is_ok() || snapshot(&staging) == before,
+        "refused gather wrote: {}",
+        l
+    );
+    let before = snapshot(fast);
+    let r = be.scatter_blocks(&staging.as_ref(), &blocks, heads, &mut fast.as_mut());
+    prop_assert!(
+        r.is_ok() || snapshot(fast) == before,
+        "refused scatter wrote: {}",
+        l
+    );
+    Ok(())
 }
 
 /// A decode step drawn for a layout: sequences, lengths, a block table, the query head
@@ -388,7 +438,6 @@ fn value(i: usize, seed: u32) -> f32 {
 /// tables, GQA groups, windows and soft-caps: within the dtype's tolerance.
 #[test]
 fn decode_matches_reference_on_random_layouts() {
-    use proptest::test_runner::{Config, TestRunner};
     // Every build this machine runs, each with its tiles for rows prefetched to L1 and to L2.
     let builds: Vec<CpuBackend> = CpuBackend::kernel_builds()
         .into_iter()
@@ -400,55 +449,13 @@ fn decode_matches_reference_on_random_layouts() {
             })
         })
         .collect();
-    let config = Config {
-        cases: 2000,
-        failure_persistence: None,
-        max_global_rejects: 100_000,
-        max_local_rejects: 1_000_000,
-        ..Config::default()
-    };
-    TestRunner::new(config)
+    runner(2000, 1_000_000)
         .run(&(decodable_layout(), step()), |(l, s)| {
-            let g = *l.geometry();
+            let cache = written(&builds[0], &l, s.seed);
+            let (lens, table, per_seq) = sequences(&l, &s);
             let (kw, vw) = kvlayout::ops::decode_widths(&l).unwrap();
             let (kw, vw) = (kw as usize, vw as usize);
-            let mla = matches!(l.content(), Content::Mla { .. });
-            let heads = g.num_kv_heads as usize;
-            let slots = (g.num_blocks * g.block_size) as usize;
-            let k: Vec<f32> = (0..slots * heads * kw).map(|i| value(i, s.seed)).collect();
-            let v: Vec<f32> = (0..slots * heads * vw).map(|i| value(i, !s.seed)).collect();
-            let mapping: Vec<i64> = (0..slots as i64).collect();
-            let w = WriteKv {
-                layer: 0,
-                key: Activations::F32(&k),
-                value: (!mla).then_some(Activations::F32(&v)),
-                slot_mapping: &mapping,
-            };
-            let mut cache = filled(&l, 1);
-            builds[0].write_kv(&mut cache.as_mut(), &w).unwrap();
-            // Lengths within the cache; block ids drawn with repeats (sequences may share).
-            let bs = g.block_size as u32;
-            let lens: Vec<u32> = s
-                .lens
-                .iter()
-                .map(|&n| n.min(bs * g.num_blocks as u32))
-                .collect();
-            let per_seq = lens
-                .iter()
-                .map(|&n| n.div_ceil(bs))
-                .max()
-                .unwrap_or(0)
-                .max(1) as usize;
-            let mut r = s.table_seed;
-            let table: Vec<i32> = (0..lens.len() * per_seq)
-                .map(|_| {
-                    r = r
-                        .wrapping_mul(6_364_136_223_846_793_005)
-                        .wrapping_add(1_442_695_040_888_963_407);
-                    ((r >> 33) % g.num_blocks) as i32
-                })
-                .collect();
-            let q_heads = heads as u64 * s.q_mult;
+            let q_heads = l.geometry().num_kv_heads * s.q_mult;
             let q: Vec<f32> = (0..lens.len() * q_heads as usize * kw)
                 .map(|i| value(i, s.seed ^ 0x5555))
                 .collect();
@@ -488,4 +495,54 @@ fn decode_matches_reference_on_random_layouts() {
             Ok(())
         })
         .unwrap();
+}
+
+/// A cache of `l` with every slot of layer 0 written through `be`'s `write_kv`.
+fn written(be: &CpuBackend, l: &KvCacheLayout, seed: u32) -> HostCache {
+    let g = *l.geometry();
+    let (kw, vw) = kvlayout::ops::decode_widths(l).unwrap();
+    let (kw, vw) = (kw as usize, vw as usize);
+    let mla = matches!(l.content(), Content::Mla { .. });
+    let heads = g.num_kv_heads as usize;
+    let slots = (g.num_blocks * g.block_size) as usize;
+    let k: Vec<f32> = (0..slots * heads * kw).map(|i| value(i, seed)).collect();
+    let v: Vec<f32> = (0..slots * heads * vw).map(|i| value(i, !seed)).collect();
+    let mapping: Vec<i64> = (0..slots as i64).collect();
+    let w = WriteKv {
+        layer: 0,
+        key: Activations::F32(&k),
+        value: (!mla).then_some(Activations::F32(&v)),
+        slot_mapping: &mapping,
+    };
+    let mut cache = filled(l, 1);
+    be.write_kv(&mut cache.as_mut(), &w).unwrap();
+    cache
+}
+
+/// The step's lengths within the cache, and a block table of ids drawn with repeats
+/// (sequences may share blocks): `(lens, table, blocks per sequence)`.
+fn sequences(l: &KvCacheLayout, s: &Step) -> (Vec<u32>, Vec<i32>, usize) {
+    let g = *l.geometry();
+    let bs = g.block_size as u32;
+    let lens: Vec<u32> = s
+        .lens
+        .iter()
+        .map(|&n| n.min(bs * g.num_blocks as u32))
+        .collect();
+    let per_seq = lens
+        .iter()
+        .map(|&n| n.div_ceil(bs))
+        .max()
+        .unwrap_or(0)
+        .max(1) as usize;
+    let mut r = s.table_seed;
+    let table: Vec<i32> = (0..lens.len() * per_seq)
+        .map(|_| {
+            r = r
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((r >> 33) % g.num_blocks) as i32
+        })
+        .collect();
+    (lens, table, per_seq)
 }

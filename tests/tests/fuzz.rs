@@ -101,7 +101,13 @@ fn check_layout(l: &KvCacheLayout) -> Result<(), String> {
     if elements > MAX_CHECKED_ELEMENTS {
         return Ok(());
     }
-    // Stored fields: inside the registered span, no byte shared.
+    check_stored_fields(l)?;
+    check_offsets(l)?;
+    check_views(l)
+}
+
+/// Stored fields: inside the registered span, no byte shared.
+fn check_stored_fields(l: &KvCacheLayout) -> Result<(), String> {
     let spans = l.registered_spans();
     let mut ranges: Vec<ByteRange> = coords(l, true)
         .iter()
@@ -127,7 +133,11 @@ fn check_layout(l: &KvCacheLayout) -> Result<(), String> {
             return Err(format!("{:?} and {:?} share bytes in {l}", w[0], w[1]));
         }
     }
-    // Every readable field: offset and kernel arguments against the reference.
+    Ok(())
+}
+
+/// Every readable field: offset and kernel arguments against the reference.
+fn check_offsets(l: &KvCacheLayout) -> Result<(), String> {
     for c in coords(l, false) {
         let at = l.offset(&c).map_err(|e| format!("{c:?}: {e} in {l}"))?;
         if (at.buffer, at.offset) != reference_offset(l, &c) {
@@ -142,7 +152,11 @@ fn check_layout(l: &KvCacheLayout) -> Result<(), String> {
             return Err(format!("kernel_args offset of {c:?} is {off} in {l}"));
         }
     }
-    // Every view that exists, of the first and the last layer.
+    Ok(())
+}
+
+/// Every view that exists, of the first and the last layer, element by element.
+fn check_views(l: &KvCacheLayout) -> Result<(), String> {
     let mut targets: Vec<ViewTarget> = l
         .readable_fields()
         .into_iter()

@@ -13,9 +13,9 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use kvlayout::ops::{decode_widths, DecodeParams};
+use kvlayout::ops::{decode_widths, DecodeParams, OpError};
 use kvlayout::{Content, KvCacheLayout};
-use kvlayout_cpu::bench::{paired, ReadBound};
+use kvlayout_cpu::bench::{paired, Paired, ReadBound};
 use kvlayout_cpu::tolerance::{decode_error, Tolerance};
 use kvlayout_cpu::{reference, Activations, CpuBackend, Decode, HostCache, WriteKv};
 use serde::Serialize;
@@ -343,13 +343,10 @@ fn usage(m: String) -> CliError {
     CliError::Usage(m)
 }
 
-/// Runs the step; `Err` for any refusal (of the arguments here, or of the backend's ops).
-pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, CliError> {
-    let (qk, vw) = decode_widths(&layout)?;
-    let g = *layout.geometry();
-    let kv_heads = g.num_kv_heads;
-    let is_mla = matches!(layout.content(), Content::Mla { .. });
-    let q_heads = a.q_heads.unwrap_or(if is_mla { 16 } else { 4 * kv_heads });
+/// Checks the step's sizes against the layout and `--max-cache-gib`; returns the blocks a
+/// sequence uses, all of them, and the cache's bytes.
+fn check_sizes(layout: &KvCacheLayout, a: &StepArgs) -> Result<(u64, u64, u64), CliError> {
+    let g = layout.geometry();
     if a.seqs == 0 || a.context == 0 || a.runs == 0 || a.bound_mib == 0 || a.check_seqs == 0 {
         return Err(usage(format!(
             "--seqs {}, --context {}, --runs {}, --bound-mib {} and --check-seqs {} must each \
@@ -380,26 +377,31 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
             a.max_cache_gib
         )));
     }
-    let be = match &a.kernels {
-        Some(k) => CpuBackend::with_kernels(a.threads, k)?,
-        None => CpuBackend::new(a.threads),
-    };
-    let sizes = Footprint::of(a, q_heads, kv_heads, qk, vw, be.threads())?;
-    sizes.fits(available_memory())?;
-    let mut rng = Rng(a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let table = random_blocks(&mut rng, g.num_blocks, blocks)?;
-    let per_seq = per_seq as usize;
-    let mut cache = HostCache::new(layout.clone())?;
-    // Every token of every sequence written once, at the slot its block table gives, in
-    // chunks of `WRITE_CHUNK` tokens (the activations of a chunk are all that is held).
+    Ok((per_seq, blocks, cache_bytes))
+}
+
+/// Writes every token of every sequence once, at the slot its block table gives, in chunks
+/// of `WRITE_CHUNK` tokens (the activations of a chunk are all that is held); returns the
+/// milliseconds `write_kv` took.
+fn fill_cache(
+    be: &CpuBackend,
+    cache: &mut HostCache,
+    a: &StepArgs,
+    table: &[i32],
+    rng: &mut Rng,
+) -> Result<f64, CliError> {
+    let layout = cache.layout().clone();
+    let (qk, vw) = decode_widths(&layout)?;
+    let g = layout.geometry();
+    let is_mla = matches!(layout.content(), Content::Mla { .. });
+    let per_seq = u64::from(a.context).div_ceil(g.block_size) as usize;
     let bs = g.block_size;
     let tokens = a.seqs * a.context as usize;
-    let heads = kv_heads as usize;
+    let heads = g.num_kv_heads as usize;
     let mut write_kv_ms = 0.0;
     for first in (0..tokens).step_by(WRITE_CHUNK) {
         let chunk = first..(first + WRITE_CHUNK).min(tokens);
         let slots: Vec<i64> = chunk
-            .clone()
             .map(|i| {
                 let (s, t) = (i / a.context as usize, i as u64 % u64::from(a.context));
                 i64::from(table[s * per_seq + (t / bs) as usize]) * bs as i64 + (t % bs) as i64
@@ -421,6 +423,28 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
         be.write_kv(&mut cache.as_mut(), &w)?;
         write_kv_ms += t.elapsed().as_secs_f64() * 1e3;
     }
+    Ok(write_kv_ms)
+}
+
+/// Runs the step; `Err` for any refusal (of the arguments here, or of the backend's ops).
+pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, CliError> {
+    let (qk, vw) = decode_widths(&layout)?;
+    let g = *layout.geometry();
+    let kv_heads = g.num_kv_heads;
+    let is_mla = matches!(layout.content(), Content::Mla { .. });
+    let q_heads = a.q_heads.unwrap_or(if is_mla { 16 } else { 4 * kv_heads });
+    let (per_seq, blocks, cache_bytes) = check_sizes(&layout, a)?;
+    let be = match &a.kernels {
+        Some(k) => CpuBackend::with_kernels(a.threads, k)?,
+        None => CpuBackend::new(a.threads),
+    };
+    let sizes = Footprint::of(a, q_heads, kv_heads, qk, vw, be.threads())?;
+    sizes.fits(available_memory())?;
+    let mut rng = Rng(a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let table = random_blocks(&mut rng, g.num_blocks, blocks)?;
+    let per_seq = per_seq as usize;
+    let mut cache = HostCache::new(layout.clone())?;
+    let write_kv_ms = fill_cache(&be, &mut cache, a, &table, &mut rng)?;
 
     let query = rng.fill(sizes.query);
     let lens = vec![a.context; a.seqs];
@@ -454,25 +478,9 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
     // Each sequence reads its last `window` tokens (all of them without a window).
     let attended = u64::from(a.context).min(a.window.unwrap_or(u64::MAX));
     let kv_bytes = row_bytes(&layout) * kv_heads * a.seqs as u64 * attended;
-    let bound = ReadBound::new(be.pool(), sizes.bound_per_thread)?;
-    bound.pass(be.pool()); // first touch
-    let paged_bound = bound.paged_fraction(be.pool(), 3);
-    let d = step(a.seqs);
-    let mut failed = None;
-    let p = paired(
-        a.runs,
-        bound.bytes() as f64,
-        || bound.pass(be.pool()),
-        kv_bytes as f64,
-        || {
-            if let Err(e) = be.paged_decode(&cache, &d, &mut out) {
-                failed = Some(e);
-            }
-        },
-    );
-    if let Some(e) = failed {
-        return Err(e.into());
-    }
+    let timed = time_steps(&be, sizes.bound_per_thread, a.runs, kv_bytes, || {
+        be.paged_decode(&cache, &step(a.seqs), &mut out)
+    })?;
     Ok(StepReport {
         layout: layout.to_string(),
         cache_bytes,
@@ -495,15 +503,51 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
         tolerance: ToleranceReport::of(tolerance),
         kv_bytes,
         runs: a.runs,
-        step_ms_median: p.op_median * 1e3,
-        step_ms_best: p.op_best * 1e3,
-        kv_gb_s_median: kv_bytes as f64 / p.op_median / 1e9,
-        read_gb_s_median: p.bound_median / 1e9,
-        ratio_median: p.ratio_median,
-        ratio_best: p.ratio_best,
-        paged_bound,
-        ratio_to_paged_bound: p.ratio_median / paged_bound,
+        step_ms_median: timed.pair.op_median * 1e3,
+        step_ms_best: timed.pair.op_best * 1e3,
+        kv_gb_s_median: kv_bytes as f64 / timed.pair.op_median / 1e9,
+        read_gb_s_median: timed.pair.bound_median / 1e9,
+        ratio_median: timed.pair.ratio_median,
+        ratio_best: timed.pair.ratio_best,
+        paged_bound: timed.paged_bound,
+        ratio_to_paged_bound: timed.pair.ratio_median / timed.paged_bound,
     })
+}
+
+/// Timed runs of the step and their bounds.
+struct Timed {
+    pair: Paired,
+    paged_bound: f64,
+}
+
+/// Times `runs` steps of `kv_bytes`, each paired with a pass of the sequential read bound,
+/// after measuring the paged bound.
+fn time_steps(
+    be: &CpuBackend,
+    bound_per_thread: usize,
+    runs: usize,
+    kv_bytes: u64,
+    mut step: impl FnMut() -> Result<(), OpError>,
+) -> Result<Timed, CliError> {
+    let bound = ReadBound::new(be.pool(), bound_per_thread)?;
+    bound.pass(be.pool()); // first touch
+    let paged_bound = bound.paged_fraction(be.pool(), 3);
+    let mut failed = None;
+    let pair = paired(
+        runs,
+        bound.bytes() as f64,
+        || bound.pass(be.pool()),
+        kv_bytes as f64,
+        || {
+            if let Err(e) = step() {
+                failed = Some(e);
+            }
+        },
+    );
+    match failed {
+        Some(e) => Err(e.into()),
+        None => Ok(Timed { pair, paged_bound }),
+    }
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use kvlayout::ops::OpError;
-use kvlayout::{Convention, Coord, KvCacheLayout, LayoutError, ViewTarget, PRESETS};
+use kvlayout::{Convention, Coord, Field, KvCacheLayout, LayoutError, ViewTarget, PRESETS};
 
 mod decode;
 
@@ -225,29 +225,15 @@ fn run(command: Command) -> Result<String, CliError> {
             json: as_json,
         } => {
             let layout = load(&spec)?;
-            let field = match field.parse::<ViewTarget>()? {
-                ViewTarget::Field(f) => f,
-                ViewTarget::Kv => {
-                    return Err(CliError::Usage(
-                        "an offset is of one field: give --field k or --field v, not kv".into(),
-                    ))
-                }
-            };
-            let at = layout.offset(&Coord {
+            let coord = Coord {
                 layer,
                 block,
                 head,
                 slot: token,
-                field,
+                field: one_field(&field)?,
                 dim,
-            })?;
-            if as_json {
-                json(serde_json::to_string_pretty(&at))
-            } else if layout.num_buffers() > 1 {
-                Ok(format!("buffer {} offset {}\n", at.buffer, at.offset))
-            } else {
-                Ok(format!("{}\n", at.offset))
-            }
+            };
+            offset_text(&layout, &coord, as_json)
         }
         Command::View {
             spec,
@@ -280,51 +266,77 @@ fn run(command: Command) -> Result<String, CliError> {
             spec,
             step,
             json: as_json,
-        } => {
-            let report = decode::run(load(&spec)?, &step)?;
-            let text = if as_json {
-                json(serde_json::to_string_pretty(&report))?
-            } else {
-                report.to_text()
-            };
-            if report.passed() {
-                Ok(text)
-            } else {
-                // The report goes to stdout all the same: it is what shows the disagreement.
-                let _ = emit(&text);
-                Err(CliError::Check(format!(
-                    "paged_decode differs from the reference by {:.2e} of the values' \
-                     magnitude, {:.2} x its bound ({} products, {} kernels)",
-                    report.max_error,
-                    report.error_to_bound,
-                    report.tolerance.products,
-                    report.kernels
-                )))
-            }
+        } => decode_cmd(&spec, &step, as_json),
+        Command::Presets { json: as_json } => presets_cmd(as_json),
+    }
+}
+
+/// The field `--field` names (`k` or `v`; an offset is of one field).
+fn one_field(field: &str) -> Result<Field, CliError> {
+    match field.parse::<ViewTarget>()? {
+        ViewTarget::Field(f) => Ok(f),
+        ViewTarget::Kv => Err(CliError::Usage(
+            "an offset is of one field: give --field k or --field v, not kv".into(),
+        )),
+    }
+}
+
+/// `offset`: the byte offset of one element.
+fn offset_text(layout: &KvCacheLayout, coord: &Coord, as_json: bool) -> Result<String, CliError> {
+    let at = layout.offset(coord)?;
+    if as_json {
+        json(serde_json::to_string_pretty(&at))
+    } else if layout.num_buffers() > 1 {
+        Ok(format!("buffer {} offset {}\n", at.buffer, at.offset))
+    } else {
+        Ok(format!("{}\n", at.offset))
+    }
+}
+
+/// `decode`: runs the step and reports it; a disagreement with the reference is an error
+/// after the report is printed.
+fn decode_cmd(spec: &str, step: &decode::StepArgs, as_json: bool) -> Result<String, CliError> {
+    let report = decode::run(load(spec)?, step)?;
+    let text = if as_json {
+        json(serde_json::to_string_pretty(&report))?
+    } else {
+        report.to_text()
+    };
+    if report.passed() {
+        Ok(text)
+    } else {
+        // The report goes to stdout all the same: it is what shows the disagreement.
+        let _ = emit(&text);
+        Err(CliError::Check(format!(
+            "paged_decode differs from the reference by {:.2e} of the values' \
+             magnitude, {:.2} x its bound ({} products, {} kernels)",
+            report.max_error, report.error_to_bound, report.tolerance.products, report.kernels
+        )))
+    }
+}
+
+/// `presets`: every preset's name, description and spec.
+fn presets_cmd(as_json: bool) -> Result<String, CliError> {
+    if as_json {
+        let list: Vec<serde_json::Value> = PRESETS
+            .iter()
+            .map(|(name, spec, description)| {
+                serde_json::json!({
+                    "name": name,
+                    "description": description,
+                    "spec": spec,
+                })
+            })
+            .collect();
+        json(serde_json::to_string_pretty(&list))
+    } else {
+        let width = PRESETS.iter().map(|p| p.0.len()).max().unwrap_or(0);
+        let mut out = String::new();
+        for (name, spec, description) in PRESETS {
+            out.push_str(&format!("{name:<width$}  {description}\n"));
+            out.push_str(&format!("{:<width$}  {spec}\n", ""));
         }
-        Command::Presets { json: as_json } => {
-            if as_json {
-                let list: Vec<serde_json::Value> = PRESETS
-                    .iter()
-                    .map(|(name, spec, description)| {
-                        serde_json::json!({
-                            "name": name,
-                            "description": description,
-                            "spec": spec,
-                        })
-                    })
-                    .collect();
-                json(serde_json::to_string_pretty(&list))
-            } else {
-                let width = PRESETS.iter().map(|p| p.0.len()).max().unwrap_or(0);
-                let mut out = String::new();
-                for (name, spec, description) in PRESETS {
-                    out.push_str(&format!("{name:<width$}  {description}\n"));
-                    out.push_str(&format!("{:<width$}  {spec}\n", ""));
-                }
-                Ok(out)
-            }
-        }
+        Ok(out)
     }
 }
 

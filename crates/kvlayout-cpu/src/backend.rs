@@ -1,13 +1,10 @@
-//! [`CpuBackend`]: the fast path of every op, on a rayon pool of a chosen size.
-
-use std::ops::Range;
+//! [`CpuBackend`]: its kernel build, prefetch arrangement and rayon pool. Each op is an
+//! `impl CpuBackend` block of its own module (`write`, `decode`, `movers`).
 
 use kvlayout::ops::OpError;
 
-use crate::args::{Decode, WriteKv};
-use crate::cache::{CacheMut, CacheRef};
+use crate::arch::{Isa, PrefetchLevel};
 use crate::decode::calibrate;
-use crate::simd::{Isa, PrefetchLevel};
 use crate::tolerance::Tolerance;
 
 /// A rayon pool of `threads` threads (all cores when `None`; rayon's default pool if that
@@ -50,7 +47,7 @@ impl CpuBackend {
             decode_partials: std::sync::Mutex::new(Vec::new()),
             isa: choice.isa,
             why: choice.why.clone(),
-            prefetch: crate::simd::prefetch_level(),
+            prefetch: crate::arch::prefetch_level(),
         }
     }
 
@@ -61,7 +58,7 @@ impl CpuBackend {
             decode_partials: std::sync::Mutex::new(Vec::new()),
             isa,
             why: "chosen by the caller".into(),
-            prefetch: crate::simd::prefetch_level(),
+            prefetch: crate::arch::prefetch_level(),
         })
     }
 
@@ -89,14 +86,14 @@ impl CpuBackend {
             decode_partials: std::sync::Mutex::new(Vec::new()),
             isa,
             why: "chosen by the caller".into(),
-            prefetch: crate::simd::prefetch_level(),
+            prefetch: crate::arch::prefetch_level(),
         })
     }
 
     /// This backend with its decode tiles and large moves arranged for rows prefetched to
     /// `level` (by default the level of this machine's vendor: L2 on Intel, L1 elsewhere), so
-    /// either arrangement can be tested or measured on any machine. The kernels' prefetch
-    /// instructions keep this machine's level.
+    /// either arrangement can be tested or measured on any machine; the kernels' prefetch
+    /// instructions follow it too.
     ///
     /// ```
     /// use kvlayout_cpu::{CpuBackend, PrefetchLevel};
@@ -140,7 +137,7 @@ impl CpuBackend {
     pub fn kernel_builds() -> Vec<&'static str> {
         let first = calibrate::auto().isa;
         std::iter::once(first)
-            .chain(crate::simd::available().into_iter().filter(|&i| i != first))
+            .chain(crate::arch::available().into_iter().filter(|&i| i != first))
             .map(|i| i.name())
             .collect()
     }
@@ -160,7 +157,7 @@ impl CpuBackend {
     /// lacks: what neither the tests nor the benchmarks exercise here (suites report them as
     /// skipped).
     pub fn kernels_not_run() -> Vec<(&'static str, String)> {
-        crate::simd::Isa::ALL
+        crate::arch::Isa::ALL
             .iter()
             .filter_map(|i| i.runs_here().err().map(|why| (i.name(), why)))
             .collect()
@@ -169,67 +166,5 @@ impl CpuBackend {
     /// The pool (benchmarks measure their bounds on it).
     pub fn pool(&self) -> &rayon::ThreadPool {
         &self.pool
-    }
-
-    /// Scatters new tokens into the cache. Validates everything first; nothing is written
-    /// on error.
-    pub fn write_kv(&self, cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError> {
-        crate::write::write_kv(self, cache, w)
-    }
-
-    /// One decode step; `out` is `[seqs, num_q_heads, v_width]` f32.
-    pub fn paged_decode(
-        &self,
-        cache: &CacheRef<'_>,
-        d: &Decode<'_>,
-        out: &mut [f32],
-    ) -> Result<(), OpError> {
-        crate::decode::paged_decode(self, cache, d, out)
-    }
-
-    /// Copies blocks within one cache, all layers.
-    pub fn copy_blocks(
-        &self,
-        cache: &mut CacheMut<'_>,
-        pairs: &[(u64, u64)],
-    ) -> Result<(), OpError> {
-        crate::copy::copy_blocks(self, cache, pairs)
-    }
-
-    /// Copies blocks between two pools of the same content (layouts may differ).
-    pub fn swap_blocks(
-        &self,
-        src: &CacheRef<'_>,
-        dst: &mut CacheMut<'_>,
-        pairs: &[(u64, u64)],
-    ) -> Result<(), OpError> {
-        crate::copy::swap_blocks(self, src, dst, pairs)
-    }
-
-    /// Copies blocks and a head range into a staging cache (block `i` = `blocks[i]`).
-    pub fn gather_blocks(
-        &self,
-        cache: &CacheRef<'_>,
-        blocks: &[u64],
-        heads: Range<u64>,
-        staging: &mut CacheMut<'_>,
-    ) -> Result<(), OpError> {
-        crate::copy::gather_blocks(self, cache, blocks, heads, staging)
-    }
-
-    /// The inverse of [`CpuBackend::gather_blocks`].
-    pub fn scatter_blocks(
-        &self,
-        staging: &CacheRef<'_>,
-        blocks: &[u64],
-        heads: Range<u64>,
-        cache: &mut CacheMut<'_>,
-    ) -> Result<(), OpError> {
-        crate::copy::scatter_blocks(self, staging, blocks, heads, cache)
-    }
-
-    /// Converts a whole cache to another layout of the same content.
-    pub fn convert(&self, src: &CacheRef<'_>, dst: &mut CacheMut<'_>) -> Result<(), OpError> {
-        crate::copy::convert(self, src, dst)
     }
 }

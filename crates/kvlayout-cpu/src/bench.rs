@@ -51,7 +51,7 @@ fn sum_lanes(x: &[f32]) -> f32 {
 /// under the decode's read pattern better: 0.83 of the bound against 0.74 at the same cost).
 /// With `pf` (as long as `x`), the lines of `pf` at the offsets of each 256 bytes read are
 /// prefetched as they are read, to the level the decode kernels prefetch to
-/// ([`crate::simd::prefetch`]).
+/// ([`crate::arch::prefetch_to`], to this machine's level).
 fn sum_and_compute(x: &[f32], pf: Option<&[f32]>, rounds: usize) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
@@ -110,7 +110,10 @@ fn sum_and_compute_avx512(x: &[f32], pf: Option<&[f32]>, rounds: usize) -> f32 {
 fn prefetch_chunk(pf: Option<&[f32]>, k: usize) {
     if let Some(c) = pf.and_then(|p| p.get(k * 64..k * 64 + 64)) {
         for line in 0..4 {
-            crate::simd::prefetch(c[line * 16..].as_ptr().cast());
+            crate::arch::prefetch_to(
+                c[line * 16..].as_ptr().cast(),
+                crate::arch::prefetch_level(),
+            );
         }
     }
 }
@@ -267,7 +270,7 @@ impl ReadBound {
 const PAGE_FLOATS: usize = 1024;
 
 /// The order in which the decode reads a head-major bf16 cache of the decode bench (8 KV
-/// heads x 16 tokens x 128 per block, tiles of [`crate::simd::TILE`] = 64 tokens), laid over
+/// heads x 16 tokens x 128 per block, tiles of [`crate::decode::kernels::TILE`] = 64 tokens), laid over
 /// `floats` floats: the first half is K and the second V, each in blocks of 8 head pages of
 /// 4 KiB, taken in a fixed random order four blocks (a tile) at a time; per tile and head,
 /// the four blocks' K pages, then their V pages. Each entry: where a page starts, and where
@@ -276,7 +279,7 @@ const PAGE_FLOATS: usize = 1024;
 /// page of both halves comes once.
 fn decode_page_order(floats: usize) -> Vec<(usize, Option<usize>)> {
     const HEADS: usize = 8;
-    const TILE_BLOCKS: usize = crate::simd::TILE / 16;
+    const TILE_BLOCKS: usize = crate::decode::kernels::TILE / 16;
     const AHEAD: usize = crate::decode::PREFETCH_AHEAD;
     let (block, half) = (PAGE_FLOATS * HEADS, floats / 2);
     let blocks = permutation(half / block / TILE_BLOCKS * TILE_BLOCKS);

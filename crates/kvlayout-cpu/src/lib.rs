@@ -4,34 +4,45 @@
 //! `write_kv`, `paged_decode`, `copy_blocks`, `swap_blocks`, `gather_blocks` /
 //! `scatter_blocks` and `convert`, for every layout the descriptor can express. It has two
 //! implementations: [`mod@reference`], scalar and written for clarity (f64 accumulation), and
-//! [`CpuBackend`], the fast path (SIMD with runtime detection, rayon threads). Both address
-//! memory only through the layout's field maps; neither computes a stride from a shape.
+//! [`CpuBackend`], the fast path (SIMD with runtime detection, rayon threads). Both take
+//! every address from the layout's field maps; neither computes a stride from a shape.
+//! [`Host`] runs either behind the contract's `Backend` trait.
 //!
-//! It does not own layouts (the `kvlayout` crate does), device memory, or transfers.
+//! Modules: `arch` (instruction sets, prefetch), `write`, `decode` (the plan, its rows, and
+//! `decode::kernels`: dispatch, row kinds, the scalar, AVX2 and AVX-512 builds), `movers`
+//! (executing `kvlayout::ops::MovePlan`), `quant` (row encoders), `cache` and `hostbuf`
+//! (buffers), [`tolerance`], [`mod@reference`], [`host`], and `bench` (bandwidth bounds, behind
+//! the `bench` feature).
+//!
+//! It does not own layouts or the contract (the `kvlayout` crate does), device memory, or
+//! transfers.
 
 #![warn(missing_docs)]
 
+mod arch;
 pub mod args;
 mod backend;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod cache;
-mod copy;
 mod decode;
 pub mod elem;
 #[cfg(all(test, unix))]
 mod guard;
+pub mod host;
 pub(crate) mod hostbuf;
+mod movers;
 mod quant;
 pub mod reference;
-mod simd;
 pub mod tensor;
 pub mod tolerance;
 mod write;
 
+pub use arch::PrefetchLevel;
 pub use args::{Decode, WriteKv};
 pub use backend::CpuBackend;
 pub use cache::{CacheMut, CacheRef, HostCache};
+pub use host::{Host, HostBuffers, HostOps, Ready, ScalarReference};
 pub use kvlayout::ops::{DecodeParams, OpError};
-pub use simd::PrefetchLevel;
 pub use tensor::Activations;
 pub use tolerance::{Magnitude, Tolerance};

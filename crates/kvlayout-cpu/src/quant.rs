@@ -10,8 +10,8 @@
 
 use kvlayout::DType;
 
+use crate::arch::Isa;
 use crate::elem::encode;
-use crate::simd::Isa;
 
 /// `out[i]` = the encoding of `xs[i] / tensor / q` in `dtype` (one byte per element for fp8
 /// and int8; any other dtype goes element by element through [`encode`]), with the build
@@ -304,7 +304,7 @@ mod tests {
                 (1.0, 0.37),
                 (3.0, 1.0 / 448.0),
             ] {
-                for isa in crate::simd::available() {
+                for isa in crate::arch::available() {
                     let mut got = vec![0u8; xs.len()];
                     encode_row(isa, dtype, &xs, tensor, q, &mut got);
                     for (i, (&x, &g)) in xs.iter().zip(&got).enumerate() {

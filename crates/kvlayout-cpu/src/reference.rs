@@ -6,13 +6,12 @@
 
 use std::ops::Range;
 
-use kvlayout::ops::OpError;
+use kvlayout::ops::{
+    convert_moves, copy_moves, gather_moves, scatter_moves, swap_moves, Moves, OpError,
+};
 use kvlayout::{Content, Coord, DType, Field, KvCacheLayout};
 
-use crate::args::{
-    check_decode, check_write, convert_moves, copy_moves, gather_moves, scatter_moves, swap_moves,
-    Decode, Moves, WriteKv,
-};
+use crate::args::{check_decode, check_write, Decode, WriteKv};
 use crate::cache::{CacheMut, CacheRef};
 use crate::elem::{decode, encode, inline_scale};
 use crate::tolerance::Magnitude;

@@ -1,7 +1,7 @@
 //! Host tensors handed to ops: dense, row-major activations in f32, f16 or bf16.
 
 use half::{bf16, f16};
-use kvlayout::ops::OpError;
+use kvlayout::ops::{HostTensor, TensorDesc};
 use kvlayout::DType;
 
 /// A dense row-major activation tensor (keys, values, queries).
@@ -60,17 +60,23 @@ impl Activations<'_> {
             Activations::Bf16(x) => x[start..start + n].convert_to_f32_slice(out),
         }
     }
+}
 
-    /// Checks the element count against a shape.
-    pub fn expect_shape(&self, what: &str, shape: &[usize]) -> Result<(), OpError> {
-        let n = kvlayout::ops::shape_elements(what, shape)?;
-        if self.len() != n {
-            return Err(OpError::Shape {
-                what: what.into(),
-                expected: format!("{shape:?} = {n} elements"),
-                got: format!("{} elements", self.len()),
-            });
+impl TensorDesc for Activations<'_> {
+    fn dtype(&self) -> DType {
+        Activations::dtype(self)
+    }
+    fn len(&self) -> usize {
+        Activations::len(self)
+    }
+}
+
+impl<'a> From<&'a HostTensor> for Activations<'a> {
+    fn from(t: &'a HostTensor) -> Self {
+        match t {
+            HostTensor::F32(x) => Activations::F32(x),
+            HostTensor::F16(x) => Activations::F16(x),
+            HostTensor::Bf16(x) => Activations::Bf16(x),
         }
-        Ok(())
     }
 }

@@ -6,15 +6,15 @@
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
-use kvlayout::ops::OpError;
-use kvlayout::{Content, DType, Field, FieldMap};
+use kvlayout::ops::{OpError, WriteShape};
+use kvlayout::{Content, DType, Field, FieldMap, KvCacheLayout};
 use rayon::prelude::*;
 
+use crate::arch::Isa;
 use crate::args::{check_write, WriteKv};
 use crate::backend::CpuBackend;
 use crate::cache::CacheMut;
 use crate::elem::{encode, inline_scale};
-use crate::simd::Isa;
 use crate::tensor::Activations;
 
 /// Destination buffers shared by the workers, each writing disjoint rows.
@@ -36,23 +36,26 @@ impl Dst {
     }
 }
 
-fn contiguous(m: &FieldMap) -> bool {
-    m.strides.dim == m.elem_bytes() && m.strides.dim_split == m.width
-}
-
-/// Writes `x[start .. start + width] / tensor / q` into a contiguous row of `dtype` (the same
-/// operations, in the same order, as the reference).
-#[allow(clippy::too_many_arguments)]
-fn write_row(
-    isa: Isa,
-    row: &mut [u8],
-    dtype: DType,
-    x: &Activations<'_>,
+/// One row to write: `x[start .. start + width]`, divided by the per-tensor scale `tensor`
+/// and the row's inline scale `q`.
+struct RowSrc<'a, 'x> {
+    x: &'a Activations<'x>,
     start: usize,
     width: usize,
-    (tensor, q): (f32, f32),
-    scratch: &mut Vec<f32>,
-) {
+    tensor: f32,
+    q: f32,
+}
+
+/// Writes a row's source into a contiguous row of `dtype` (the same operations, in the same
+/// order, as the reference).
+fn write_row(isa: Isa, row: &mut [u8], dtype: DType, src: &RowSrc<'_, '_>, scratch: &mut Vec<f32>) {
+    let RowSrc {
+        x,
+        start,
+        width,
+        tensor,
+        q,
+    } = *src;
     if tensor == 1.0 && q == 1.0 {
         match (x, dtype) {
             (Activations::F32(v), DType::F32) => {
@@ -81,19 +84,24 @@ fn write_row(
     crate::quant::encode_row(isa, dtype, scratch, tensor, q, row);
 }
 
-pub(crate) fn write_kv(
-    be: &CpuBackend,
-    cache: &mut CacheMut<'_>,
-    w: &WriteKv<'_>,
-) -> Result<(), OpError> {
-    let shape = check_write(cache.layout, w)?;
-    let layout = cache.layout;
-    let bs = layout.geometry().block_size;
-    let dtype = layout.dtype();
+/// One tensor to write (keys or the latent, values): the field it goes to, its inline-scale
+/// field (`kv-scaled`), the activations, elements per head, and the per-tensor scale.
+struct Part<'x> {
+    map: FieldMap,
+    scale: Option<FieldMap>,
+    src: Activations<'x>,
+    width: usize,
+    tensor: f32,
+}
+
+/// The parts of a validated write.
+fn parts<'x>(
+    layout: &KvCacheLayout,
+    w: &WriteKv<'x>,
+    shape: &WriteShape,
+) -> Result<Vec<Part<'x>>, OpError> {
     let sc = layout.scales();
     let scaled = matches!(layout.content(), Content::KvScaled { .. });
-    let mut parts: Vec<(FieldMap, Option<FieldMap>, Activations<'_>, usize, f32)> = Vec::new();
-    let first = if shape.mla { Field::Latent } else { Field::K };
     let scale_map = |f| {
         if scaled {
             layout.field_map(f).ok()
@@ -101,79 +109,126 @@ pub(crate) fn write_kv(
             None
         }
     };
-    parts.push((
-        layout.field_map(first)?,
-        scale_map(Field::KScale),
-        w.key,
-        shape.k_width,
-        sc.k_scale,
-    ));
+    let first = if shape.mla { Field::Latent } else { Field::K };
+    let mut parts = vec![Part {
+        map: layout.field_map(first)?,
+        scale: scale_map(Field::KScale),
+        src: w.key,
+        width: shape.k_width,
+        tensor: sc.k_scale,
+    }];
     if let Some(v) = w.value {
-        parts.push((
-            layout.field_map(Field::V)?,
-            scale_map(Field::VScale),
-            v,
-            shape.v_width,
-            sc.v_scale,
-        ));
+        parts.push(Part {
+            map: layout.field_map(Field::V)?,
+            scale: scale_map(Field::VScale),
+            src: v,
+            width: shape.v_width,
+            tensor: sc.v_scale,
+        });
     }
-    let bufs: Vec<Dst> = cache
-        .buffers
-        .iter_mut()
-        .map(|b| Dst(b.as_mut_ptr(), b.len()))
-        .collect();
-    let heads = shape.heads;
-    be.pool.install(|| {
-        w.slot_mapping
-            .par_iter()
-            .enumerate()
-            .for_each_init(Vec::new, |scratch, (t, &slot)| {
-                if slot < 0 {
-                    return;
-                }
-                let (b, n) = (slot as u64 / bs, slot as u64 % bs);
-                for h in 0..heads {
-                    for (m, scale_m, src, width, tensor) in &parts {
-                        let start = (t * heads + h) * width;
-                        let buf = bufs[m.strides.buffer as usize];
-                        let e = m.elem_bytes() as usize;
-                        let mut q = 1.0f32;
-                        if let Some(sm) = scale_m {
-                            scratch.resize(*width, 0.0);
-                            src.read_into(start, scratch);
-                            let amax = scratch.iter().fold(0f32, |a, v| a.max((v / tensor).abs()));
-                            q = inline_scale(dtype, amax);
-                            let off = sm.offset_unchecked(w.layer, b, h as u64, n, 0) as usize;
-                            // SAFETY: this (slot, head) scale is written only by this token.
-                            let out = unsafe { bufs[sm.strides.buffer as usize].slice(off, 4) };
-                            out.copy_from_slice(&q.to_le_bytes());
-                        }
-                        if contiguous(m) {
-                            let off = m.offset_unchecked(w.layer, b, h as u64, n, 0) as usize;
-                            // SAFETY: this (slot, head) row is written only by this token.
-                            let row = unsafe { buf.slice(off, width * e) };
-                            write_row(
-                                be.isa,
-                                row,
-                                m.dtype,
-                                src,
-                                start,
-                                *width,
-                                (*tensor, q),
-                                scratch,
-                            );
-                        } else {
-                            for d in 0..*width {
-                                let off =
-                                    m.offset_unchecked(w.layer, b, h as u64, n, d as u64) as usize;
-                                // SAFETY: this element is written only by this token.
-                                let out = unsafe { buf.slice(off, e) };
-                                encode(m.dtype, src.get(start + d) / tensor / q, out);
-                            }
-                        }
-                    }
-                }
-            });
-    });
-    Ok(())
+    Ok(parts)
+}
+
+/// A validated write, shared by the workers (one token each).
+struct Writer<'x> {
+    isa: Isa,
+    dtype: DType,
+    layer: u64,
+    block_size: u64,
+    heads: usize,
+    parts: Vec<Part<'x>>,
+    bufs: Vec<Dst>,
+}
+
+impl Writer<'_> {
+    /// Writes every head of token `t` into `slot` (padding, negative, is skipped).
+    fn token(&self, t: usize, slot: i64, scratch: &mut Vec<f32>) {
+        if slot < 0 {
+            return;
+        }
+        let (b, n) = (slot as u64 / self.block_size, slot as u64 % self.block_size);
+        for h in 0..self.heads {
+            for part in &self.parts {
+                let start = (t * self.heads + h) * part.width;
+                self.row(part, (b, h as u64, n), start, scratch);
+            }
+        }
+    }
+
+    /// Writes one row of a part (and its inline scale) at `(block, head, slot)`.
+    fn row(
+        &self,
+        part: &Part<'_>,
+        (b, h, n): (u64, u64, u64),
+        start: usize,
+        scratch: &mut Vec<f32>,
+    ) {
+        let m = &part.map;
+        let buf = self.bufs[m.strides.buffer as usize];
+        let mut q = 1.0f32;
+        if let Some(sm) = &part.scale {
+            scratch.resize(part.width, 0.0);
+            part.src.read_into(start, scratch);
+            let amax = scratch
+                .iter()
+                .fold(0f32, |a, v| a.max((v / part.tensor).abs()));
+            q = inline_scale(self.dtype, amax);
+            let off = sm.offset_unchecked(self.layer, b, h, n, 0) as usize;
+            // SAFETY: this (slot, head) scale is written only by this token.
+            let out = unsafe { self.bufs[sm.strides.buffer as usize].slice(off, 4) };
+            out.copy_from_slice(&q.to_le_bytes());
+        }
+        if m.row_contiguous() {
+            let off = m.offset_unchecked(self.layer, b, h, n, 0) as usize;
+            // SAFETY: this (slot, head) row is written only by this token.
+            let row = unsafe { buf.slice(off, m.row_bytes() as usize) };
+            let src = RowSrc {
+                x: &part.src,
+                start,
+                width: part.width,
+                tensor: part.tensor,
+                q,
+            };
+            write_row(self.isa, row, m.dtype, &src, scratch);
+        } else {
+            let e = m.elem_bytes() as usize;
+            for d in 0..part.width {
+                let off = m.offset_unchecked(self.layer, b, h, n, d as u64) as usize;
+                // SAFETY: this element is written only by this token.
+                let out = unsafe { buf.slice(off, e) };
+                encode(m.dtype, part.src.get(start + d) / part.tensor / q, out);
+            }
+        }
+    }
+}
+
+impl CpuBackend {
+    /// Writes new tokens' K and V (or MLA latents) at their slots; tokens in parallel (slots
+    /// are distinct, so rows are disjoint).
+    pub fn write_kv(&self, cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError> {
+        let shape = check_write(cache.layout, w)?;
+        let layout = cache.layout;
+        let writer = Writer {
+            isa: self.isa,
+            dtype: layout.dtype(),
+            layer: w.layer,
+            block_size: layout.geometry().block_size,
+            heads: shape.heads,
+            parts: parts(layout, w, &shape)?,
+            bufs: cache
+                .buffers
+                .iter_mut()
+                .map(|b| Dst(b.as_mut_ptr(), b.len()))
+                .collect(),
+        };
+        self.pool.install(|| {
+            w.slot_mapping
+                .par_iter()
+                .enumerate()
+                .for_each_init(Vec::new, |scratch, (t, &slot)| {
+                    writer.token(t, slot, scratch)
+                });
+        });
+        Ok(())
+    }
 }

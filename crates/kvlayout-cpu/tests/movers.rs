@@ -17,6 +17,12 @@ const SPECS: &[&str] = &[
     // in the other order, so moving rows whole between the two would swap K and V.
     "kv L=2 B=3 N=4 H=4 D=8 dtype=f16 @k=0:16:1536:512:32:128:8:16:2 \
      @v=0:0:1536:512:32:128:8:16:2 @buf0=0..3072",
+    // K split into chunks of 4 and of 2 elements (the legacy key with x = 4 and x = 2), V
+    // unsplit: between these two no affine plan exists, so the movers copy element by element.
+    "kv L=2 B=3 N=4 H=4 D=8 dtype=f16 @k=0:0:1536:512:64:8:4:32:2 \
+     @v=0:256:1536:512:64:16:8:16:2 @buf0=0..3072",
+    "kv L=2 B=3 N=4 H=4 D=8 dtype=f16 @k=0:0:1536:512:64:4:2:16:2 \
+     @v=0:256:1536:512:64:16:8:16:2 @buf0=0..3072",
 ];
 
 fn filled(spec: &str, seed: u8) -> HostCache {

@@ -1,10 +1,29 @@
 //! Refusals: each bad input a typed `OpError` on every backend, and every cache byte
-//! unchanged (see the suite's module doc).
+//! unchanged (see the suite's module doc). The calls and their errors are the table of
+//! `refusal_rows.rs`; this module holds the caches and tensors the rows name, and runs them.
 
-use super::*;
-use kvlayout::LayoutError;
-use kvlayout_conformance::cases::case_from_spec;
+use std::collections::BTreeMap;
 
+use kvlayout::ops::OpError;
+use kvlayout::{DType, KvCacheLayout};
+use kvlayout_conformance::backend::{
+    Backend, BackendVisitor, Backends, BufferShape, DecodeArgs, Host, HostTensor, ScalarReference,
+    WriteArgs,
+};
+use kvlayout_conformance::cases::{
+    case_from_spec, mover_plan, widths, workload, LayoutCase, MoverPlan, Workload,
+};
+
+use crate::bytes::{byte_equal, random_bytes, random_bytes_of, sentinel, Bytes, Outcome};
+use crate::report::{guarded, print_backend_reports, report_of, Report};
+use crate::run::{done, upload};
+
+#[path = "refusal_rows.rs"]
+mod rows;
+
+use rows::{CacheId, Call, Ctx, Others, Refusal, Value};
+
+/// Runs every refusal case on each backend it visits.
 struct Refusals<'a> {
     reports: &'a mut BTreeMap<String, Report>,
 }
@@ -31,582 +50,226 @@ fn refused<B: Backend>(
     Ok(())
 }
 
-fn refusals_for<B: Backend>(be: &B, rep: &mut Report, case: &LayoutCase) -> Outcome<()> {
-    let l = &case.layout;
-    let g = *l.geometry();
-    let w = workload(case).expect("K/V content");
-    let (kw, vw, mla) = widths(l).expect("K/V content");
-    let h = g.num_kv_heads as usize;
-    let name = &case.name;
-    let bytes = random_bytes(l, &format!("{name}/refusals"));
-    let mut cache = upload(be, l, &bytes)?;
-    let limit = (g.num_blocks * g.block_size) as i64;
+/// The caches and tensors the rows of one case name.
+struct Fixture<B: Backend> {
+    /// Each cache with the bytes it was given; the case's own ([`rows::MAIN`]) first.
+    caches: Vec<(B::Cache, Bytes)>,
+    mla: bool,
+    /// Three tokens of 0.5 (f32).
+    key: B::Tensor,
+    value: B::Tensor,
+    /// The value in bf16 (not for MLA).
+    value_bf16: Option<B::Tensor>,
+    query: B::Tensor,
+    short_query: B::Tensor,
+    out: B::Tensor,
+    short_out: B::Tensor,
+}
 
-    // write_kv
-    let key = be.upload_tensor(&HostTensor::F32(vec![0.5; 3 * h * kw]))?;
-    let value = be.upload_tensor(&HostTensor::F32(vec![0.5; 3 * h * vw]))?;
-    let value = (!mla).then_some(&value);
-    let write = |cache: &mut B::Cache,
-                 slots: &[i64],
-                 layer: u64,
-                 key: &B::Tensor,
-                 value: Option<&B::Tensor>| {
-        be.write_kv(
-            cache,
-            &WriteArgs {
-                layer,
-                key,
-                value,
-                slot_mapping: slots,
-            },
-        )
-    };
-    let check = |rep: &mut Report, what: &str, r: Outcome<()>| {
-        rep.check("refusal", &format!("{name}: {what}"), r)
-    };
-    let r = write(&mut cache, &[0, limit, 3], w.layer, &key, value);
-    check(
-        rep,
-        "slot out of range",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::SlotOutOfRange { token: 1, slot, limit: l } if *slot == limit && *l as i64 == limit),
-            &[(&cache, &bytes)],
-        ),
-    );
-    let r = write(&mut cache, &[4, -1, 4], w.layer, &key, value);
-    check(
-        rep,
-        "duplicate slot",
-        refused(
-            be,
-            r,
-            |e| {
-                matches!(
-                    e,
-                    OpError::DuplicateSlot {
-                        token: 2,
-                        slot: 4,
-                        first: 0
-                    }
-                )
-            },
-            &[(&cache, &bytes)],
-        ),
-    );
-    let r = write(&mut cache, &[0, 1, 2], g.num_layers, &key, value);
-    check(
-        rep,
-        "layer out of range",
-        refused(
-            be,
-            r,
-            |e| {
-                matches!(
-                    e,
-                    OpError::Layout(LayoutError::OutOfRange { axis: "layer", .. })
-                )
-            },
-            &[(&cache, &bytes)],
-        ),
-    );
-    let r = write(&mut cache, &[0, 1], w.layer, &key, value);
-    check(
-        rep,
-        "key of the wrong shape (3 tokens, 2 slots)",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::Shape { .. }),
-            &[(&cache, &bytes)],
-        ),
-    );
-    if mla {
-        let r = write(&mut cache, &[0, 1, 2], w.layer, &key, Some(&key));
-        check(
-            rep,
-            "a value tensor for MLA",
-            refused(
-                be,
-                r,
-                |e| matches!(e, OpError::Shape { .. }),
-                &[(&cache, &bytes)],
-            ),
-        );
-    } else {
-        let v16 = be.upload_tensor(&HostTensor::from_f32(DType::Bf16, &vec![0.5; 3 * h * vw]))?;
-        let r = write(&mut cache, &[0, 1, 2], w.layer, &key, Some(&v16));
-        check(
-            rep,
-            "value dtype differs from key dtype",
-            refused(
-                be,
-                r,
-                |e| matches!(e, OpError::Shape { .. }),
-                &[(&cache, &bytes)],
-            ),
-        );
-        let r = write(&mut cache, &[0, 1, 2], w.layer, &key, None);
-        check(
-            rep,
-            "no value tensor",
-            refused(
-                be,
-                r,
-                |e| matches!(e, OpError::Shape { .. }),
-                &[(&cache, &bytes)],
-            ),
-        );
+impl<B: Backend> Fixture<B> {
+    /// The case's own cache of random bytes, and the tensors of the rows.
+    fn new(be: &B, case: &LayoutCase, w: &Workload) -> Outcome<Self> {
+        let l = &case.layout;
+        let h = l.geometry().num_kv_heads as usize;
+        let (kw, vw, mla) = widths(l).expect("K/V content");
+        let bytes = random_bytes(l, &format!("{}/refusals", case.name));
+        let main = upload(be, l, &bytes)?;
+        let dc = &w.decodes[1];
+        let n_out = w.seq_lens.len() * dc.params.num_q_heads as usize * vw;
+        let half = |n: usize| HostTensor::F32(vec![0.5; 3 * h * n]);
+        let value_bf16 =
+            HostTensor::from_f32(DType::Bf16, &vec![0.5; 3 * h * vw]).map_err(|e| e.to_string())?;
+        Ok(Fixture {
+            caches: vec![(main, bytes)],
+            mla,
+            key: be.upload_tensor(&half(kw))?,
+            value: be.upload_tensor(&half(vw))?,
+            value_bf16: (!mla).then(|| be.upload_tensor(&value_bf16)).transpose()?,
+            query: be.upload_tensor(&dc.query)?,
+            short_query: be.upload_tensor(&HostTensor::F32(vec![0.0; dc.query.len() - 1]))?,
+            out: be.alloc_tensor(DType::F32, n_out)?,
+            short_out: be.alloc_tensor(DType::F32, n_out - 1)?,
+        })
     }
 
-    // paged_decode
-    let dc = &w.decodes[1];
-    let q = be.upload_tensor(&dc.query)?;
-    let n_out = w.seq_lens.len() * dc.params.num_q_heads as usize * vw;
-    let mut out = be.alloc_tensor(DType::F32, n_out)?;
-    let decode = |cache: &B::Cache,
-                  out: &mut B::Tensor,
-                  table: &[i32],
-                  lens: &[u32],
-                  params: DecodeParams,
-                  query: &B::Tensor| {
-        be.paged_decode(
-            cache,
-            &DecodeArgs {
-                layer: w.layer,
-                query,
-                block_table: table,
-                blocks_per_seq: w.blocks_per_seq,
-                seq_lens: lens,
-                params,
-            },
-            out,
-        )
-    };
-    let mut table = w.block_table.clone();
-    let last = (u64::from(w.seq_lens[0]).div_ceil(g.block_size) - 1) as usize;
-    table[last] = g.num_blocks as i32;
-    let r = decode(&cache, &mut out, &table, &w.seq_lens, dc.params, &q);
-    check(
-        rep,
-        "block id out of range",
-        refused(
-            be,
-            r,
-            |e| {
-                matches!(
-                    e,
-                    OpError::BlockOutOfRange { seq: 0, position, .. } if *position == last
-                )
-            },
-            &[(&cache, &bytes)],
-        ),
-    );
-    let mut table = w.block_table.clone();
-    table[0] = -1;
-    let r = decode(&cache, &mut out, &table, &w.seq_lens, dc.params, &q);
-    check(
-        rep,
-        "negative block id",
-        refused(
-            be,
-            r,
-            |e| {
-                matches!(
-                    e,
-                    OpError::BlockOutOfRange {
-                        seq: 0,
-                        position: 0,
-                        block: -1,
-                        ..
-                    }
-                )
-            },
-            &[(&cache, &bytes)],
-        ),
-    );
-    let mut lens = w.seq_lens.clone();
-    lens[1] = (w.blocks_per_seq as u64 * g.block_size + 1) as u32;
-    let r = decode(&cache, &mut out, &w.block_table, &lens, dc.params, &q);
-    check(
-        rep,
-        "sequence longer than its blocks",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::SequenceTooLong { seq: 1, .. }),
-            &[(&cache, &bytes)],
-        ),
-    );
-    let r = decode(
-        &cache,
-        &mut out,
-        &w.block_table[1..],
-        &w.seq_lens,
-        dc.params,
-        &q,
-    );
-    check(
-        rep,
-        "block table of the wrong size",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::Shape { .. }),
-            &[(&cache, &bytes)],
-        ),
-    );
-    let bad = DecodeParams {
-        num_q_heads: g.num_kv_heads * 4 + 1,
-        ..dc.params
-    };
-    let r = decode(&cache, &mut out, &w.block_table, &w.seq_lens, bad, &q);
-    check(
-        rep,
-        "query heads not a multiple of KV heads",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::Shape { .. }),
-            &[(&cache, &bytes)],
-        ),
-    );
-    let bad = DecodeParams {
-        soft_cap: Some(-1.0),
-        ..dc.params
-    };
-    let r = decode(&cache, &mut out, &w.block_table, &w.seq_lens, bad, &q);
-    check(
-        rep,
-        "negative soft-cap",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::Shape { .. }),
-            &[(&cache, &bytes)],
-        ),
-    );
-    let mut short_out = be.alloc_tensor(DType::F32, n_out - 1)?;
-    let r = decode(
-        &cache,
-        &mut short_out,
-        &w.block_table,
-        &w.seq_lens,
-        dc.params,
-        &q,
-    );
-    check(
-        rep,
-        "output of the wrong size",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::Shape { .. }),
-            &[(&cache, &bytes)],
-        ),
-    );
-    let short_q = be.upload_tensor(&HostTensor::F32(vec![0.0; dc.query.len() - 1]))?;
-    let r = decode(
-        &cache,
-        &mut out,
-        &w.block_table,
-        &w.seq_lens,
-        dc.params,
-        &short_q,
-    );
-    check(
-        rep,
-        "query of the wrong size",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::Shape { .. }),
-            &[(&cache, &bytes)],
-        ),
-    );
+    /// A cache of `l` in buffers of `shapes`, holding `bytes`.
+    fn add(
+        &mut self,
+        be: &B,
+        l: &KvCacheLayout,
+        shapes: &[BufferShape],
+        bytes: Bytes,
+    ) -> Outcome<CacheId> {
+        let mut c = be.alloc_cache(l, shapes)?;
+        be.upload_cache(&mut c, &bytes)?;
+        self.caches.push((c, bytes));
+        Ok(self.caches.len() - 1)
+    }
 
-    // Block movers.
-    let nb = g.num_blocks;
-    let r = be.copy_blocks(&mut cache, &[(nb, 0)]);
-    check(
-        rep,
-        "copy: source block out of range",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::BadPair { index: 0, .. }),
-            &[(&cache, &bytes)],
-        ),
-    );
-    let r = be.copy_blocks(&mut cache, &[(0, 1), (2, 1)]);
-    check(
-        rep,
-        "copy: destination twice",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::BadPair { dst: 1, .. }),
-            &[(&cache, &bytes)],
-        ),
-    );
-    let r = be.copy_blocks(&mut cache, &[(0, 1), (1, 2)]);
-    check(
-        rep,
-        "copy: a source that is also a destination",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::BadPair { .. }),
-            &[(&cache, &bytes)],
-        ),
-    );
-    // Another dtype (of the same size where there is one, so padded pages still fit).
-    let other_dtype = match l.dtype() {
-        DType::F32 => "bf16",
-        DType::F16 => "bf16",
-        DType::Bf16 => "f16",
-        DType::Fp8E4m3 => "fp8_e5m2",
-        _ => "fp8_e4m3",
-    };
-    let mut spec = l.spec().clone();
-    spec.dtype = other_dtype.parse().expect("dtype");
-    let other = KvCacheLayout::new(spec).expect("same geometry, other dtype");
-    let other_bytes = random_bytes(&other, "other");
-    let mut other_cache = upload(be, &other, &other_bytes)?;
-    let r = be.swap_blocks(&other_cache, &mut cache, &[(0, 0)]);
-    check(
-        rep,
-        "swap: different dtype",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::Incompatible(_)),
-            &[(&cache, &bytes), (&other_cache, &other_bytes)],
-        ),
-    );
-    let r = be.convert(&cache, &mut other_cache);
-    check(
-        rep,
-        "convert: different dtype",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::Incompatible(_)),
-            &[(&cache, &bytes), (&other_cache, &other_bytes)],
-        ),
-    );
-    let mut spec = l.spec().clone();
-    spec.geometry.num_blocks += 1;
-    let more = KvCacheLayout::new(spec).expect("one block more");
-    let more_bytes = random_bytes(&more, "more");
-    let mut more_cache = upload(be, &more, &more_bytes)?;
-    let r = be.convert(&cache, &mut more_cache);
-    check(
-        rep,
-        "convert: different block count",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::Incompatible(_)),
-            &[(&cache, &bytes), (&more_cache, &more_bytes)],
-        ),
-    );
-    let r = be.swap_blocks(&more_cache, &mut cache, &[(0, nb)]);
-    check(
-        rep,
-        "swap: destination block out of range",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::BadPair { index: 0, .. }),
-            &[(&cache, &bytes), (&more_cache, &more_bytes)],
-        ),
-    );
-    if g.num_kv_heads > 1 {
+    /// A cache of `l` (exact buffers) of random bytes.
+    fn add_random(&mut self, be: &B, l: &KvCacheLayout, seed: &str) -> Outcome<CacheId> {
+        self.add(be, l, &BufferShape::exact(l), random_bytes(l, seed))
+    }
+
+    /// The caches the mover rows take besides the case's own.
+    fn add_others(&mut self, be: &B, l: &KvCacheLayout, plan: &MoverPlan) -> Outcome<Others> {
+        // Another dtype (of the same size where there is one, so padded pages still fit).
+        let other_dtype = match l.dtype() {
+            DType::F32 => "bf16",
+            DType::F16 => "bf16",
+            DType::Bf16 => "f16",
+            DType::Fp8E4m3 => "fp8_e5m2",
+            _ => "fp8_e4m3",
+        };
+        let mut spec = l.spec().clone();
+        spec.dtype = other_dtype.parse().expect("dtype");
+        let other = KvCacheLayout::new(spec).expect("same geometry, other dtype");
+        let mut spec = l.spec().clone();
+        spec.geometry.num_blocks += 1;
+        let more = KvCacheLayout::new(spec).expect("one block more");
         let mut spec = l.spec().clone();
         spec.geometry.num_kv_heads -= 1;
-        if let Ok(fewer) = KvCacheLayout::new(spec) {
-            let fb = random_bytes(&fewer, "fewer");
-            let fc = upload(be, &fewer, &fb)?;
-            let r = be.swap_blocks(&fc, &mut cache, &[(0, 0)]);
-            check(
-                rep,
-                "swap: different head count",
-                refused(
-                    be,
-                    r,
-                    |e| matches!(e, OpError::Incompatible(_)),
-                    &[(&cache, &bytes), (&fc, &fb)],
-                ),
-            );
-        }
-    }
-    let plan = mover_plan(case, 0);
-    let sb = sentinel(&plan.staging);
-    let mut staging = upload(be, &plan.staging, &sb)?;
-    let r = be.gather_blocks(
-        &cache,
-        &plan.gather_blocks,
-        0..g.num_kv_heads + 1,
-        &mut staging,
-    );
-    check(
-        rep,
-        "gather: head range past the heads",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::Shape { .. }),
-            &[(&cache, &bytes), (&staging, &sb)],
-        ),
-    );
-    if plan.heads.end - plan.heads.start > 1 {
-        let r = be.gather_blocks(
-            &cache,
-            &plan.gather_blocks,
-            plan.heads.start..plan.heads.end - 1,
-            &mut staging,
-        );
-        check(
-            rep,
-            "gather: staging holds other heads",
-            refused(
-                be,
-                r,
-                |e| matches!(e, OpError::Incompatible(_)),
-                &[(&cache, &bytes), (&staging, &sb)],
-            ),
-        );
-    }
-    let r = be.gather_blocks(&cache, &[0, 1, 0, 1], plan.heads.clone(), &mut staging);
-    check(
-        rep,
-        "gather: more blocks than the staging holds",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::Incompatible(_)),
-            &[(&cache, &bytes), (&staging, &sb)],
-        ),
-    );
-    let r = be.gather_blocks(&cache, &[nb], plan.heads.clone(), &mut staging);
-    check(
-        rep,
-        "gather: block out of range",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::BadPair { .. }),
-            &[(&cache, &bytes), (&staging, &sb)],
-        ),
-    );
-    let r = be.scatter_blocks(&staging, &[1, 1], plan.heads.clone(), &mut cache);
-    check(
-        rep,
-        "scatter: one block twice",
-        refused(
-            be,
-            r,
-            |e| matches!(e, OpError::BadPair { .. }),
-            &[(&cache, &bytes), (&staging, &sb)],
-        ),
-    );
-
-    // Buffers: shorter than the registered span (by one byte, and down to the last element
-    // byte when the span is padded), misaligned.
-    let data_end: Vec<u64> = (0..l.num_buffers())
-        .map(|i| {
-            l.stored_fields()
-                .iter()
-                .filter(|m| m.strides.buffer as usize == i)
-                .map(|m| m.data_end())
-                .max()
-                .unwrap_or(0)
+        let fewer = (l.geometry().num_kv_heads > 1)
+            .then(|| KvCacheLayout::new(spec).ok())
+            .flatten();
+        let staging = &plan.staging;
+        Ok(Others {
+            other_dtype: self.add_random(be, &other, "other")?,
+            more_blocks: self.add_random(be, &more, "more")?,
+            fewer_heads: fewer
+                .map(|f| self.add_random(be, &f, "fewer"))
+                .transpose()?,
+            staging: self.add(be, staging, &BufferShape::exact(staging), sentinel(staging))?,
         })
-        .collect();
+    }
+
+    /// Makes the call of a row.
+    fn call(&mut self, be: &B, call: &Call) -> Result<B::Completion, OpError> {
+        if let Some((src, dst)) = call.between() {
+            let (s, d) = src_and_dst(&mut self.caches, src, dst);
+            return between(be, call, &s.0, &mut d.0);
+        }
+        let caches = &mut self.caches;
+        match call {
+            Call::Write(w) => {
+                let value = match w.value {
+                    Value::Workload => (!self.mla).then_some(&self.value),
+                    Value::Key => Some(&self.key),
+                    Value::Bf16 => self.value_bf16.as_ref(),
+                    Value::Missing => None,
+                };
+                let args = WriteArgs {
+                    layer: w.layer,
+                    key: &self.key,
+                    value,
+                    slot_mapping: &w.slots,
+                };
+                be.write_kv(&mut caches[w.cache].0, &args)
+            }
+            Call::Decode(d) => {
+                let args = DecodeArgs {
+                    layer: d.layer,
+                    query: if d.short_query {
+                        &self.short_query
+                    } else {
+                        &self.query
+                    },
+                    block_table: &d.table,
+                    blocks_per_seq: d.blocks_per_seq,
+                    seq_lens: &d.lens,
+                    params: d.params,
+                };
+                let out = if d.short_out {
+                    &mut self.short_out
+                } else {
+                    &mut self.out
+                };
+                be.paged_decode(&caches[d.cache].0, &args, out)
+            }
+            Call::Copy { cache, pairs } => be.copy_blocks(&mut caches[*cache].0, pairs),
+            _ => unreachable!("a call between two caches"),
+        }
+    }
+
+    /// Runs a row: refused with its error, and every cache it names unchanged.
+    fn run(&mut self, be: &B, row: &Refusal) -> Outcome<()> {
+        let r = self.call(be, &row.call);
+        let caches: Vec<(&B::Cache, &Bytes)> = row
+            .call
+            .caches()
+            .into_iter()
+            .map(|i| (&self.caches[i].0, &self.caches[i].1))
+            .collect();
+        refused(be, r, &row.expect, &caches)
+    }
+}
+
+/// A call between two caches, on `src` and `dst`.
+fn between<B: Backend>(
+    be: &B,
+    call: &Call,
+    src: &B::Cache,
+    dst: &mut B::Cache,
+) -> Result<B::Completion, OpError> {
+    match call {
+        Call::Swap { pairs, .. } => be.swap_blocks(src, dst, pairs),
+        Call::Convert { .. } => be.convert(src, dst),
+        Call::Gather { blocks, heads, .. } => be.gather_blocks(src, blocks, heads.clone(), dst),
+        Call::Scatter { blocks, heads, .. } => be.scatter_blocks(src, blocks, heads.clone(), dst),
+        _ => unreachable!("a call on one cache"),
+    }
+}
+
+/// `(&v[src], &mut v[dst])` of two different indices.
+fn src_and_dst<T>(v: &mut [T], src: usize, dst: usize) -> (&T, &mut T) {
+    assert_ne!(src, dst, "a call between two different caches");
+    if src < dst {
+        let (a, b) = v.split_at_mut(dst);
+        (&a[src], &mut b[0])
+    } else {
+        let (a, b) = v.split_at_mut(src);
+        (&b[0], &mut a[dst])
+    }
+}
+
+/// Every row of the table on one case: the case's own cache and the mover rows' caches, then
+/// each buffer shorter than its registered span (by one byte, and down to the last element
+/// byte when the span is padded) and misaligned.
+fn refusals_for<B: Backend>(be: &B, rep: &mut Report, case: &LayoutCase) -> Outcome<()> {
+    let l = &case.layout;
+    let w = workload(case).expect("K/V content");
+    let (_, _, mla) = widths(l).expect("K/V content");
+    let plan = mover_plan(case, 0);
+    let mut fx = Fixture::new(be, case, &w)?;
+    let others = fx.add_others(be, l, &plan)?;
+    let cx = Ctx {
+        layout: l,
+        work: &w,
+        step: &w.decodes[1],
+        mla,
+        plan: &plan,
+    };
+    let mut rows = cx.rows(&others);
     for i in 0..l.num_buffers() {
-        let exact = BufferShape::exact(l);
-        let needed = exact[i].len;
-        let mut lens = vec![needed - 1];
-        if data_end[i] < needed - 1 {
-            lens.push(data_end[i]);
+        for (len, shapes) in cx.short_shapes(i) {
+            let bad = fx.add(be, l, &shapes, random_bytes_shaped(&shapes, "short"))?;
+            rows.extend(cx.short_rows(bad, i, len));
         }
-        for len in lens {
-            let mut shapes = exact.clone();
-            shapes[i].len = len;
-            let mut bad = be.alloc_cache(l, &shapes)?;
-            let bb = random_bytes_shaped(&shapes, "short");
-            be.upload_cache(&mut bad, &bb)?;
-            let is_short = |e: &OpError| matches!(e, OpError::BufferTooShort { buffer, len: got, needed: n } if *buffer == i && *got == len && *n == needed);
-            let r = write(&mut bad, &[0, 1, 2], w.layer, &key, value);
-            check(
-                rep,
-                &format!("write_kv: buffer {i} of {len} bytes (span {needed})"),
-                refused(be, r, is_short, &[(&bad, &bb)]),
-            );
-            let r = decode(&bad, &mut out, &w.block_table, &w.seq_lens, dc.params, &q);
-            check(
-                rep,
-                &format!("paged_decode: buffer {i} of {len} bytes (span {needed})"),
-                refused(be, r, is_short, &[(&bad, &bb)]),
-            );
-            let r = be.copy_blocks(&mut bad, &[(0, 1)]);
-            check(
-                rep,
-                &format!("copy_blocks: buffer {i} of {len} bytes (span {needed})"),
-                refused(be, r, is_short, &[(&bad, &bb)]),
-            );
-            let r = be.convert(&cache, &mut bad);
-            check(
-                rep,
-                &format!("convert: destination buffer {i} of {len} bytes (span {needed})"),
-                refused(be, r, is_short, &[(&bad, &bb), (&cache, &bytes)]),
-            );
-        }
-        let align = l
-            .stored_fields()
-            .iter()
-            .filter(|m| m.strides.buffer as usize == i)
-            .map(|m| m.elem_bytes())
-            .max()
-            .unwrap_or(1);
-        let mut shapes = exact.clone();
-        shapes[i].misalign = align / 2;
-        let mut bad = be.alloc_cache(l, &shapes)?;
-        let bb = random_bytes_shaped(&shapes, "misaligned");
-        be.upload_cache(&mut bad, &bb)?;
-        if align > 1 {
-            let is_misaligned = |e: &OpError| matches!(e, OpError::Misaligned { buffer, align: a, .. } if *buffer == i && *a as u64 == align);
-            let r = write(&mut bad, &[0, 1, 2], w.layer, &key, value);
-            check(
-                rep,
-                &format!(
-                    "write_kv: buffer {i} misaligned by {} for {align}-byte elements",
-                    align / 2
-                ),
-                refused(be, r, is_misaligned, &[(&bad, &bb)]),
-            );
-            let r = decode(&bad, &mut out, &w.block_table, &w.seq_lens, dc.params, &q);
-            check(
-                rep,
-                &format!("paged_decode: buffer {i} misaligned"),
-                refused(be, r, is_misaligned, &[(&bad, &bb)]),
-            );
-            let r = be.swap_blocks(&cache, &mut bad, &[(0, 0)]);
-            check(
-                rep,
-                &format!("swap_blocks: destination buffer {i} misaligned"),
-                refused(be, r, is_misaligned, &[(&bad, &bb), (&cache, &bytes)]),
-            );
-        }
+        let shapes = cx.misaligned_shapes(i);
+        let bad = fx.add(be, l, &shapes, random_bytes_shaped(&shapes, "misaligned"))?;
+        rows.extend(cx.misaligned_rows(bad, i));
+    }
+    for row in &rows {
+        let r = fx.run(be, row);
+        rep.check("refusal", &format!("{}: {}", case.name, row.name), r);
     }
     Ok(())
 }
 
+/// Random bytes for buffers of `shapes`, seeded by `seed`.
 fn random_bytes_shaped(shapes: &[BufferShape], seed: &str) -> Bytes {
-    let mut rng = Rng::new(seed);
-    shapes.iter().map(|s| rng.bytes(s.len as usize)).collect()
+    let lens: Vec<u64> = shapes.iter().map(|s| s.len).collect();
+    random_bytes_of(&lens, seed)
 }
 
 /// One-byte elements need no alignment: a buffer at an odd address works, and the result
@@ -659,11 +322,9 @@ fn odd_address_accepted<B: Backend>(be: &B, rep: &mut Report) -> Outcome<()> {
 
 impl BackendVisitor for Refusals<'_> {
     fn visit<B: Backend>(&mut self, be: &B) {
-        let rep = self.reports.entry(be.name().to_string()).or_default();
-        if let Err(why) = be.available() {
-            rep.skipped = Some(why);
+        let Some(rep) = report_of(self.reports, be) else {
             return;
-        }
+        };
         for (name, spec) in [
             (
                 "padded-f16",
@@ -709,8 +370,6 @@ fn refusals_on_every_backend() {
     backends.for_each(&mut Refusals {
         reports: &mut reports,
     });
-    let names = backend_names(&backends);
-    let order: Vec<&str> = names.iter().map(String::as_str).collect();
-    let failures = print_reports("refusals", &reports, &order);
+    let failures = print_backend_reports("refusals", &reports, &backends);
     assert_eq!(failures, 0, "refusal failures (listed above)");
 }

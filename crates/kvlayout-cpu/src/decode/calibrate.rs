@@ -12,7 +12,7 @@
 
 use std::sync::OnceLock;
 
-use crate::simd::{available, Isa};
+use crate::arch::{available, Isa};
 
 /// The build a backend runs unless one is named, and why.
 #[derive(Debug, Clone)]
@@ -116,10 +116,10 @@ mod timing {
     use kvlayout::KvCacheLayout;
 
     use super::super::{decode_with, Options};
+    use crate::arch::Isa;
     use crate::args::Decode;
     use crate::backend::CpuBackend;
     use crate::cache::HostCache;
-    use crate::simd::Isa;
     use crate::tensor::Activations;
 
     /// Tokens of the calibration decode (8 blocks of 16): 256 KiB of bf16 K and V.

@@ -1,5 +1,5 @@
 //! One decode work item: the online softmax of a sequence's KV heads over tiles of tokens,
-//! driving the kernels of [`crate::simd`] on rows located through the field maps.
+//! driving the kernels of [`super::kernels`] on rows located through the field maps.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -7,17 +7,19 @@ use std::ops::Range;
 use kvlayout::ops::OpError;
 use kvlayout::{Content, Field};
 
+use super::kernels::{self, Order, Role, RowKind, RowSet, SUM_LANES, TILE};
 use super::src::{Rows, Src};
+use crate::arch::{Isa, PrefetchLevel};
 use crate::args::{Decode, DecodeShape};
 use crate::cache::CacheRef;
-use crate::simd::{self, Isa, Order, Role, RowKind, RowSet, SUM_LANES, TILE};
 
 /// How many (tile, head) steps ahead the rows are prefetched (into L1 or L2, see
-/// [`simd::PrefetchLevel`]): far enough to hide the memory latency, near enough that the
-/// prefetched rows are still there when read (1, 3, 4 and 8 measured slower on Zen, 3 to 8
-/// on a Xeon; the whole next tile, an earlier choice, thrashes L2 once a tile of all heads is
-/// 512 KiB).
+/// [`PrefetchLevel`]): far enough to hide the memory latency, near enough that the
+/// prefetched rows are still cached when read.
 pub(crate) const PREFETCH_AHEAD: usize = 2;
+
+mod step;
+use step::{ahead, Step, Work};
 
 /// Bytes of one L1 way (48 KiB 12-way and 32 KiB 8-way alike): rows this far apart share
 /// the same sets.
@@ -27,19 +29,15 @@ const L1_WAY: u64 = 4096;
 const L2_TILE_SPAN: u64 = 64 * 4096;
 
 /// Tokens per tile for rows `slot` bytes apart, sized to the cache the kernels prefetch into
-/// ([`simd::PrefetchLevel`]). Into L1: at most 8 rows of a (tile, head) step in any L1 set, so
-/// the step's rows and the ones prefetched for a later step stay in L1. Head-major pages
-/// (bf16: 512-byte rows) keep whole tiles of 64; token-major pages whose token rows are 4 KiB
-/// apart get tiles of 8 (measured on Zen: bf16 NHD 0.48 -> 0.74 of read bandwidth). Into L2,
-/// whose sets repeat every 64 KiB or more, tiles as long as their rows span at most
-/// [`L2_TILE_SPAN`], in multiples of 8 tokens: long tiles mean fewer steps, so less of the
-/// per-step work (the softmax step, the accumulators' loads and stores), which on the Xeon
-/// measured read token-major caches faster (fp8 NHD 0.35 with 16 tokens, 0.45 with 64; bf16
-/// NHD, 4 KiB token rows, 0.70 with 64, 0.67 with 32); but rows over more pages than that
-/// read slower, as if the hardware's prefetcher lost track of the pages (f32 NHD, 8 KiB token
-/// rows: 0.72 with 64 tokens, 0.77-0.81 with 32 or 16).
-pub(super) fn tile_len(slot: u64, level: simd::PrefetchLevel) -> u64 {
-    if level == simd::PrefetchLevel::L2 {
+/// ([`PrefetchLevel`]). Into L1: at most 8 rows of a (tile, head) step in any L1 set, so the
+/// step's rows and the ones prefetched for a later step stay in L1 (head-major pages keep
+/// whole tiles of 64; token-major pages whose token rows are 4 KiB apart get tiles of 8).
+/// Into L2, whose sets repeat every 64 KiB or more, tiles as long as their rows span at most
+/// [`L2_TILE_SPAN`], in multiples of 8 tokens: longer tiles mean fewer steps and so less
+/// per-step work (the softmax step, the accumulators' loads and stores), but rows spread over
+/// more pages than that defeat the hardware prefetcher.
+pub(super) fn tile_len(slot: u64, level: PrefetchLevel) -> u64 {
+    if level == PrefetchLevel::L2 {
         let fit = L2_TILE_SPAN / slot.max(1) / 8 * 8;
         return fit.clamp(8, TILE as u64);
     }
@@ -99,9 +97,15 @@ pub(super) struct Plan<'a> {
     w_scale: f32,
     /// Multiplies the normalized output: `v_scale` (and the values' fp8 fold).
     pub(super) out_scale: f32,
+    /// Whether the logits are adjusted (inline key scales, a soft-cap or the keys' fold).
+    adjust: bool,
+    /// Whether transposed value rows are read in place ([`kernels::pv_transposed`]).
+    v_in_place: bool,
     block_size: u64,
     /// Tokens per tile ([`tile_len`]).
     tile_len: u64,
+    /// Where the kernels prefetch the rows of later steps.
+    level: PrefetchLevel,
 }
 
 #[derive(Default)]
@@ -130,22 +134,24 @@ pub(super) fn grow(v: &mut Vec<f32>, n: usize) {
 }
 
 impl<'a> Plan<'a> {
-    /// The plan of a validated decode, its tiles sized for rows prefetched to `level`.
+    /// The plan of a validated decode; the kernels prefetch to `level`, and the tiles are
+    /// sized for it.
     pub(super) fn new(
         cache: &CacheRef<'a>,
         d: &'a Decode<'a>,
         shape: DecodeShape,
         isa: Isa,
-        level: simd::PrefetchLevel,
+        level: PrefetchLevel,
     ) -> Result<Self, OpError> {
         let layout = cache.layout;
         let mut k = Src::new(cache, layout.field_map(Field::K)?, isa, Role::Key)?;
-        if k.rows == Rows::Gathered && k.x_split() && simd::reads_split(isa) {
+        if k.rows == Rows::Gathered && k.x_split() && kernels::reads_split(isa) {
             k.rows = Rows::Split;
-            k.set_order(simd::split_key_order(isa, k.kind));
+            k.set_order(kernels::split_key_order(isa, k.kind));
         }
         let mut v = Src::new(cache, layout.field_map(Field::V)?, isa, Role::Value)?;
-        if v.transposed() && simd::reads_transposed(isa) {
+        let v_in_place = v.transposed() && kernels::reads_transposed(isa);
+        if v_in_place {
             // `pv_transposed` adds into the accumulators in natural order, as f32 rows do.
             v.set_order(Order::of(isa, RowKind::F32, Role::Value));
         }
@@ -164,9 +170,11 @@ impl<'a> Plan<'a> {
         // inline scales (weights in (0, 1]).
         let v_raw = v.fold.is_some() && v_inline.is_none();
         let vf = if v_raw { v.fold.unwrap_or(1.0) } else { 1.0 };
-        let tile_len = tile_len(k.map.strides.slot, level);
         Ok(Plan {
-            tile_len,
+            tile_len: tile_len(k.map.slot_stride(), level),
+            adjust: k_inline.is_some() || d.params.soft_cap.is_some() || kf != 1.0,
+            v_in_place,
+            level,
             d,
             shape,
             isa,
@@ -231,66 +239,6 @@ impl<'a> Plan<'a> {
         self.shape.group * (2 + self.v.padded)
     }
 
-    /// The values of head `h` of a tile (`offs`: head 0 of each token) whose rows are
-    /// transposed ([`Src::transposed`]), read in place: `acc[j * stride + d] +=` the sum over
-    /// the tile's tokens of `w[j * TILE + i]` times element `d` of token `i`, for the `g`
-    /// heads ([`simd::pv_transposed`], on runs of at most 16 tokens consecutive in memory).
-    /// `pf`: the tokens and head of the step read later, whose runs are prefetched meanwhile.
-    #[allow(clippy::too_many_arguments)]
-    fn pv_transposed(
-        &self,
-        offs: &[u64],
-        h: u64,
-        pf: (&[u64], u64),
-        w: &[f32],
-        g: usize,
-        acc: &mut [f32],
-        stride: usize,
-    ) {
-        let src = &self.v;
-        let mut runs = [(0usize, 0usize, 0usize); TILE];
-        let mut pf_runs = [(0usize, 0usize, 0usize); TILE];
-        let n = self.transposed_runs(offs, h, &mut runs);
-        let pf_n = self.transposed_runs(pf.0, pf.1, &mut pf_runs);
-        simd::pv_transposed(
-            self.isa,
-            src.kind,
-            self.v_raw,
-            src.buf,
-            &runs[..n],
-            &pf_runs[..pf_n],
-            src.map.strides.dim as usize,
-            src.map.width as usize,
-            w,
-            TILE,
-            g,
-            acc,
-            stride,
-        );
-    }
-
-    /// The runs of head `h` of a tile's transposed values (`offs`: head 0 of each token):
-    /// `(byte offset, first token, tokens)` for at most 16 tokens consecutive in memory each.
-    /// Returns how many.
-    fn transposed_runs(&self, offs: &[u64], h: u64, runs: &mut [(usize, usize, usize)]) -> usize {
-        let e = self.v.map.elem_bytes() as usize;
-        let hs = h * self.v.map.strides.head;
-        let mut n = 0usize;
-        for (i, &off) in offs.iter().enumerate() {
-            let at = (off + hs) as usize;
-            // Token `i` extends the last run when it lies right after it in memory.
-            if let Some((o, _, len)) = n.checked_sub(1).map(|r| runs[r]) {
-                if len < 16 && at == o + len * e {
-                    runs[n - 1].2 += 1;
-                    continue;
-                }
-            }
-            runs[n] = (at, i, 1);
-            n += 1;
-        }
-        n
-    }
-
     /// Online softmax of the KV heads `heads` over tokens `range` of sequence `seq`, tile by
     /// tile, every head of the range on each tile (so a token-major page is consumed whole).
     /// Writes one record (see [`Plan::record`]) per head into `states`; accumulators are in
@@ -306,10 +254,8 @@ impl<'a> Plan<'a> {
         states: &mut [f32],
         s: &mut Scratch,
     ) {
-        let (g, qk, vw) = (self.shape.group, self.shape.qk_width, self.shape.v_width);
-        let (qstride, vstride) = (self.k.padded, self.v.padded);
-        let sw = self.record();
-        let nh = heads.len();
+        let g = self.shape.group;
+        let (sw, nh) = (self.record(), heads.len());
         for state in states[..nh * sw].chunks_exact_mut(sw) {
             state[..g].fill(f32::NEG_INFINITY);
             state[g..].fill(0.0);
@@ -317,6 +263,60 @@ impl<'a> Plan<'a> {
         if range.is_empty() {
             return;
         }
+        let mut w = self.work(seq, &heads, s);
+        let spans = (self.k.span(&heads), self.v.span(&heads));
+        // The current tile and the next one (whose rows are prefetched meanwhile).
+        let mut tiles: [Tile; 2] = Default::default();
+        let mut start = range.start;
+        for t in tiles.iter_mut() {
+            self.next_tile(seq, &range, &mut start, &mut after, t);
+        }
+        let mut c = 0;
+        while tiles[c].n > 0 && !tiles[c].lookahead {
+            let pair = [&tiles[c], &tiles[1 - c]];
+            let (k, v) = (RowSet::new(spans.0), RowSet::new(spans.1));
+            let mut rows = [[k, v], [RowSet::new(spans.0), RowSet::new(spans.1)]];
+            self.direct_rows(pair[0], &heads, &mut rows[0]);
+            self.direct_rows(pair[1], &heads, &mut rows[1]);
+            for (hh, state) in heads.clone().zip(states[..nh * sw].chunks_exact_mut(sw)) {
+                let item_head = hh - heads.start;
+                let (p, pf_head) = ahead(item_head, nh);
+                let st = Step {
+                    tile: pair[0],
+                    k: &rows[0][0],
+                    v: &rows[0][1],
+                    h: hh as u64,
+                    item_head,
+                    pf_tile: pair[p],
+                    pf_k: &rows[p][0],
+                    pf_v: &rows[p][1],
+                    pf_head,
+                    pf_h: (heads.start + pf_head) as u64,
+                };
+                self.step(&st, &mut w, state);
+            }
+            self.next_tile(seq, &range, &mut start, &mut after, &mut tiles[c]);
+            c = 1 - c;
+        }
+        // Each query head's running sum: the sum of its partial sums.
+        for (state, parts) in states[..nh * sw]
+            .chunks_exact_mut(sw)
+            .zip(w.lane_sums.chunks_exact(g * SUM_LANES))
+        {
+            for (sum, lanes) in state[g..2 * g]
+                .iter_mut()
+                .zip(parts.chunks_exact(SUM_LANES))
+            {
+                *sum = lanes.iter().sum();
+            }
+        }
+    }
+
+    /// The scratch of an item of sequence `seq`'s KV heads `heads`, grown as needed, with
+    /// the item's query rows scaled and in the key kernels' order.
+    fn work<'s>(&self, seq: usize, heads: &Range<usize>, s: &'s mut Scratch) -> Work<'s> {
+        let (g, qk, vw) = (self.shape.group, self.shape.qk_width, self.shape.v_width);
+        let (qstride, nh) = (self.k.padded, heads.len());
         let Scratch {
             q,
             logits,
@@ -336,7 +336,6 @@ impl<'a> Plan<'a> {
         grow(vscale, TILE);
         grow(rows, 2 * TILE * qk.max(vw));
         grow(widen, qk.max(vw));
-        let v_in_place = self.v.transposed() && simd::reads_transposed(self.isa);
         // Query rows of the item, scaled, in the key kernels' order.
         let q0 = (seq * self.shape.q_heads + heads.start * g) * qk;
         for (r, dst) in q[..nh * g * qstride].chunks_exact_mut(qstride).enumerate() {
@@ -348,176 +347,26 @@ impl<'a> Plan<'a> {
             self.k.order.arrange(src, dst);
         }
         let (k_gathered, v_gathered) = rows.split_at_mut(TILE * qk.max(vw));
-        let cap = self.d.params.soft_cap;
-        let adjust = self.k_inline.is_some() || cap.is_some() || self.l_scale != 1.0;
-        let (k_span, v_span) = (self.k.span(&heads), self.v.span(&heads));
-        // The current tile and the next one (whose rows are prefetched meanwhile).
-        let mut tiles: [Tile; 2] = Default::default();
-        let mut start = range.start;
-        for t in tiles.iter_mut() {
-            self.next_tile(seq, &range, &mut start, &mut after, t);
+        Work {
+            q,
+            logits,
+            kscale,
+            vscale,
+            k_gathered,
+            v_gathered,
+            widen,
+            lane_sums,
         }
-        let mut c = 0;
-        while tiles[c].n > 0 && !tiles[c].lookahead {
-            let (cur, next) = (&tiles[c], &tiles[1 - c]);
-            let nt = cur.n;
-            // Contiguous rows of this tile and the next, each checked for every head of the
-            // item; gathered rows are filled per head below.
-            let mut kcur = RowSet::new(k_span);
-            let mut vcur = RowSet::new(v_span);
-            let mut knext = RowSet::new(k_span);
-            let mut vnext = RowSet::new(v_span);
-            if self.k.rows != Rows::Gathered {
-                self.k.direct_rows(&cur.k[..nt], &heads, &mut kcur);
-                self.k.direct_rows(&next.k[..next.n], &heads, &mut knext);
-            }
-            if self.v.rows == Rows::Direct {
-                self.v.direct_rows(&cur.v[..nt], &heads, &mut vcur);
-                self.v.direct_rows(&next.v[..next.n], &heads, &mut vnext);
-            }
-            for (hh, state) in heads.clone().zip(states[..nh * sw].chunks_exact_mut(sw)) {
-                let h = hh as u64;
-                // The kernels prefetch the rows read `PREFETCH_AHEAD` (tile, head) steps later:
-                // a later head of this tile, or a head of the next one.
-                let ahead = hh - heads.start + PREFETCH_AHEAD;
-                let (kpf, vpf, pf_head) = if ahead < nh {
-                    (&kcur, &vcur, ahead)
-                } else {
-                    (&knext, &vnext, (ahead - nh).min(nh - 1))
-                };
-                let q = &q[(hh - heads.start) * g * qstride..(hh - heads.start + 1) * g * qstride];
-                let (stats, acc) = state.split_at_mut(2 * g);
-                let maxes = &mut stats[..g];
-                let item_head = hh - heads.start;
-                let sums =
-                    &mut lane_sums[item_head * g * SUM_LANES..(item_head + 1) * g * SUM_LANES];
-                // Logits of the tile: logits[j * TILE + i].
-                let khoff = (hh - heads.start) * self.k.map.strides.head as usize;
-                if self.k.rows == Rows::Split {
-                    simd::qk_tile_split(
-                        self.isa,
-                        self.k.kind,
-                        self.k.fold.is_some(),
-                        &kcur,
-                        kpf,
-                        khoff,
-                        pf_head * self.k.map.strides.head as usize,
-                        qk,
-                        self.k.map.strides.dim_chunk as usize,
-                        q,
-                        qstride,
-                        g,
-                        logits,
-                        TILE,
-                    );
-                } else {
-                    let gathered;
-                    let (krows, hoff) = match self.k.rows {
-                        Rows::Direct => (&kcur, khoff),
-                        // (Split keys are read above.)
-                        Rows::Gathered | Rows::Split => {
-                            gathered = self.k.gather_tile(&cur.k[..nt], h, k_gathered);
-                            (&gathered, 0)
-                        }
-                    };
-                    simd::qk_tile(
-                        self.isa,
-                        self.k.kind,
-                        self.k.fold.is_some(),
-                        krows,
-                        kpf,
-                        hoff,
-                        pf_head * self.k.map.strides.head as usize,
-                        qk,
-                        q,
-                        qstride,
-                        g,
-                        logits,
-                        TILE,
-                        widen,
-                    );
-                }
-                if adjust {
-                    if let Some(src) = &self.k_inline {
-                        let hs = h * src.map.strides.head;
-                        for (x, &off) in kscale.iter_mut().zip(&cur.ks[..nt]) {
-                            *x = src.f32_at(off + hs) * self.l_scale;
-                        }
-                    } else {
-                        kscale[..nt].fill(self.l_scale);
-                    }
-                    simd::adjust_logits(self.isa, nt, g, logits, TILE, &kscale[..nt], cap);
-                }
-                let vs = if let Some(src) = &self.v_inline {
-                    let hs = h * src.map.strides.head;
-                    for (x, &off) in vscale.iter_mut().zip(&cur.vs[..nt]) {
-                        *x = src.f32_at(off + hs);
-                    }
-                    Some(&vscale[..nt])
-                } else {
-                    None
-                };
-                simd::softmax_tile(
-                    self.isa,
-                    self.v.order.bf16_operands(),
-                    nt,
-                    g,
-                    logits,
-                    TILE,
-                    self.w_scale,
-                    vs,
-                    maxes,
-                    sums,
-                    acc,
-                    vstride,
-                );
-                // Values: acc[j] += sum_i w[j * TILE + i] * v_i.
-                if v_in_place {
-                    let pf_tile = if ahead < nh { cur } else { next };
-                    let pf = (&pf_tile.v[..pf_tile.n], (heads.start + pf_head) as u64);
-                    self.pv_transposed(&cur.v[..nt], h, pf, logits, g, acc, vstride);
-                    continue;
-                }
-                let gathered;
-                let (vrows, hoff) = match self.v.rows {
-                    Rows::Direct => (&vcur, (hh - heads.start) * self.v.map.strides.head as usize),
-                    // (Values are never split.)
-                    Rows::Gathered | Rows::Split => {
-                        gathered = self.v.gather_tile(&cur.v[..nt], h, v_gathered);
-                        (&gathered, 0)
-                    }
-                };
-                simd::pv_tile(
-                    self.isa,
-                    self.v.kind,
-                    self.v_raw,
-                    vrows,
-                    vpf,
-                    hoff,
-                    pf_head * self.v.map.strides.head as usize,
-                    vw,
-                    logits,
-                    TILE,
-                    g,
-                    acc,
-                    vstride,
-                    widen,
-                );
-            }
-            self.next_tile(seq, &range, &mut start, &mut after, &mut tiles[c]);
-            c = 1 - c;
+    }
+
+    /// Adds the rows of `tile` read in place to `rows` (keys, then values; none where they
+    /// are gathered), each checked to span every head of `heads`.
+    fn direct_rows(&self, tile: &Tile, heads: &Range<usize>, rows: &mut [RowSet<'a>; 2]) {
+        if self.k.rows != Rows::Gathered {
+            self.k.direct_rows(&tile.k[..tile.n], heads, &mut rows[0]);
         }
-        // Each query head's running sum: the sum of its partial sums.
-        for (state, parts) in states[..nh * sw]
-            .chunks_exact_mut(sw)
-            .zip(lane_sums.chunks_exact(g * SUM_LANES))
-        {
-            for (sum, lanes) in state[g..2 * g]
-                .iter_mut()
-                .zip(parts.chunks_exact(SUM_LANES))
-            {
-                *sum = lanes.iter().sum();
-            }
+        if self.v.rows == Rows::Direct {
+            self.v.direct_rows(&tile.v[..tile.n], heads, &mut rows[1]);
         }
     }
 }

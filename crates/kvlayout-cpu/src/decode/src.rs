@@ -7,9 +7,10 @@ use std::ops::Range;
 use kvlayout::ops::OpError;
 use kvlayout::{DType, FieldMap};
 
+use super::kernels::{self, Order, Role, RowKind, RowSet, SPLIT_PIECE};
+use crate::arch::Isa;
 use crate::cache::CacheRef;
 use crate::elem::decode;
-use crate::simd::{self, Isa, Order, Role, RowKind, RowSet};
 
 /// How a field's rows are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,34 +21,17 @@ pub(super) enum Rows {
     /// of the same dtype, then read as direct rows are.
     Gathered,
     /// Keys in pieces of 16 bytes (the legacy vLLM key: `x` elements), read in place where
-    /// [`simd::reads_split`] ([`Src::x_split`]).
+    /// [`kernels::reads_split`] ([`Src::x_split`]).
     Split,
 }
 
+/// Rows whose elements are consecutive are read in place, split into abutting chunks or not.
 fn rows_of(m: &FieldMap) -> Rows {
-    if m.strides.dim == m.elem_bytes() && m.strides.dim_split == m.width {
+    if m.row_contiguous() {
         Rows::Direct
     } else {
         Rows::Gathered
     }
-}
-
-/// The kernels' row kind of a field's dtype (raw bytes hold no keys or values).
-pub(crate) fn row_kind(dtype: DType) -> Result<RowKind, OpError> {
-    Ok(match dtype {
-        DType::F32 => RowKind::F32,
-        DType::F16 => RowKind::F16,
-        DType::Bf16 => RowKind::Bf16,
-        DType::Fp8E4m3 => RowKind::Fp8E4m3,
-        DType::Fp8E5m2 => RowKind::Fp8E5m2,
-        DType::Int8 => RowKind::I8,
-        DType::U8 => {
-            return Err(OpError::Unsupported {
-                op: "paged_decode",
-                reason: "raw bytes (dtype u8) hold no keys or values".into(),
-            })
-        }
-    })
 }
 
 /// One field the decode reads: its map, buffer, how its rows are read and the kernels' view
@@ -64,7 +48,7 @@ pub(super) struct Src<'a> {
     /// `width` padded to the order's blocks.
     pub(super) padded: usize,
     /// fp8 rows read without their power of two, whose square root is this (see
-    /// `simd::fp8_fold`).
+    /// [`kernels::fp8_fold`]).
     pub(super) fold: Option<f32>,
 }
 
@@ -76,7 +60,7 @@ impl<'a> Src<'a> {
         role: Role,
     ) -> Result<Self, OpError> {
         let rows = rows_of(&map);
-        let kind = row_kind(map.dtype)?;
+        let kind = RowKind::of(map.dtype)?;
         let order = Order::of(isa, kind, role);
         Ok(Src {
             map,
@@ -85,19 +69,15 @@ impl<'a> Src<'a> {
             kind,
             order,
             padded: order.padded(map.width as usize),
-            fold: simd::fp8_fold(isa, kind),
+            fold: kernels::fp8_fold(isa, kind),
         })
     }
 
-    /// Whether the rows are split into pieces of [`simd::SPLIT_PIECE`] bytes of consecutive
+    /// Whether the rows are split into pieces of [`SPLIT_PIECE`] bytes of consecutive
     /// elements, each row a whole number of them (the legacy vLLM key); the piece stride is
     /// `dim_chunk`.
     pub(super) fn x_split(&self) -> bool {
-        let (s, e) = (&self.map.strides, self.map.elem_bytes());
-        s.dim == e
-            && s.dim_split * e == simd::SPLIT_PIECE as u64
-            && self.map.width.is_multiple_of(s.dim_split)
-            && s.dim_chunk >= simd::SPLIT_PIECE as u64
+        self.map.x_split(SPLIT_PIECE as u64)
     }
 
     /// Holds query or accumulator rows in `order` instead of the kind's kernel order.
@@ -108,8 +88,7 @@ impl<'a> Src<'a> {
 
     /// Byte offset of `(layer, block, head 0, slot, d 0)`.
     pub(super) fn slot_offset(&self, layer: u64, block: u64, slot: u64) -> u64 {
-        let s = &self.map.strides;
-        s.base_offset + layer * s.layer + block * s.block + slot * s.slot
+        self.map.slot_offset(layer, block, slot)
     }
 
     /// The f32 stored at `off` (inline scales).
@@ -151,74 +130,91 @@ impl<'a> Src<'a> {
     /// tile are consecutive in memory (`slot == E`: the transposed legacy value), each
     /// element index is copied across a run of tokens at once, in address order.
     pub(super) fn gather_with<const E: usize>(&self, offs: &[u64], head: u64, rows: &mut [u8]) {
-        let s = &self.map.strides;
+        let (split, _, dim) = self.split();
         let w = self.map.width as usize;
-        let (split, chunk, dim) = (s.dim_split as usize, s.dim_chunk as usize, s.dim as usize);
-        let hs = (head * s.head) as usize;
+        let hs = self.map.head_offset(head) as usize;
+        let slot = self.map.slot_stride() as usize;
+        if slot == E && dim != E {
+            self.gather_transposed::<E>(offs, hs, rows);
+        } else if dim == E && slot == split * E && w.is_multiple_of(split) {
+            self.gather_pieces::<E>(offs, hs, rows);
+        } else {
+            self.gather_rows::<E>(offs, hs, rows);
+        }
+    }
+
+    /// `(split, chunk, dim)`: elements per chunk, and the bytes between chunks and between
+    /// the elements of a chunk.
+    fn split(&self) -> (usize, usize, usize) {
+        let m = &self.map;
+        let (split, chunk) = (m.strides.dim_split, m.strides.dim_chunk);
+        (split as usize, chunk as usize, m.strides.dim as usize)
+    }
+
+    /// [`Src::gather_with`] of transposed rows (tokens of a run side by side per element
+    /// index): column `d` of the run's rows copied from one contiguous run of values.
+    fn gather_transposed<const E: usize>(&self, offs: &[u64], hs: usize, rows: &mut [u8]) {
+        let (split, chunk, dim) = self.split();
+        let w = self.map.width as usize;
+        token_runs(offs, E as u64, hs, &mut |i0, i1, base| {
+            let dst = &mut rows[i0 * w * E..i1 * w * E];
+            for c in 0..w.div_ceil(split) {
+                for j in 0..split.min(w - c * split) {
+                    let (d, p) = (c * split + j, base + c * chunk + j * dim);
+                    let src = &self.buf[p..p + (i1 - i0) * E];
+                    // Token t's element d: column d of the run's rows.
+                    for (row, x) in dst.chunks_exact_mut(w * E).zip(src.chunks_exact(E)) {
+                        row[d * E..(d + 1) * E].copy_from_slice(x);
+                    }
+                }
+            }
+        });
+    }
+
+    /// [`Src::gather_with`] of contiguous pieces of `split` elements whose tokens lie side
+    /// by side (the x-split legacy key: 16 bytes): copied piece by piece across a run of
+    /// tokens.
+    fn gather_pieces<const E: usize>(&self, offs: &[u64], hs: usize, rows: &mut [u8]) {
+        let (split, chunk, _) = self.split();
+        let w = self.map.width as usize;
+        let piece = split * E;
+        token_runs(offs, piece as u64, hs, &mut |i0, i1, base| {
+            let dst = &mut rows[i0 * w * E..i1 * w * E];
+            let (n, pieces) = (i1 - i0, w / split);
+            if piece == 16 {
+                // Every piece of the run inside the buffer: the last one's end checked.
+                let src = &self.buf[base..base + (pieces - 1) * chunk + n * 16];
+                let (s0, d0) = (src.as_ptr(), dst.as_mut_ptr());
+                for c in 0..pieces {
+                    for t in 0..n {
+                        // SAFETY: piece `c` of token `t` is the 16 bytes at `c * chunk +
+                        // t * 16` of `src` (checked above) and goes to bytes `t * w * E +
+                        // c * 16 ..` of `dst` (`n` rows of `w * E = pieces * 16` bytes).
+                        unsafe {
+                            let x = s0.add(c * chunk + t * 16).cast::<u128>().read_unaligned();
+                            d0.add(t * w * E + c * 16).cast::<u128>().write_unaligned(x);
+                        }
+                    }
+                }
+                return;
+            }
+            for c in 0..pieces {
+                let p = base + c * chunk;
+                let src = &self.buf[p..p + n * piece];
+                for (row, x) in dst.chunks_exact_mut(w * E).zip(src.chunks_exact(piece)) {
+                    copy_piece(&mut row[c * piece..(c + 1) * piece], x);
+                }
+            }
+        });
+    }
+
+    /// [`Src::gather_with`] of any other rows: token by token, chunk by chunk.
+    fn gather_rows<const E: usize>(&self, offs: &[u64], hs: usize, rows: &mut [u8]) {
+        let (split, chunk, dim) = self.split();
+        let w = self.map.width as usize;
+        let piece = split * E;
         let elem =
             |buf: &[u8], at: usize| -> [u8; E] { buf[at..at + E].try_into().expect("E bytes") };
-        // Runs of the tile's tokens whose rows follow each other `slot` bytes apart.
-        let runs = |step: u64, f: &mut dyn FnMut(usize, usize, usize)| {
-            let mut i0 = 0;
-            while i0 < offs.len() {
-                let mut i1 = i0 + 1;
-                while i1 < offs.len() && offs[i1] == offs[i1 - 1] + step {
-                    i1 += 1;
-                }
-                f(i0, i1, offs[i0] as usize + hs);
-                i0 = i1;
-            }
-        };
-        if s.slot as usize == E && dim != E {
-            runs(E as u64, &mut |i0, i1, base| {
-                let dst = &mut rows[i0 * w * E..i1 * w * E];
-                for c in 0..w.div_ceil(split) {
-                    for j in 0..split.min(w - c * split) {
-                        let (d, p) = (c * split + j, base + c * chunk + j * dim);
-                        let src = &self.buf[p..p + (i1 - i0) * E];
-                        // Token t's element d: column d of the run's rows.
-                        for (row, x) in dst.chunks_exact_mut(w * E).zip(src.chunks_exact(E)) {
-                            row[d * E..(d + 1) * E].copy_from_slice(x);
-                        }
-                    }
-                }
-            });
-            return;
-        }
-        let piece = split * E;
-        if dim == E && s.slot as usize == piece && w.is_multiple_of(split) {
-            // Contiguous pieces of `split` elements whose tokens lie side by side (the
-            // x-split legacy key: 16 bytes): copied piece by piece across a run of tokens.
-            runs(piece as u64, &mut |i0, i1, base| {
-                let dst = &mut rows[i0 * w * E..i1 * w * E];
-                let (n, pieces) = (i1 - i0, w / split);
-                if piece == 16 {
-                    // Every piece of the run inside the buffer: the last one's end checked.
-                    let src = &self.buf[base..base + (pieces - 1) * chunk + n * 16];
-                    let (s0, d0) = (src.as_ptr(), dst.as_mut_ptr());
-                    for c in 0..pieces {
-                        for t in 0..n {
-                            // SAFETY: piece `c` of token `t` is the 16 bytes at `c * chunk +
-                            // t * 16` of `src` (checked above) and goes to bytes `t * w * E +
-                            // c * 16 ..` of `dst` (`n` rows of `w * E = pieces * 16` bytes).
-                            unsafe {
-                                let x = s0.add(c * chunk + t * 16).cast::<u128>().read_unaligned();
-                                d0.add(t * w * E + c * 16).cast::<u128>().write_unaligned(x);
-                            }
-                        }
-                    }
-                    return;
-                }
-                for c in 0..pieces {
-                    let p = base + c * chunk;
-                    let src = &self.buf[p..p + n * piece];
-                    for (row, x) in dst.chunks_exact_mut(w * E).zip(src.chunks_exact(piece)) {
-                        copy_piece(&mut row[c * piece..(c + 1) * piece], x);
-                    }
-                }
-            });
-            return;
-        }
         for (&off, out) in offs.iter().zip(rows.chunks_exact_mut(w * E)) {
             let base = off as usize + hs;
             for (c, out) in out.chunks_mut(piece).enumerate() {
@@ -238,15 +234,17 @@ impl<'a> Src<'a> {
     /// block's tokens side by side (`slot` = one element), so a run of the tile's tokens
     /// consecutive in memory is, per element index, one contiguous run of values.
     pub(super) fn transposed(&self) -> bool {
-        let (s, e) = (&self.map.strides, self.map.elem_bytes());
-        self.rows == Rows::Gathered && s.slot == e && s.dim_split == self.map.width && s.dim != e
+        let e = self.map.elem_bytes();
+        self.rows == Rows::Gathered
+            && self.map.slot_stride() == e
+            && !self.map.is_dim_split()
+            && self.map.strides.dim != e
     }
 
     /// The rows read in place (contiguous or split) of a tile (`offs`: head 0 of each token)
     /// for the heads `heads`: each row checked to span all of them.
     pub(super) fn direct_rows(&self, offs: &[u64], heads: &Range<usize>, rows: &mut RowSet<'a>) {
-        let hs = self.map.strides.head;
-        let first = heads.start as u64 * hs;
+        let first = self.map.head_offset(heads.start as u64);
         for &off in offs {
             rows.push(self.buf, (off + first) as usize);
         }
@@ -254,15 +252,31 @@ impl<'a> Src<'a> {
 
     /// Bytes from the first head's row of an item to the end of its last head's row.
     pub(super) fn span(&self, heads: &Range<usize>) -> usize {
-        (heads.len() - 1) * self.map.strides.head as usize + self.row_extent()
+        self.map.head_offset(heads.len() as u64 - 1) as usize + self.row_extent()
     }
 
     /// Bytes from a row's first element to the end of its last (a contiguous row's length).
     fn row_extent(&self) -> usize {
-        let s = &self.map.strides;
-        let (w, split) = (self.map.width, s.dim_split);
-        ((w.div_ceil(split) - 1) * s.dim_chunk + (split.min(w) - 1) * s.dim) as usize
-            + self.map.elem_bytes() as usize
+        if let Some(bytes) = self.map.row_run() {
+            return bytes as usize;
+        }
+        let (split, chunk, dim) = self.split();
+        let w = self.map.width as usize;
+        (w.div_ceil(split) - 1) * chunk + (split.min(w) - 1) * dim + self.map.elem_bytes() as usize
+    }
+}
+
+/// Calls `f(i0, i1, byte offset of head `hs` of token `i0`)` for each run `i0 .. i1` of the
+/// tile's tokens (`offs`: head 0 of each) whose rows follow each other `step` bytes apart.
+fn token_runs(offs: &[u64], step: u64, hs: usize, f: &mut dyn FnMut(usize, usize, usize)) {
+    let mut i0 = 0;
+    while i0 < offs.len() {
+        let mut i1 = i0 + 1;
+        while i1 < offs.len() && offs[i1] == offs[i1 - 1] + step {
+            i1 += 1;
+        }
+        f(i0, i1, offs[i0] as usize + hs);
+        i0 = i1;
     }
 }
 

@@ -1,7 +1,7 @@
 use super::*;
+use crate::arch::{self, PrefetchLevel};
 #[cfg(unix)]
 use crate::guard::Guarded;
-use crate::simd::{Role, RowKind};
 use crate::tolerance::decode_error;
 use crate::{reference, Activations, DecodeParams, HostCache, WriteKv};
 use half::{bf16, f16};
@@ -53,45 +53,11 @@ fn case(spec: &str, q_heads: u64, lens: &[u32]) -> Case {
 /// bf16-operand kernels, the bf16 query and weights: see [`tolerance`] (both tighter than
 /// a quantization step).
 fn run_case(c: &Case) {
-    let l: KvCacheLayout = c.spec.parse().unwrap();
-    let g = *l.geometry();
+    let (cache, table, per_seq) = written_cache(c);
+    let l = cache.layout().clone();
     let (kw, vw) = kvlayout::ops::decode_widths(&l).unwrap();
     let (kw, vw) = (kw as usize, vw as usize);
-    let mla = matches!(l.content(), Content::Mla { .. });
-    let heads = g.num_kv_heads as usize;
-    let bs = g.block_size as usize;
     let seqs = c.lens.len();
-    let per_seq = c
-        .lens
-        .iter()
-        .map(|l| (*l as usize).div_ceil(bs))
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    assert!(
-        seqs * per_seq <= g.num_blocks as usize,
-        "case needs more blocks"
-    );
-    // Sequence s owns blocks in a scrambled order.
-    let nb = seqs * per_seq;
-    let table: Vec<i32> = (0..nb).map(|i| (nb - 1 - (i + 3) % nb) as i32).collect();
-    let mut cache = HostCache::new(l.clone()).unwrap();
-    cache.fill(0x3c); // other layers and unused slots: finite values
-    let mut slots = Vec::new();
-    for (s, len) in c.lens.iter().enumerate() {
-        for t in 0..*len as usize {
-            slots.push(i64::from(table[s * per_seq + t / bs]) * bs as i64 + (t % bs) as i64);
-        }
-    }
-    let k = data(slots.len() * heads * kw, 1);
-    let v = data(slots.len() * heads * vw, 2);
-    let w = WriteKv {
-        layer: c.layer,
-        key: Activations::F32(&k),
-        value: (!mla).then_some(Activations::F32(&v)),
-        slot_mapping: &slots,
-    };
-    reference::write_kv(&mut cache.as_mut(), &w).unwrap();
     let q = data(seqs * c.q_heads as usize * kw, 3);
     let q16: Vec<f16> = q.iter().map(|x| f16::from_f32(*x)).collect();
     let qb16: Vec<bf16> = q.iter().map(|x| bf16::from_f32(*x)).collect();
@@ -116,7 +82,7 @@ fn run_case(c: &Case) {
     let mut want = vec![0f32; n];
     let mags = reference::paged_decode_magnitudes(&cache.as_ref(), &d, &mut want).unwrap();
     // Tiles for rows prefetched to L1 and to L2, whichever this machine uses.
-    let levels = [simd::PrefetchLevel::L1, simd::PrefetchLevel::L2]
+    let levels = [PrefetchLevel::L1, PrefetchLevel::L2]
         .map(|level| CpuBackend::new(Some(2)).with_prefetch_level(level));
     // Default partitions and thread; one partition and several, on the pool and on the
     // calling thread.
@@ -128,7 +94,7 @@ fn run_case(c: &Case) {
         (Some(c.parts), Some(true)),
     ];
     for (be, isa, (parts, inline)) in levels.iter().flat_map(|be| {
-        simd::available()
+        arch::available()
             .into_iter()
             .flat_map(move |isa| runs.map(|r| (be, isa, r)))
     }) {
@@ -147,6 +113,51 @@ fn run_case(c: &Case) {
             be.prefetch_level()
         );
     }
+}
+
+/// The cache of a case, its sequences' keys and values written, with the block table (each
+/// sequence owns blocks in a scrambled order) and the blocks per sequence.
+fn written_cache(c: &Case) -> (HostCache, Vec<i32>, usize) {
+    let l: KvCacheLayout = c.spec.parse().unwrap();
+    let g = *l.geometry();
+    let (kw, vw) = kvlayout::ops::decode_widths(&l).unwrap();
+    let (kw, vw) = (kw as usize, vw as usize);
+    let mla = matches!(l.content(), Content::Mla { .. });
+    let heads = g.num_kv_heads as usize;
+    let bs = g.block_size as usize;
+    let seqs = c.lens.len();
+    let per_seq = c
+        .lens
+        .iter()
+        .map(|l| (*l as usize).div_ceil(bs))
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    assert!(
+        seqs * per_seq <= g.num_blocks as usize,
+        "case needs more blocks"
+    );
+    // Sequence s owns blocks in a scrambled order.
+    let nb = seqs * per_seq;
+    let table: Vec<i32> = (0..nb).map(|i| (nb - 1 - (i + 3) % nb) as i32).collect();
+    let mut cache = HostCache::new(l).unwrap();
+    cache.fill(0x3c); // other layers and unused slots: finite values
+    let mut slots = Vec::new();
+    for (s, len) in c.lens.iter().enumerate() {
+        for t in 0..*len as usize {
+            slots.push(i64::from(table[s * per_seq + t / bs]) * bs as i64 + (t % bs) as i64);
+        }
+    }
+    let k = data(slots.len() * heads * kw, 1);
+    let v = data(slots.len() * heads * vw, 2);
+    let w = WriteKv {
+        layer: c.layer,
+        key: Activations::F32(&k),
+        value: (!mla).then_some(Activations::F32(&v)),
+        slot_mapping: &slots,
+    };
+    reference::write_kv(&mut cache.as_mut(), &w).unwrap();
+    (cache, table, per_seq)
 }
 
 const DTYPES: [&str; 5] = ["f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"];
@@ -385,46 +396,6 @@ fn split_context() {
 }
 
 #[test]
-fn kernel_order_round_trips() {
-    // Orders are plain index arithmetic: every build's, whether or not this machine runs it.
-    for &isa in Isa::ALL {
-        for (kind, role) in [RowKind::F32, RowKind::Bf16, RowKind::Fp8E4m3]
-            .into_iter()
-            .flat_map(|k| [(k, Role::Key), (k, Role::Value)])
-        {
-            let o = Order::of(isa, kind, role);
-            for w in [1, 16, 31, 32, 33, 80, 120, 576] {
-                // Distinct values, exact in bf16.
-                let src: Vec<f32> = (0..w).map(|i| (i % 256) as f32 + 1.0).collect();
-                let mut k = vec![f32::NAN; o.padded(w)];
-                o.arrange(&src, &mut k);
-                if o.is_packed() {
-                    // bf16 pairs: element d (exact in bf16) at half `pos(d)`.
-                    let halves: Vec<u16> = k[..o.padded(w) / 2]
-                        .iter()
-                        .flat_map(|x| [x.to_bits() as u16, (x.to_bits() >> 16) as u16])
-                        .collect();
-                    for (d, x) in src.iter().enumerate() {
-                        assert_eq!(half::bf16::from_bits(halves[o.pos(d)]).to_f32(), *x);
-                    }
-                    assert_eq!(halves.iter().filter(|h| **h == 0).count(), o.padded(w) - w);
-                    continue;
-                }
-                // Each element where the order's table puts it (the fast paths bypass it).
-                for (d, x) in src.iter().enumerate() {
-                    assert_eq!(k[o.pos(d)], *x, "{isa:?} {kind:?} width {w} element {d}");
-                }
-                let mut back = vec![0f32; w];
-                o.restore(&k, 2.0, &mut back);
-                let twice: Vec<f32> = src.iter().map(|x| x * 2.0).collect();
-                assert_eq!(back, twice, "{isa:?} {kind:?} width {w}");
-                assert_eq!(k.iter().filter(|x| **x == 0.0).count(), o.padded(w) - w);
-            }
-        }
-    }
-}
-
-#[test]
 fn refuses_bad_tables_before_writing() {
     let l: KvCacheLayout = "kv L=1 B=4 N=16 H=2 D=32 dtype=f32 order=NHD"
         .parse()
@@ -481,7 +452,7 @@ fn refuses_bad_tables_before_writing() {
 /// most 256 KiB, in multiples of 8 tokens.
 #[test]
 fn tile_lengths() {
-    use simd::PrefetchLevel::{L1, L2};
+    use PrefetchLevel::{L1, L2};
     // Head-major bf16 rows (512 B), token-major bf16 and f32 pages of 8 heads x [K|V].
     assert_eq!(plan::tile_len(512, L1), 64);
     assert_eq!(plan::tile_len(4096, L1), 8);
@@ -547,7 +518,7 @@ fn no_read_past_the_buffers() {
             let mags =
                 reference::paged_decode_magnitudes(&cache.as_ref(), &dec, &mut want).unwrap();
             let be = CpuBackend::new(Some(2));
-            for isa in simd::available() {
+            for isa in arch::available() {
                 let mut got = vec![f32::NAN; 8 * d];
                 let opts = Options {
                     partitions: Some(2),

@@ -4,8 +4,11 @@
 
 use std::arch::x86_64::*;
 
-use super::{hsum8, lanes, load, widen8, BF16, F16, F32};
-use crate::simd::{self, RowKind};
+use super::{hsum8, lanes, load, widen8};
+use crate::arch::{prefetch_bytes, PrefetchLevel};
+use crate::decode::kernels::args::{Run, TransposedArgs};
+use crate::decode::kernels::rows::codes::esize;
+use crate::decode::kernels::rows::RowKind;
 
 /// `out[j * ow + d] +=` the sum over the runs `(off, i0, n)` (`n <= 16` tokens side by side
 /// at `buf + off + d * dim` for each element index `d`) of `w[j * ld + i0 + t]` times
@@ -17,25 +20,14 @@ use crate::simd::{self, RowKind};
 ///
 /// # Safety
 /// AVX2, FMA and F16C present; each run's bytes `off .. off + (width - 1) * dim + n * elem`
-/// inside the buffer `buf` points to; `w.len() >= (g - 1) * ld + i0 + n` for each run;
+/// inside `buf`; `w.len() >= (g - 1) * ld + i0 + n` for each run;
 /// `out.len() >= (g - 1) * ow + width`. `pf` is only prefetched.
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(in crate::simd) unsafe fn pv_transposed(
+pub(in crate::decode::kernels) unsafe fn pv_transposed(
     kind: RowKind,
     raw: bool,
-    buf: *const u8,
-    runs: &[(usize, usize, usize)],
-    pf: &[(usize, usize, usize)],
-    dim: usize,
-    width: usize,
-    w: &[f32],
-    ld: usize,
-    g: usize,
-    out: &mut [f32],
-    ow: usize,
+    a: TransposedArgs<'_>,
 ) {
-    let a = (buf, runs, pf, dim, width, w, ld, g, out, ow);
     // SAFETY: the caller's contract.
     unsafe { by_kind!(kind, raw, pv_transposed_k(a)) }
 }
@@ -45,9 +37,9 @@ pub(in crate::simd) unsafe fn pv_transposed(
 /// # Safety
 /// As [`pv_transposed`].
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pv_transposed_k<const K: u8>(a: simd::TransposedArgs<'_>) {
-    let (buf, runs, pf, dim, width, w, ld, g, out, ow) = a;
-    let level = simd::prefetch_level();
+unsafe fn pv_transposed_k<const K: u8>(a: TransposedArgs<'_>) {
+    let (buf, runs, pf, dim, width) = (a.buf.as_ptr(), a.runs, a.pf, a.dim, a.width);
+    let (w, ld, g, out, ow, level) = (a.w.data, a.w.stride, a.g, a.out.data, a.out.stride, a.level);
     let mut j0 = 0;
     while j0 < g {
         let hn = (g - j0).min(2);
@@ -93,9 +85,9 @@ unsafe fn pv_transposed_k<const K: u8>(a: simd::TransposedArgs<'_>) {
 /// block's first element.
 struct Block<'a> {
     buf: *const u8,
-    runs: &'a [(usize, usize, usize)],
-    pf: &'a [(usize, usize, usize)],
-    level: simd::PrefetchLevel,
+    runs: &'a [Run],
+    pf: &'a [Run],
+    level: PrefetchLevel,
     dim: usize,
     w: &'a [f32],
     ld: usize,
@@ -113,21 +105,17 @@ struct Block<'a> {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn block<const K: u8, const FULL: bool>(b: &Block<'_>, hn: usize, dn: usize) -> [f32; 8] {
     let (hn, dn) = if FULL { (2, 4) } else { (hn, dn) };
-    let esize = match K {
-        F32 => 4,
-        F16 | BF16 => 2,
-        _ => 1,
-    };
+    let esize = esize(K);
     let mut acc = [_mm256_setzero_ps(); 8];
     for full_runs in [true, false] {
-        for (ri, &(off, i0, n)) in b.runs.iter().enumerate() {
+        for (ri, &Run { off, i0, n }) in b.runs.iter().enumerate() {
             if (n == 16) != full_runs {
                 continue;
             }
-            if let Some(&(pf_off, _, _)) = b.pf.get(ri) {
+            if let Some(&Run { off: pf_off, .. }) = b.pf.get(ri) {
                 // The lines of elements `d0 .. d0 + dn` of the later run.
                 let (first, end) = (pf_off + b.d0 * b.dim, pf_off + (b.d0 + dn) * b.dim);
-                simd::prefetch_bytes(b.buf, first, end, b.level);
+                prefetch_bytes(b.buf, first, end, b.level);
             }
             // Tokens 0..8 of the run, then 8..16: two weights and one element vector live
             // at a time besides the 8 accumulators (16 registers in all).

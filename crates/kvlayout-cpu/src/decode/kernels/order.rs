@@ -2,7 +2,8 @@
 //! (padded to whole blocks, permuted within each block, bf16-packed for the bf16-operand
 //! kernels), with the block permutations as tables built at compile time.
 
-use super::{Isa, RowKind};
+use super::rows::RowKind;
+use crate::arch::Isa;
 
 /// Which rows an [`Order`] is for: query rows (read against key rows) or accumulator rows
 /// (filled from value rows).
@@ -336,5 +337,51 @@ mod tests {
                 assert_eq!(got, want.to_bits(), "{b:#x}");
             }
         }
+    }
+
+    /// Every build's orders, whether or not this machine runs it (they are plain index
+    /// arithmetic), place each element where [`Order::pos`] says, pad with zeros and
+    /// restore what they arranged.
+    #[test]
+    fn kernel_order_round_trips() {
+        for &isa in Isa::ALL {
+            for (kind, role) in [RowKind::F32, RowKind::Bf16, RowKind::Fp8E4m3]
+                .into_iter()
+                .flat_map(|k| [(k, Role::Key), (k, Role::Value)])
+            {
+                let o = Order::of(isa, kind, role);
+                for w in [1, 16, 31, 32, 33, 80, 120, 576] {
+                    round_trip(o, w, isa, kind);
+                }
+            }
+        }
+    }
+
+    fn round_trip(o: Order, w: usize, isa: Isa, kind: RowKind) {
+        // Distinct values, exact in bf16.
+        let src: Vec<f32> = (0..w).map(|i| (i % 256) as f32 + 1.0).collect();
+        let mut k = vec![f32::NAN; o.padded(w)];
+        o.arrange(&src, &mut k);
+        if o.is_packed() {
+            // bf16 pairs: element d (exact in bf16) at half `pos(d)`.
+            let halves: Vec<u16> = k[..o.padded(w) / 2]
+                .iter()
+                .flat_map(|x| [x.to_bits() as u16, (x.to_bits() >> 16) as u16])
+                .collect();
+            for (d, x) in src.iter().enumerate() {
+                assert_eq!(half::bf16::from_bits(halves[o.pos(d)]).to_f32(), *x);
+            }
+            assert_eq!(halves.iter().filter(|h| **h == 0).count(), o.padded(w) - w);
+            return;
+        }
+        // Each element where the order's table puts it (the fast paths bypass it).
+        for (d, x) in src.iter().enumerate() {
+            assert_eq!(k[o.pos(d)], *x, "{isa:?} {kind:?} width {w} element {d}");
+        }
+        let mut back = vec![0f32; w];
+        o.restore(&k, 2.0, &mut back);
+        let twice: Vec<f32> = src.iter().map(|x| x * 2.0).collect();
+        assert_eq!(back, twice, "{isa:?} {kind:?} width {w}");
+        assert_eq!(k.iter().filter(|x| **x == 0.0).count(), o.padded(w) - w);
     }
 }

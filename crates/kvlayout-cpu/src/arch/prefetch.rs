@@ -1,18 +1,15 @@
-//! Where the kernels prefetch rows to: a cache level picked once per machine by CPU vendor,
-//! from measurements on both vendors' cores.
+//! Where the kernels prefetch rows to: a cache level picked once per machine by CPU vendor.
 
 /// Where the decode kernels prefetch the rows of a later (tile, head) step. A backend's level
-/// ([`CpuBackend::prefetch_level`](crate::CpuBackend::prefetch_level)) also sets the decode's
-/// tile length and the order of large streamed moves, which go with it.
+/// ([`CpuBackend::prefetch_level`](crate::CpuBackend::prefetch_level)) sets it for its
+/// decode kernels, and with it the decode's tile length and the order of large streamed moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrefetchLevel {
-    /// `prefetcht0`. On the AMD Zen cores measured, `prefetcht1` left the decode waiting on
-    /// memory as if there were no prefetch (bf16 HND: 20 against 35 GB/s).
+    /// `prefetcht0`: on AMD's Zen cores, `prefetcht1` leaves the decode waiting on memory as
+    /// if nothing were prefetched.
     L1,
-    /// `prefetcht1`. On the Intel Xeon cores measured, a line prefetched into L1 holds one of
-    /// the few L1 fill buffers until it arrives from memory, which caps the requests in
-    /// flight: `prefetcht1` read head-major caches faster (f32 0.77 -> 0.87 of the read
-    /// bound, bf16 0.64 -> 0.69) and token-major ones as fast.
+    /// `prefetcht1`: on Intel's Xeon cores, a line prefetched into L1 holds one of the few L1
+    /// fill buffers until it arrives, which caps the requests in flight.
     L2,
 }
 
@@ -26,14 +23,8 @@ pub(crate) fn prefetch_level_for(vendor: &[u8; 12]) -> PrefetchLevel {
     }
 }
 
-/// Prefetches the line holding `p` to this machine's [`PrefetchLevel`]: a hint, which never
-/// faults and reads nothing into the program (a no-op off x86_64).
-#[inline(always)]
-pub(crate) fn prefetch(p: *const u8) {
-    prefetch_to(p, prefetch_level());
-}
-
-/// Prefetches the line holding `p` to `level` (see [`prefetch`]).
+/// Prefetches the line holding `p` to `level`: a hint, which never faults and reads nothing
+/// into the program (a no-op off x86_64).
 #[inline(always)]
 pub(crate) fn prefetch_to(p: *const u8, level: PrefetchLevel) {
     #[cfg(target_arch = "x86_64")]
@@ -76,7 +67,7 @@ pub(crate) fn prefetch_level() -> PrefetchLevel {
 #[inline]
 pub(crate) fn prefetch_level() -> PrefetchLevel {
     static LEVEL: std::sync::OnceLock<PrefetchLevel> = std::sync::OnceLock::new();
-    *LEVEL.get_or_init(|| prefetch_level_for(&super::cpu_vendor()))
+    *LEVEL.get_or_init(|| prefetch_level_for(&super::isa::cpu_vendor()))
 }
 
 #[cfg(test)]

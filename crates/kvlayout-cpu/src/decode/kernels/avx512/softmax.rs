@@ -5,35 +5,26 @@
 use std::arch::x86_64::*;
 
 use super::mask;
-use crate::simd;
+use crate::decode::kernels::args::SoftmaxStep;
+use crate::decode::kernels::rows::{weight, SUM_LANES, WEIGHT_FLOOR};
 
-/// [`crate::simd::softmax_tile`]. Once the running maximum of a head has settled, a step needs no
-/// horizontal reduction: one comparison shows that no logit exceeds it (only then is the
-/// tile's maximum reduced and the state rescaled), and the weights are summed lane by lane
-/// into the head's partial sums.
+/// The softmax step of `kernels::softmax_tile`. Once the running maximum of a head has
+/// settled, a step needs no horizontal reduction: one comparison shows that no logit exceeds
+/// it (only then is the tile's maximum reduced and the state rescaled), and the weights are
+/// summed lane by lane into the head's partial sums.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL present; the lengths of [`crate::simd::softmax_tile`].
-#[allow(clippy::too_many_arguments)]
+/// AVX-512 F/BW/VL present; the lengths of `kernels::softmax_tile`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(in crate::simd) unsafe fn softmax_tile(
-    round: bool,
-    nt: usize,
-    g: usize,
-    logits: &mut [f32],
-    ld: usize,
-    wscale: f32,
-    vscale: Option<&[f32]>,
-    maxes: &mut [f32],
-    sums: &mut [f32],
-    acc: &mut [f32],
-    s: usize,
-) {
+pub(in crate::decode::kernels) unsafe fn softmax_tile(step: SoftmaxStep<'_>) {
+    let (round, nt, g, wscale, vscale) = (step.round, step.nt, step.g, step.wscale, step.vscale);
+    let (logits, ld, maxes, sums) = (step.logits.data, step.logits.stride, step.maxes, step.sums);
+    let (acc, s) = (step.acc.data, step.acc.stride);
     let nv = nt.div_ceil(16);
     let scale = wscale != 1.0 || vscale.is_some();
     for j in 0..g {
         let l = &mut logits[j * ld..j * ld + nt];
-        let sp = sums[j * simd::SUM_LANES..(j + 1) * simd::SUM_LANES].as_mut_ptr();
+        let sp = sums[j * SUM_LANES..(j + 1) * SUM_LANES].as_mut_ptr();
         // SAFETY (whole block): the masked lanes stay inside `l` (and `vscale`, `nt`
         // long); the partial sums of head `j` are `SUM_LANES` = 16 floats.
         unsafe {
@@ -51,7 +42,7 @@ pub(in crate::simd) unsafe fn softmax_tile(
                     m = _mm512_max_ps(m, x);
                 }
                 let m = _mm512_reduce_max_ps(m);
-                let c = simd::weight(maxes[j] - m);
+                let c = weight(maxes[j] - m);
                 sum = _mm512_mul_ps(sum, _mm512_set1_ps(c));
                 for x in &mut acc[j * s..(j + 1) * s] {
                     *x *= c;
@@ -93,12 +84,16 @@ fn round_bf16(x: __m512) -> __m512 {
     ))
 }
 
-/// [`crate::simd::adjust_logits`] on one row: `l[i] *= ks[i]`, then `c * tanh(l / c)` with a cap.
+/// `kernels::adjust_logits` on one row: `l[i] *= ks[i]`, then `c * tanh(l / c)` with a cap.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL present; `ks` as long as `l`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(in crate::simd) unsafe fn adjust_logits(l: &mut [f32], ks: &[f32], cap: Option<f32>) {
+pub(in crate::decode::kernels) unsafe fn adjust_logits(
+    l: &mut [f32],
+    ks: &[f32],
+    cap: Option<f32>,
+) {
     let n = l.len();
     let mut i = 0;
     while i < n {
@@ -136,11 +131,11 @@ fn tanh(x: __m512) -> __m512 {
     _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), sign))
 }
 
-/// `e^x` per lane as softmax weights: zero below [`simd::WEIGHT_FLOOR`], and for NaN.
+/// `e^x` per lane as softmax weights: zero below [`WEIGHT_FLOOR`], and for NaN.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 fn weights(x: __m512) -> __m512 {
-    let floor = _mm512_set1_ps(simd::WEIGHT_FLOOR);
+    let floor = _mm512_set1_ps(WEIGHT_FLOOR);
     let keep = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, floor);
     _mm512_maskz_mov_ps(keep, exp_approx(_mm512_max_ps(x, floor)))
 }

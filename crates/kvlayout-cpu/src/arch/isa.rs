@@ -2,7 +2,7 @@
 //! (runtime-detected once), and each build's decode tolerance. Which one a backend runs is
 //! chosen in `decode::calibrate`.
 
-use super::RowKind;
+use crate::decode::kernels::RowKind;
 use crate::tolerance::Tolerance;
 
 /// The selected instruction set.
@@ -47,19 +47,19 @@ pub(crate) fn cpu_vendor() -> [u8; 12] {
 /// Whether this machine runs the AVX-512 kernels (the safe wrappers check it before every
 /// call into them).
 #[cfg(target_arch = "x86_64")]
-pub(super) fn has_avx512() -> bool {
+pub(crate) fn has_avx512() -> bool {
     Isa::Avx512.runs()
 }
 
 /// Whether this machine runs the bf16-operand kernels.
 #[cfg(target_arch = "x86_64")]
-pub(super) fn has_avx512_bf16() -> bool {
+pub(crate) fn has_avx512_bf16() -> bool {
     Isa::Avx512Bf16.runs()
 }
 
 /// Whether this machine runs the AVX2 + FMA builds.
 #[cfg(target_arch = "x86_64")]
-pub(super) fn has_avx2() -> bool {
+pub(crate) fn has_avx2() -> bool {
     Isa::Avx2.runs()
 }
 
@@ -176,7 +176,7 @@ impl Isa {
     /// How far this build's decode of rows of `dtype` may lie from the reference: bf16
     /// products where rows go through the bf16-operand kernels, f32 products otherwise.
     pub(crate) fn decode_tolerance(self, dtype: kvlayout::DType) -> Tolerance {
-        match crate::decode::row_kind(dtype) {
+        match RowKind::of(dtype) {
             Ok(kind) if self.bf16_operands(kind) => Tolerance::BF16_PRODUCTS,
             _ => Tolerance::F32_PRODUCTS,
         }
@@ -191,5 +191,33 @@ impl Isa {
             }
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The backend runs one of the builds this machine runs, listed first and once among them;
+    /// where both AVX-512 builds run, the choice between them was timed.
+    #[test]
+    fn the_chosen_build_comes_first() {
+        let builds = crate::CpuBackend::kernel_builds();
+        let mut sorted: Vec<&str> = builds.clone();
+        sorted.sort_by_key(|b| Isa::ALL.iter().position(|i| i.name() == *b));
+        let names: Vec<&str> = available().iter().map(|i| i.name()).collect();
+        assert_eq!(sorted, names);
+        let be = crate::CpuBackend::new(Some(1));
+        assert_eq!(builds[0], be.kernel_build());
+        assert_eq!(crate::CpuBackend::kernels(), be.kernel_build());
+        let why = be.kernel_choice();
+        #[cfg(target_arch = "x86_64")]
+        if std::env::var(crate::decode::calibrate::OVERRIDE).is_err()
+            && names.contains(&"avx512-bf16")
+            && names.contains(&"avx512")
+        {
+            assert!(why.starts_with("timed at start-up"), "{why}");
+        }
+        assert!(!why.is_empty());
     }
 }

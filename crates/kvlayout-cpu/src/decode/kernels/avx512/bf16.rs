@@ -4,7 +4,7 @@
 //! - bf16 rows are read as they are. fp8 rows become bf16 exactly (every e4m3 and e5m2 value,
 //!   subnormals, infinities and NaN included, is a bf16): two `vpermi2b` table lookups give
 //!   the low and high byte of each value from its 7 magnitude bits, the sign is or-ed into
-//!   the high byte, and a byte unpack makes the words ([`Perm::Words`](super::Order) order).
+//!   the high byte, and a byte unpack makes the words (the `Words` order of `Order`).
 //! - Keys: query rows are packed bf16 in the row's order (natural for bf16, `Words` for fp8);
 //!   blocks of `R` rows x `H` heads share 16 accumulators reduced by one `hsum16`, as in the
 //!   f32 kernels.
@@ -14,26 +14,13 @@
 //!   accumulators are in the `Dwords` order. The weights are rounded to bf16 here (the
 //!   softmax step has already rounded them when no scale multiplies them).
 
-use super::avx512::{hsum16, mask, mask32, prefetch_line, pv_passes, store_logits, PvArgs, QkArgs};
-use super::{RowKind, TILE};
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-/// Row kinds as const parameters.
-const BF16: u8 = 0;
-const E4M3: u8 = 1;
-const E5M2: u8 = 2;
-
-macro_rules! by_kind {
-    ($kind:expr, $f:ident :: <$($c:tt),*> ( $($arg:expr),* )) => {
-        match $kind {
-            RowKind::Bf16 => $f::<BF16, $($c),*>($($arg),*),
-            RowKind::Fp8E4m3 => $f::<E4M3, $($c),*>($($arg),*),
-            RowKind::Fp8E5m2 => $f::<E5M2, $($c),*>($($arg),*),
-            k => unreachable!("{k:?} rows do not take bf16 operands"),
-        }
-    };
-}
+use super::{hsum16, mask, mask32, prefetch_line, pv_passes, store_logits};
+use crate::decode::kernels::args::{KeyArgs, ValueArgs};
+use crate::decode::kernels::rows::codes::{esize, BF16, E5M2};
+use crate::decode::kernels::rows::{RowKind, TILE};
 
 /// Elements per block: one zmm of bf16 (32) or of fp8 bytes (64).
 const fn block(k: u8) -> usize {
@@ -41,15 +28,6 @@ const fn block(k: u8) -> usize {
         32
     } else {
         64
-    }
-}
-
-/// Bytes per element.
-const fn esize(k: u8) -> usize {
-    if k == BF16 {
-        2
-    } else {
-        1
     }
 }
 
@@ -208,51 +186,38 @@ fn bh(x: __m512i) -> __m512bh {
     unsafe { std::mem::transmute::<__m512i, __m512bh>(x) }
 }
 
-/// See `super::qk_tile`: the query rows are packed bf16 in the key order.
+/// See `kernels::qk_tile`: the query rows are packed bf16 in the key order.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL, BF16 and VBMI present; every row pointer plus `hoff` valid for `width`
 /// elements of `kind`; `q` holds `g` packed rows of the block-padded width at stride `qs`
 /// slots; `logits.len() >= (g - 1) * ld + rows.len()`. `pf` is only prefetched.
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi")]
-pub(super) unsafe fn qk_tile(
-    kind: RowKind,
-    raw: bool,
-    rows: &[*const u8],
-    pf: &[*const u8],
-    hoff: usize,
-    pf_hoff: usize,
-    width: usize,
-    q: &[f32],
-    qs: usize,
-    g: usize,
-    logits: &mut [f32],
-    ld: usize,
-) {
+pub(in crate::decode::kernels) unsafe fn qk_tile(kind: RowKind, raw: bool, a: KeyArgs<'_>) {
     debug_assert!(
         !raw,
         "fp8 rows become bf16 exactly: no power of two to fold"
     );
-    let a = (rows, pf, hoff, pf_hoff, width, q, qs, g, logits, ld);
     // SAFETY (each arm): the caller's contract.
     unsafe {
-        match g {
-            1 => by_kind!(kind, qk_k::<16, 1>(a)),
-            2 => by_kind!(kind, qk_k::<8, 2>(a)),
-            _ => by_kind!(kind, qk_k::<4, 4>(a)),
+        match a.g {
+            1 => by_kind!(bf16 kind, qk_k::<16, 1>(a)),
+            2 => by_kind!(bf16 kind, qk_k::<8, 2>(a)),
+            _ => by_kind!(bf16 kind, qk_k::<4, 4>(a)),
         }
     }
 }
 
-/// Blocks of `R` rows x `H` heads, as `avx512::qk_k`.
+/// Blocks of `R` rows x `H` heads, as the plain AVX-512 `keys::qk_k`.
 ///
 /// # Safety
 /// As [`qk_tile`].
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi")]
-unsafe fn qk_k<const K: u8, const R: usize, const H: usize>(a: QkArgs<'_>) {
-    let (rows, pf, hoff, pf_hoff, width, q, qs, g, logits, ld) = a;
+unsafe fn qk_k<const K: u8, const R: usize, const H: usize>(a: KeyArgs<'_>) {
+    let (rows, pf, hoff, pf_hoff) = (a.rows, a.pf, a.hoff, a.pf_hoff);
+    let (width, g, level) = (a.width, a.g, a.level);
+    let (q, qs, ld, logits) = (a.q.data, a.q.stride, a.logits.stride, a.logits.data);
     let nt = rows.len();
     let bw = block(K);
     let nv = bw / 32;
@@ -286,7 +251,11 @@ unsafe fn qk_k<const K: u8, const R: usize, const H: usize>(a: QkArgs<'_>) {
                     });
                     for r in 0..R {
                         if r < npf {
-                            prefetch_line(pf[i0 + r].wrapping_add(pf_hoff), b * bw * esize(K));
+                            prefetch_line(
+                                pf[i0 + r].wrapping_add(pf_hoff),
+                                b * bw * esize(K),
+                                level,
+                            );
                         }
                         let x = if n == bw {
                             load_key::<K, true>(rp[r], b, n, &t)
@@ -311,33 +280,21 @@ unsafe fn qk_k<const K: u8, const R: usize, const H: usize>(a: QkArgs<'_>) {
     }
 }
 
-/// See `super::pv_tile`: accumulators in the `Dwords` order, weights rounded to bf16.
+/// See `kernels::pv_tile`: accumulators in the `Dwords` order, weights rounded to bf16.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL, BF16 and VBMI present; every row pointer plus `hoff` valid for `width`
 /// elements of `kind`; `acc` holds `g` rows of block-padded width at stride `s`;
 /// `w.len() >= (g - 1) * ld + rows.len()`, `rows.len() <= TILE`. `pf` is only prefetched.
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi")]
-pub(super) unsafe fn pv_tile(
-    kind: RowKind,
-    raw: bool,
-    rows: &[*const u8],
-    pf: &[*const u8],
-    hoff: usize,
-    pf_hoff: usize,
-    width: usize,
-    w: &[f32],
-    ld: usize,
-    g: usize,
-    acc: &mut [f32],
-    s: usize,
-) {
+pub(in crate::decode::kernels) unsafe fn pv_tile(kind: RowKind, raw: bool, a: ValueArgs<'_>) {
     debug_assert!(
         !raw,
         "fp8 rows become bf16 exactly: no power of two to fold"
     );
-    let nt = rows.len();
+    let (rows, pf, hoff, pf_hoff, width) = (a.rows, a.pf, a.hoff, a.pf_hoff, a.width);
+    let (w, mut acc, g, level) = (a.w, a.acc, a.g, a.level);
+    let (ld, nt) = (w.stride, rows.len());
     assert!(nt <= TILE);
     // Vectors of 16 accumulators per row: 2 per block for bf16, 4 for fp8.
     let vecs = if kind == RowKind::Bf16 {
@@ -350,21 +307,32 @@ pub(super) unsafe fn pv_tile(
     let mut wb_heads = usize::MAX;
     pv_passes(g, vecs, |j0, h, c0, c| {
         if wb_heads != j0 {
-            bf16_weights(&w[j0 * ld..], ld, h, nt, &mut wb);
+            bf16_weights(&w.data[j0 * ld..], ld, h, nt, &mut wb);
             wb_heads = j0;
         }
         let pf = if j0 == 0 { pf } else { &[] };
-        let a = (rows, pf, hoff, pf_hoff, width, w, ld, j0, c0, &mut *acc, s);
+        let acc = acc.reborrow();
+        let a = ValueArgs {
+            rows,
+            pf,
+            hoff,
+            pf_hoff,
+            width,
+            w,
+            g,
+            acc,
+            level,
+        };
         // SAFETY (each arm): heads j0 .. j0 + h are inside the group; every pass takes whole
         // blocks (`c` and `c0` are multiples of the 2 or 4 vectors of a block: `vecs` is).
         unsafe {
             match (h, c) {
-                (4, 4) => by_kind!(kind, pv_k::<4, 4>(a, &wb)),
-                (4, _) => by_kind!(kind, pv_k::<4, 2>(a, &wb)),
-                (2, 8) => by_kind!(kind, pv_k::<2, 8>(a, &wb)),
-                (2, _) => by_kind!(kind, pv_k::<2, 4>(a, &wb)),
-                (_, 8) => by_kind!(kind, pv_k::<1, 8>(a, &wb)),
-                (_, _) => by_kind!(kind, pv_k::<1, 4>(a, &wb)),
+                (4, 4) => by_kind!(bf16 kind, pv_k::<4, 4>(a, j0, c0, &wb)),
+                (4, _) => by_kind!(bf16 kind, pv_k::<4, 2>(a, j0, c0, &wb)),
+                (2, 8) => by_kind!(bf16 kind, pv_k::<2, 8>(a, j0, c0, &wb)),
+                (2, _) => by_kind!(bf16 kind, pv_k::<2, 4>(a, j0, c0, &wb)),
+                (_, 8) => by_kind!(bf16 kind, pv_k::<1, 8>(a, j0, c0, &wb)),
+                (_, _) => by_kind!(bf16 kind, pv_k::<1, 4>(a, j0, c0, &wb)),
             }
         }
     });
@@ -400,9 +368,15 @@ fn bf16_weights(w: &[f32], ld: usize, h: usize, nt: usize, wb: &mut [[u16; TILE]
 /// block.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi")]
-unsafe fn pv_k<const K: u8, const H: usize, const C: usize>(a: PvArgs<'_>, wb: &[[u16; TILE]; 4]) {
+unsafe fn pv_k<const K: u8, const H: usize, const C: usize>(
+    a: ValueArgs<'_>,
+    j0: usize,
+    c0: usize,
+    wb: &[[u16; TILE]; 4],
+) {
     // The weights are in `wb`.
-    let (rows, pf, hoff, pf_hoff, width, _, _, j0, c0, acc, s) = a;
+    let (rows, pf, hoff, pf_hoff, width) = (a.rows, a.pf, a.hoff, a.pf_hoff, a.width);
+    let (acc, s, level) = (a.acc.data, a.acc.stride, a.level);
     let nt = rows.len();
     let bw = block(K);
     let nv = bw / 16;
@@ -431,7 +405,11 @@ unsafe fn pv_k<const K: u8, const H: usize, const C: usize>(a: PvArgs<'_>, wb: &
             for p in i..(i + 2).min(pf.len()) {
                 for bb in 0..nblk {
                     if valid[bb] > 0 {
-                        prefetch_line(pf[p].wrapping_add(pf_hoff), (b0 + bb) * bw * esize(K));
+                        prefetch_line(
+                            pf[p].wrapping_add(pf_hoff),
+                            (b0 + bb) * bw * esize(K),
+                            level,
+                        );
                     }
                 }
             }

@@ -3,15 +3,16 @@
 
 use std::arch::x86_64::*;
 
-use super::{
-    fp8_halves, hsum16, mask, BF16, E4M3, E4M3_RAW, E5M2, F16, F32, FP8_E4M3_HALF_SCALE, I8,
-};
-use crate::simd::{self, RowKind};
+use super::{fp8_halves, hsum16, mask, FP8_E4M3_HALF_SCALE};
+use crate::arch::{prefetch_bytes, PrefetchLevel};
+use crate::decode::kernels::args::{Run, TransposedArgs};
+use crate::decode::kernels::rows::codes::{BF16, E4M3, E4M3_RAW, E5M2, F16, F32, I8};
+use crate::decode::kernels::rows::RowKind;
 
-/// Transposed value rows: run `(off, i0, n)` (`n <= 16`) holds, for each element index `d`,
-/// tokens `i0 .. i0 + n` side by side at `buf + off + d * dim`. One token per lane, in
-/// order: fp8 bytes are zero-extended and their sign and magnitude bits moved as in `load`
-/// (with `raw`, without the power of two), int8 sign-extended.
+/// Transposed value rows (see `TransposedArgs`): run `(off, i0, n)` (`n <= 16`) holds, for
+/// each element index `d`, tokens `i0 .. i0 + n` side by side at `buf + off + d * dim`. One
+/// token per lane, in order: fp8 bytes are zero-extended and their sign and magnitude bits
+/// moved as in `load` (with `raw`, without the power of two), int8 sign-extended.
 /// `out[j * ow + d] += sum over the runs and their tokens t of w[j * ld + i0 + t] * v(d, t)`
 /// for the `g` heads and the `width` elements, in natural order. Per block of 4 heads x 4
 /// elements, the 16 accumulators hold one lane per token of a run across all the runs, and
@@ -19,60 +20,51 @@ use crate::simd::{self, RowKind};
 ///
 /// # Safety
 /// AVX-512 F/BW/VL present; each run's bytes `off .. off + (width - 1) * dim + n * elem`
-/// inside the buffer `buf` points to; `w.len() >= (g - 1) * ld + i0 + n` for each run;
+/// inside `buf`; `w.len() >= (g - 1) * ld + i0 + n` for each run;
 /// `out.len() >= (g - 1) * ow + width`.
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(in crate::simd) unsafe fn pv_transposed(
+pub(in crate::decode::kernels) unsafe fn pv_transposed(
     kind: RowKind,
     raw: bool,
-    buf: *const u8,
-    runs: &[(usize, usize, usize)],
-    pf: &[(usize, usize, usize)],
-    dim: usize,
-    width: usize,
-    w: &[f32],
-    ld: usize,
-    g: usize,
-    out: &mut [f32],
-    ow: usize,
+    a: TransposedArgs<'_>,
 ) {
-    let a = (buf, runs, pf, dim, width, w, ld, g, out, ow);
     // SAFETY (each arm): the caller's contract.
     unsafe { by_kind!(kind, raw, pv_transposed_k(a)) }
 }
-
-/// The runs of a tile's transposed values, those of the step read later (only prefetched),
-/// and the prefetch level.
-type RunsAndPrefetch<'a> = (
-    &'a [(usize, usize, usize)],
-    &'a [(usize, usize, usize)],
-    simd::PrefetchLevel,
-);
 
 /// [`pv_transposed`] for rows of kind `K`.
 ///
 /// # Safety
 /// As [`pv_transposed`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn pv_transposed_k<const K: u8>(a: simd::TransposedArgs<'_>) {
-    let (buf, runs, pf, dim, width, w, ld, g, out, ow) = a;
-    let level = simd::prefetch_level();
+unsafe fn pv_transposed_k<const K: u8>(a: TransposedArgs<'_>) {
+    let (buf, runs, pf, dim, width) = (a.buf.as_ptr(), a.runs, a.pf, a.dim, a.width);
+    let (w, ld, g, out, ow, level) = (a.w.data, a.w.stride, a.g, a.out.data, a.out.stride, a.level);
     let mut j0 = 0;
     while j0 < g {
         let hn = (g - j0).min(4);
         let mut d0 = 0;
         while d0 < width {
             let dn = (width - d0).min(4);
+            // The later step's runs, prefetched along the first head block.
+            let pf = if j0 == 0 { pf } else { &[] };
+            let b = Block {
+                buf,
+                runs,
+                pf,
+                level,
+                dim,
+                w,
+                ld,
+                j0,
+                d0,
+            };
             // SAFETY: the caller's contract, for heads `j0 ..` and elements `d0 ..`.
             let sums = unsafe {
-                // The later step's runs, prefetched along the first head block.
-                let pf = if j0 == 0 { pf } else { &[] };
-                let runs = (runs, pf, level);
                 if hn == 4 && dn == 4 {
-                    transposed_block::<K, true>(buf, runs, dim, w, ld, j0, d0, 4, 4)
+                    transposed_block::<K, true>(&b, 4, 4)
                 } else {
-                    transposed_block::<K, false>(buf, runs, dim, w, ld, j0, d0, hn, dn)
+                    transposed_block::<K, false>(&b, hn, dn)
                 }
             };
             add_sums(sums, out, ow, d0, j0, dn, hn);
@@ -82,36 +74,55 @@ unsafe fn pv_transposed_k<const K: u8>(a: simd::TransposedArgs<'_>) {
     }
 }
 
-/// The sums of [`pv_transposed`] for heads `j0 .. j0 + hn` and elements `d0 .. d0 + dn`
-/// (at most 4 each; 4 and 4 when `FULL`), as `hsum16` leaves them (lane `h * 4 + dd`). The
-/// same elements of each run of `pf` are prefetched (to the level given) with the run of
-/// `runs` at its index.
-///
-/// # Safety
-/// As [`pv_transposed`], for those heads and elements.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn transposed_block<const K: u8, const FULL: bool>(
+/// A block of [`pv_transposed_k`]: the buffer, the runs, those prefetched along them and the
+/// level, the element rows' stride, the weights (rows `ld` apart), the block's first head and
+/// first element.
+#[derive(Clone, Copy)]
+struct Block<'a> {
     buf: *const u8,
-    runs: RunsAndPrefetch<'_>,
+    runs: &'a [Run],
+    pf: &'a [Run],
+    level: PrefetchLevel,
     dim: usize,
-    w: &[f32],
+    w: &'a [f32],
     ld: usize,
     j0: usize,
     d0: usize,
+}
+
+/// The sums of [`pv_transposed`] for heads `j0 .. j0 + hn` and elements `d0 .. d0 + dn`
+/// of block `b` (at most 4 each; 4 and 4 when `FULL`), as `hsum16` leaves them (lane
+/// `h * 4 + dd`). The same elements of each run of `b.pf` are prefetched (to `b.level`) with
+/// the run of `b.runs` at its index.
+///
+/// # Safety
+/// As [`pv_transposed`], for those heads and elements.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn transposed_block<const K: u8, const FULL: bool>(
+    b: &Block<'_>,
     hn: usize,
     dn: usize,
 ) -> __m512 {
+    let Block {
+        buf,
+        runs,
+        pf,
+        level,
+        dim,
+        w,
+        ld,
+        j0,
+        d0,
+    } = *b;
     let z = _mm512_setzero_ps();
     let (hn, dn) = if FULL { (4, 4) } else { (hn, dn) };
-    let (runs, pf, level) = runs;
     let mut acc = [z; 16];
-    for (ri, &(off, i0, n)) in runs.iter().enumerate() {
-        if let Some(&(pf_off, _, _)) = pf.get(ri) {
+    for (ri, &Run { off, i0, n }) in runs.iter().enumerate() {
+        if let Some(&Run { off: pf_off, .. }) = pf.get(ri) {
             // The lines of elements `d0 .. d0 + dn` of the later run.
             let (first, end) = (pf_off + d0 * dim, pf_off + (d0 + dn) * dim);
-            simd::prefetch_bytes(buf, first, end, level);
+            prefetch_bytes(buf, first, end, level);
         }
         let m = mask(n);
         // SAFETY: weights `(j0 + h) * ld + i0 .. + n` are inside `w`, and elements `d0 + dd`

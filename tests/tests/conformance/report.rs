@@ -1,0 +1,122 @@
+//! Tallies of checks per backend, and their report in the CI log.
+
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use kvlayout_conformance::backend::{Backend, BackendVisitor, Backends};
+
+use crate::bytes::Outcome;
+
+/// Checks tallied per op; failures with the case name.
+#[derive(Default)]
+pub(crate) struct Report {
+    pub(crate) skipped: Option<String>,
+    pub(crate) passed: BTreeMap<&'static str, usize>,
+    pub(crate) failures: Vec<String>,
+    /// Worst decode error as a fraction of its tolerance, per cache dtype.
+    pub(crate) worst_decode: BTreeMap<String, f64>,
+}
+
+impl Report {
+    pub(crate) fn check(&mut self, op: &'static str, what: &str, r: Outcome<()>) {
+        match r {
+            Ok(()) => *self.passed.entry(op).or_default() += 1,
+            Err(e) => self.failures.push(format!("{op}: {what}: {e}")),
+        }
+    }
+
+    fn total(&self) -> usize {
+        self.passed.values().sum()
+    }
+}
+
+/// The report of `be`, or `None` when the backend is not available here (recorded as
+/// skipped, with its reason).
+pub(crate) fn report_of<'a, B: Backend>(
+    reports: &'a mut BTreeMap<String, Report>,
+    be: &B,
+) -> Option<&'a mut Report> {
+    let rep = reports.entry(be.name().to_string()).or_default();
+    match be.available() {
+        Ok(()) => Some(rep),
+        Err(why) => {
+            rep.skipped = Some(why);
+            None
+        }
+    }
+}
+
+/// `f()`, or what it panicked with.
+pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|e| {
+        let msg = e
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        format!("{what}: panicked: {msg}")
+    })
+}
+
+/// Reports each of `order`'s reports (passed per op, worst decode error, the first failures);
+/// returns the number of failures.
+pub(crate) fn print_reports(
+    title: &str,
+    reports: &BTreeMap<String, Report>,
+    order: &[&str],
+) -> usize {
+    let mut failures = 0;
+    for name in order {
+        let Some(r) = reports.get(*name) else {
+            continue;
+        };
+        if let Some(why) = &r.skipped {
+            kvlayout_conformance::report(&format!("skipped: {name}: {why}"));
+            continue;
+        }
+        let per_op: Vec<String> = r.passed.iter().map(|(op, n)| format!("{op} {n}")).collect();
+        kvlayout_conformance::report(&format!(
+            "{title}: {name}: {} cases passed, {} failed ({})",
+            r.total(),
+            r.failures.len(),
+            per_op.join(", ")
+        ));
+        if !r.worst_decode.is_empty() {
+            let worst: Vec<String> = r
+                .worst_decode
+                .iter()
+                .map(|(d, x)| format!("{d} {x:.1e}"))
+                .collect();
+            kvlayout_conformance::report(&format!(
+                "{title}: {name}: paged_decode worst error / tolerance: {}",
+                worst.join(", ")
+            ));
+        }
+        for f in r.failures.iter().take(25) {
+            println!("  FAIL {name}: {f}");
+        }
+        if r.failures.len() > 25 {
+            println!("  ... and {} more", r.failures.len() - 25);
+        }
+        failures += r.failures.len();
+    }
+    failures
+}
+
+/// [`print_reports`] of every backend, in the order `backends` visits them.
+pub(crate) fn print_backend_reports(
+    title: &str,
+    reports: &BTreeMap<String, Report>,
+    backends: &Backends,
+) -> usize {
+    struct Names(Vec<String>);
+    impl BackendVisitor for Names {
+        fn visit<B: Backend>(&mut self, b: &B) {
+            self.0.push(b.name().to_string());
+        }
+    }
+    let mut names = Names(Vec::new());
+    backends.for_each(&mut names);
+    let order: Vec<&str> = names.0.iter().map(String::as_str).collect();
+    print_reports(title, reports, &order)
+}
