@@ -209,80 +209,74 @@ struct Row {
     paged: f64,
 }
 
-fn main() {
-    let be = CpuBackend::new(Some(2));
-    let q: Vec<f32> = (0..SEQS * Q_HEADS as usize * HEAD)
-        .map(|i| ((i % 113) as f32 - 56.0) / 64.0)
-        .collect();
-    let mut out = vec![0f32; SEQS * Q_HEADS as usize * HEAD];
-    let mut rows = Vec::new();
-    let bound = ReadBound::new(be.pool(), 512 << 20).expect("read bound");
-    bound.pass(be.pool()); // first touch
-                           // `KVLAYOUT_BENCH_CONTEXTS=64,256` overrides the contexts.
-    let contexts: Vec<u32> = std::env::var("KVLAYOUT_BENCH_CONTEXTS")
+/// The contexts to run: `KVLAYOUT_BENCH_CONTEXTS=64,256` overrides 1024 and 4096.
+fn contexts() -> Vec<u32> {
+    std::env::var("KVLAYOUT_BENCH_CONTEXTS")
         .ok()
         .map(|v| v.split(',').filter_map(|c| c.trim().parse().ok()).collect())
-        .unwrap_or_else(|| vec![1024, 4096]);
-    for context in contexts {
-        let per_seq = (context as u64).div_ceil(BLOCK) as usize;
-        let blocks = SEQS * per_seq;
-        let table = permutation(blocks, u64::from(context));
-        let lens = vec![context; SEQS];
-        for (dtype, target) in [("f32", 0.8), ("bf16", 0.8), ("fp8_e4m3", 0.5)] {
-            // `legacy`: vLLM's paged-attention layout (x-split keys, transposed values),
-            // informative (the targets are for the standardized orders).
-            for order in ["NHD", "HND", "legacy"] {
-                // `KVLAYOUT_BENCH_ONLY="bf16 HND"` runs the matching configurations only.
-                if let Ok(only) = std::env::var("KVLAYOUT_BENCH_ONLY") {
-                    if !format!("{dtype} {order}").contains(only.as_str()) {
-                        continue;
-                    }
-                }
-                let host = filled_cache(blocks, dtype, order);
-                let elem = host.layout().dtype().size_bytes() as f64;
-                let d = decode(&q, &table, per_seq, &lens);
-                let cache = host.as_ref();
-                let tokens = (SEQS as f64) * f64::from(context);
-                let kv_bytes = tokens * KV_HEADS as f64 * 2.0 * HEAD as f64 * elem;
-                let paged = bound.paged_fraction(be.pool(), 5);
+        .unwrap_or_else(|| vec![1024, 4096])
+}
+
+/// Whether `KVLAYOUT_BENCH_ONLY="bf16 HND"` (if set) selects this configuration.
+fn selected(dtype: &str, order: &str) -> bool {
+    std::env::var("KVLAYOUT_BENCH_ONLY").map_or(true, |only| {
+        format!("{dtype} {order}").contains(only.as_str())
+    })
+}
+
+/// One context's decode runs: every dtype and order (`legacy`: vLLM's paged-attention layout,
+/// x-split keys and transposed values, informative), and the plain C peer on the f32 caches.
+fn run_context(be: &CpuBackend, bound: &ReadBound, q: &[f32], context: u32, rows: &mut Vec<Row>) {
+    let mut out = vec![0f32; SEQS * Q_HEADS as usize * HEAD];
+    let per_seq = (context as u64).div_ceil(BLOCK) as usize;
+    let blocks = SEQS * per_seq;
+    let table = permutation(blocks, u64::from(context));
+    let lens = vec![context; SEQS];
+    for (dtype, target) in [("f32", 0.8), ("bf16", 0.8), ("fp8_e4m3", 0.5)] {
+        for order in ["NHD", "HND", "legacy"] {
+            if !selected(dtype, order) {
+                continue;
+            }
+            let host = filled_cache(blocks, dtype, order);
+            let elem = host.layout().dtype().size_bytes() as f64;
+            let d = decode(q, &table, per_seq, &lens);
+            let cache = host.as_ref();
+            let tokens = (SEQS as f64) * f64::from(context);
+            let kv_bytes = tokens * KV_HEADS as f64 * 2.0 * HEAD as f64 * elem;
+            let paged = bound.paged_fraction(be.pool(), 5);
+            let mut row = |name: String, target, op: &mut dyn FnMut()| {
                 let p = paired(
                     REPS,
                     bound.bytes() as f64,
                     || bound.pass(be.pool()),
                     kv_bytes,
-                    || be.paged_decode(&cache, &d, &mut out).expect("decode"),
+                    op,
                 );
                 rows.push(Row {
-                    name: format!("{dtype} {order}"),
+                    name,
                     context,
                     kv_bytes,
                     tokens,
                     p,
-                    target: (order != "legacy").then_some(target),
+                    target,
                     paged,
                 });
-                // The peer of the same run: the plain C loop on the same f32 cache.
-                if dtype == "f32" && order != "legacy" {
-                    let p = paired(
-                        REPS,
-                        bound.bytes() as f64,
-                        || bound.pass(be.pool()),
-                        kv_bytes,
-                        || peer_decode(&be, &host, &d, &mut out),
-                    );
-                    rows.push(Row {
-                        name: format!("peer: C -O3 -march=native -ffast-math, f32 {order}"),
-                        context,
-                        kv_bytes,
-                        tokens,
-                        p,
-                        target: None,
-                        paged,
-                    });
-                }
+            };
+            let target = (order != "legacy").then_some(target);
+            row(format!("{dtype} {order}"), target, &mut || {
+                be.paged_decode(&cache, &d, &mut out).expect("decode")
+            });
+            // The peer of the same run: the plain C loop on the same f32 cache.
+            if dtype == "f32" && order != "legacy" {
+                let name = format!("peer: C -O3 -march=native -ffast-math, f32 {order}");
+                row(name, None, &mut || peer_decode(be, &host, &d, &mut out));
             }
         }
     }
+}
+
+/// Prints the decode rows as a table.
+fn print_rows(be: &CpuBackend, rows: &[Row]) {
     println!("cpu: {}", cpu_model());
     println!("threads: {}", be.threads());
     println!("kernels: {} ({})", be.kernel_build(), be.kernel_choice());
@@ -307,10 +301,13 @@ fn main() {
             r.target.map_or("-".to_string(), |t| format!("{t:.2}")),
         );
     }
-    // Informative: the same read, chunk by chunk in a random order, as a block table
-    // scatters pages (bf16, 8 heads x 128, block 16: 4 KiB per head-major (block, head) page
-    // of K and V, 64 KiB per block of all heads). Each chunked pass is paired with a
-    // sequential one right before it; medians of the paired ratios.
+}
+
+/// Informative: the same read, chunk by chunk in a random order, as a block table scatters
+/// pages (bf16, 8 heads x 128, block 16: 4 KiB per head-major (block, head) page of K and V,
+/// 64 KiB per block of all heads). Each chunked pass is paired with a sequential one right
+/// before it; medians of the paired ratios. Returns the sequential read's median, bytes/s.
+fn read_patterns(be: &CpuBackend, bound: &ReadBound) -> f64 {
     println!();
     println!("| read pattern | GB/s median | ratio to the sequential read (median) |");
     println!("|---|---|---|");
@@ -334,7 +331,22 @@ fn main() {
         );
     }
     sequential.sort_by(f64::total_cmp);
-    let read_bw = bound.bytes() as f64 / sequential[sequential.len() / 2];
+    bound.bytes() as f64 / sequential[sequential.len() / 2]
+}
+
+fn main() {
+    let be = CpuBackend::new(Some(2));
+    let q: Vec<f32> = (0..SEQS * Q_HEADS as usize * HEAD)
+        .map(|i| ((i % 113) as f32 - 56.0) / 64.0)
+        .collect();
+    let bound = ReadBound::new(be.pool(), 512 << 20).expect("read bound");
+    bound.pass(be.pool()); // first touch
+    let mut rows = Vec::new();
+    for context in contexts() {
+        run_context(&be, &bound, &q, context, &mut rows);
+    }
+    print_rows(&be, &rows);
+    let read_bw = read_patterns(&be, &bound);
     overlap(&be, &bound);
     kernel_costs(read_bw);
 }

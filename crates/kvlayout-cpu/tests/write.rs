@@ -16,11 +16,9 @@ fn data(n: usize, seed: u32) -> Vec<f32> {
         .collect()
 }
 
-fn check(spec: &str, input: &str) {
-    let l: KvCacheLayout = spec.parse().unwrap();
-    let g = *l.geometry();
-    let heads = g.num_kv_heads as usize;
-    let (kw, vw, mla) = match *l.content() {
+/// Key and value widths per head, and whether the content is one MLA latent.
+fn widths(l: &KvCacheLayout) -> (usize, usize, bool) {
+    match *l.content() {
         kvlayout::Content::Kv {
             head_size,
             head_size_v,
@@ -34,17 +32,61 @@ fn check(spec: &str, input: &str) {
             rope_dim,
         } => ((kv_lora_rank + rope_dim) as usize, 0, true),
         _ => unreachable!(),
-    };
+    }
+}
+
+/// `w` with another slot mapping.
+fn with_slots<'a>(w: &WriteKv<'a>, slots: &'a [i64]) -> WriteKv<'a> {
+    WriteKv {
+        slot_mapping: slots,
+        ..*w
+    }
+}
+
+/// Refused writes (a slot past the cache, a repeated slot) leave `cache` untouched.
+fn check_refusals(be: &CpuBackend, cache: &mut HostCache, w: &WriteKv<'_>) {
+    let l = cache.layout().clone();
+    let g = *l.geometry();
+    let before: Vec<Vec<u8>> = (0..l.num_buffers())
+        .map(|i| cache.bytes(i).to_vec())
+        .collect();
+    let mut bad = w.slot_mapping.to_vec();
+    bad[3] = (g.num_blocks * g.block_size) as i64;
+    let err = be
+        .write_kv(&mut cache.as_mut(), &with_slots(w, &bad))
+        .unwrap_err();
+    assert!(
+        matches!(err, OpError::SlotOutOfRange { token: 3, .. }),
+        "{err}"
+    );
+    bad[3] = 0;
+    let err = be
+        .write_kv(&mut cache.as_mut(), &with_slots(w, &bad))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            OpError::DuplicateSlot {
+                token: 3,
+                first: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    for (i, b) in before.iter().enumerate() {
+        assert_eq!(cache.bytes(i), &b[..], "refused write changed the cache");
+    }
+}
+
+fn check(spec: &str, input: &str) {
+    let l: KvCacheLayout = spec.parse().unwrap();
+    let g = *l.geometry();
+    let heads = g.num_kv_heads as usize;
+    let (kw, vw, mla) = widths(&l);
     let tokens = 7;
-    let slots: Vec<i64> = vec![
-        5,
-        -1,
-        0,
-        13,
-        2,
-        -1,
-        (g.num_blocks * g.block_size - 1) as i64,
-    ];
+    let last = (g.num_blocks * g.block_size - 1) as i64;
+    let slots: Vec<i64> = vec![5, -1, 0, 13, 2, -1, last];
     let k = data(tokens * heads * kw, 1);
     let v = data(tokens * heads * vw, 2);
     let (k16, v16): (Vec<f16>, Vec<f16>) = (
@@ -76,49 +118,7 @@ fn check(spec: &str, input: &str) {
     for i in 0..l.num_buffers() {
         assert_eq!(fast.bytes(i), slow.bytes(i), "{spec} from {input}");
     }
-    // Refusals leave the cache untouched.
-    let before: Vec<Vec<u8>> = (0..l.num_buffers())
-        .map(|i| fast.bytes(i).to_vec())
-        .collect();
-    let mut bad = slots.clone();
-    bad[3] = (g.num_blocks * g.block_size) as i64;
-    let err = be
-        .write_kv(
-            &mut fast.as_mut(),
-            &WriteKv {
-                slot_mapping: &bad,
-                ..w
-            },
-        )
-        .unwrap_err();
-    assert!(
-        matches!(err, OpError::SlotOutOfRange { token: 3, .. }),
-        "{err}"
-    );
-    bad[3] = 0;
-    let err = be
-        .write_kv(
-            &mut fast.as_mut(),
-            &WriteKv {
-                slot_mapping: &bad,
-                ..w
-            },
-        )
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            OpError::DuplicateSlot {
-                token: 3,
-                first: 2,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    for (i, b) in before.iter().enumerate() {
-        assert_eq!(fast.bytes(i), &b[..], "refused write changed the cache");
-    }
+    check_refusals(&be, &mut fast, &w);
 }
 
 #[test]
