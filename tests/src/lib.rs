@@ -4,8 +4,10 @@
 //! the descriptor over random layouts of every kind, the regression cases of
 //! `shared/anchors.md` section 5, and the check that the C header of the kernel ABI agrees
 //! with the Rust side. Its library holds what the tests share: a generator of random valid
-//! layouts ([`gen`]) and an independent enumeration of a layout's domain ([`domain`]). It
-//! does not implement any layout logic of its own beyond what a reference needs.
+//! layouts ([`gen`]), an independent enumeration of a layout's domain ([`domain`]), the cases
+//! and workloads of the cross-backend suite ([`cases`]), and the backends it drives
+//! ([`backend`]: adapters over the contract's `Backend` trait). It does not implement any
+//! layout logic or op of its own beyond what a reference needs.
 
 pub mod backend;
 pub mod cases;

@@ -203,4 +203,53 @@ mod tests {
         // Base 16, block 64, head 2 x 2, no chunk, 0 x dim, one element of 2 bytes.
         assert_eq!(m.data_end(), 16 + 64 + 4 + 2);
     }
+
+    /// The address helpers backends call agree with `offset_unchecked` on the legacy vLLM key
+    /// (x = 8 f16 elements, 16-byte pieces), a plain token-major row and a split whose chunks
+    /// abut.
+    #[test]
+    fn helpers_answer_what_the_offset_function_does() {
+        let layout: crate::KvCacheLayout =
+            "kv L=2 B=3 N=16 H=4 D=64 dtype=f16 legacy=vllm-paged-v1"
+                .parse()
+                .unwrap();
+        let k = layout.field_map(Field::K).unwrap();
+        assert!(k.is_dim_split() && k.x_split(16) && !k.x_split(8));
+        assert_eq!(
+            k.row_run(),
+            None,
+            "pieces of a legacy key row lie N * 16 bytes apart"
+        );
+        assert_eq!(k.split_strides(8), Some((k.strides.dim_chunk, 2)));
+        assert_eq!(k.split_strides(4), None, "another split is not affine");
+        for (l, b, h, n) in [(0, 0, 0, 0), (1, 2, 3, 15), (1, 1, 2, 7)] {
+            let at = k.offset_unchecked(l, b, h, n, 0);
+            assert_eq!(k.slot_offset(l, b, n) + k.head_offset(h), at);
+            assert_eq!(
+                k.slot_offset(l, b, n + 1) - k.slot_offset(l, b, n),
+                k.slot_stride()
+            );
+        }
+        let nhd: crate::KvCacheLayout = "kv L=1 B=3 N=16 H=4 D=16 dtype=bf16 order=NHD"
+            .parse()
+            .unwrap();
+        let v = nhd.field_map(Field::V).unwrap();
+        assert_eq!(v.row_run(), Some(32));
+        assert!(v.row_contiguous() && !v.is_dim_split() && !v.x_split(16));
+        assert_eq!(
+            v.split_strides(4),
+            Some((8, 2)),
+            "an unsplit row splits any way"
+        );
+        let abut = FieldMap {
+            strides: FieldStrides {
+                dim_split: 4,
+                dim_chunk: 8,
+                ..v.strides
+            },
+            ..v
+        };
+        assert_eq!(abut.row_run(), Some(32), "chunks that abut are one run");
+        assert!(!abut.x_split(16), "8-byte pieces are not the legacy key's");
+    }
 }
