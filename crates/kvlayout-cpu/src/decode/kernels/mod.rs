@@ -194,6 +194,12 @@ impl TileRows<'_, '_> {
 /// `t` and the `g` query rows of `q` (stride `qs`), which are in [`Order::of`]`(isa, kind,
 /// Key)` (packed bf16 for the bf16-operand kernels) and zero-padded to `qs` slots. The rows
 /// of `t.next` are prefetched as the rows of `t.rows` are read. `scratch` holds `width` f32.
+// Inlined into the (tile, head) step, with the scalar kernels it falls back on: called
+// apart, its `Strided` arguments (24 bytes, passed by reference to a copy) are written by
+// the step with 8-byte stores and copied into the kernel's arguments with a 16-byte load,
+// which cannot forward from them and waits on every step (token-major tiles of 8 tokens:
+// bf16 NHD 4% slower, rows in L2).
+#[inline]
 pub(crate) fn qk_tile(
     isa: Isa,
     t: &TileRows<'_, '_>,
@@ -240,6 +246,8 @@ pub(crate) fn qk_tile(
 /// `(d / x) * chunk + (d % x) * elem`), read in place; `width` a multiple of `x`; query rows
 /// in [`split_key_order`]. The rows of `t.next` (split alike) are prefetched as the rows of
 /// `t.rows` are read. Only where [`reads_split`].
+// Inlined as [`qk_tile`] is.
+#[inline]
 pub(crate) fn qk_tile_split(
     isa: Isa,
     t: &TileRows<'_, '_>,
@@ -286,6 +294,8 @@ pub(crate) fn qk_tile_split(
 /// rows of `t` and the `g` accumulator rows of `acc` (stride `s`), which are in
 /// [`Order::of`]`(isa, kind, Value)` and padded to `s`. The bf16-operand kernels round the
 /// weights to bf16. Prefetches and `scratch` as in [`qk_tile`].
+// Inlined as [`qk_tile`] is.
+#[inline]
 pub(crate) fn pv_tile(
     isa: Isa,
     t: &TileRows<'_, '_>,

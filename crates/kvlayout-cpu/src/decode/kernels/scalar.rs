@@ -41,6 +41,9 @@ fn axpys_portable(v: &[f32], p: &[f32], acc: &mut [f32], s: usize) {
 
 /// The logits of a tile (see [`qk_tile`](super::qk_tile)): each row widened into `scratch`
 /// (`width` f32), then dotted with the `g` query rows, 16 at a time.
+// Inlined into the dispatch (see `qk_tile`): called apart, it would keep the step's
+// arguments in memory for every build.
+#[inline]
 pub(super) fn qk(
     t: &TileRows<'_, '_>,
     q: Strided<'_>,
@@ -69,6 +72,8 @@ pub(super) fn qk(
 
 /// The values of a tile (see [`pv_tile`](super::pv_tile)): each row widened into `scratch`
 /// (`width` f32), then added to the `g` accumulator rows times their weights, 16 at a time.
+// Inlined as `qk` is.
+#[inline]
 pub(super) fn pv(
     t: &TileRows<'_, '_>,
     w: Strided<'_>,
