@@ -62,21 +62,50 @@ unsafe fn qk_k<const K: u8, const SPLIT: bool>(a: KeyArgs<'_>) {
 /// # Safety
 /// As [`qk`] (`SPLIT`: as [`qk_split`]).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn qk_rh<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(
-    mut a: KeyArgs<'_>,
-) {
-    let (nt, width) = (a.rows.len(), a.width);
+unsafe fn qk_rh<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(a: KeyArgs<'_>) {
+    // The fields as plain locals, read once: the loops keep them in registers.
+    let t = Tile {
+        rows: a.rows,
+        pf: a.pf,
+        hoff: a.hoff,
+        pf_hoff: a.pf_hoff,
+        width: a.width,
+        chunk: a.chunk,
+        q: a.q.data,
+        qs: a.q.stride,
+        g: a.g,
+        ld: a.logits.stride,
+        level: a.level,
+    };
+    let logits = a.logits.data;
+    let (nt, width) = (t.rows.len(), t.width);
     let mut i0 = 0;
-    if a.g.is_multiple_of(H) && width.is_multiple_of(8) {
+    if t.g.is_multiple_of(H) && width.is_multiple_of(8) {
         // SAFETY: the caller's contract.
-        i0 = unsafe { qk_whole::<K, R, H, SPLIT>(&mut a) };
+        i0 = unsafe { qk_whole::<K, R, H, SPLIT>(t, logits) };
     }
     // SAFETY: the caller's contract.
-    unsafe { qk_rest::<K, R, H, SPLIT>(&mut a, i0) };
+    unsafe { qk_rest::<K, R, H, SPLIT>(t, logits, i0) };
     // Rows of `pf` past this tile's.
-    for &p in a.pf.iter().skip(nt) {
-        prefetch_row(p.wrapping_add(a.pf_hoff), width * esize(K), a.level);
+    for &p in t.pf.iter().skip(nt) {
+        prefetch_row(p.wrapping_add(t.pf_hoff), width * esize(K), t.level);
     }
+}
+
+/// The fields of [`KeyArgs`] but the logits' rows, as plain values.
+#[derive(Clone, Copy)]
+struct Tile<'a> {
+    rows: &'a [*const u8],
+    pf: &'a [*const u8],
+    hoff: usize,
+    pf_hoff: usize,
+    width: usize,
+    chunk: usize,
+    q: &'a [f32],
+    qs: usize,
+    g: usize,
+    ld: usize,
+    level: PrefetchLevel,
 }
 
 /// The whole row blocks of [`qk_rh`] when the group is whole head blocks and the rows whole
@@ -87,15 +116,28 @@ unsafe fn qk_rh<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn qk_whole<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(
-    a: &mut KeyArgs<'_>,
+    t: Tile<'_>,
+    logits: &mut [f32],
 ) -> usize {
-    let (rows, pf, hoff, pf_hoff) = (a.rows, a.pf, a.hoff, a.pf_hoff);
-    let (full, chunk, g, level) = (a.width / 8 * 8, a.chunk, a.g, a.level);
-    let (q, qs, ld, logits) = (a.q.data, a.q.stride, a.logits.stride, &mut *a.logits.data);
+    let Tile {
+        rows,
+        pf,
+        hoff,
+        pf_hoff,
+        width,
+        chunk,
+        q,
+        qs,
+        g,
+        ld,
+        level,
+    } = t;
+    let full = width / 8 * 8;
     let nt = rows.len();
     let mut i0 = 0;
     while i0 + R <= nt {
         let (rp, pfp) = row_block::<R>(rows, pf, i0, hoff, pf_hoff);
+        let mut first = i0;
         for j0 in (0..g).step_by(H) {
             let qp: [*const f32; H] = std::array::from_fn(|h| q[(j0 + h) * qs..].as_ptr());
             let mut acc = [_mm256_setzero_ps(); 8];
@@ -112,11 +154,13 @@ unsafe fn qk_whole<const K: u8, const R: usize, const H: usize, const SPLIT: boo
             let mut sums = [0f32; 8];
             // SAFETY: `sums` holds 8 floats.
             unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), hsum8(acc)) };
-            // Lane `h * R + r`: head `j0 + h`, row `i0 + r`.
+            // Lane `h * R + r`: head `j0 + h`, row `i0 + r`; `first` walks the head blocks'
+            // first logits so that no head index stays live across the loop above.
             for h in 0..H {
-                let at = (j0 + h) * ld + i0;
+                let at = first + h * ld;
                 logits[at..at + R].copy_from_slice(&sums[h * R..h * R + R]);
             }
+            first += H * ld;
         }
         i0 += R;
     }
@@ -132,12 +176,23 @@ unsafe fn qk_whole<const K: u8, const R: usize, const H: usize, const SPLIT: boo
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn qk_rest<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(
-    a: &mut KeyArgs<'_>,
+    t: Tile<'_>,
+    logits: &mut [f32],
     mut i0: usize,
 ) {
-    let (rows, pf, hoff, pf_hoff) = (a.rows, a.pf, a.hoff, a.pf_hoff);
-    let (width, chunk, g, level) = (a.width, a.chunk, a.g, a.level);
-    let (q, qs, ld, logits) = (a.q.data, a.q.stride, a.logits.stride, &mut *a.logits.data);
+    let Tile {
+        rows,
+        pf,
+        hoff,
+        pf_hoff,
+        width,
+        chunk,
+        q,
+        qs,
+        g,
+        ld,
+        level,
+    } = t;
     let nt = rows.len();
     let (full, tail) = (width / 8 * 8, width % 8);
     let m = lanes(tail);
