@@ -4,6 +4,7 @@
 //! plan moves exactly the bytes of the moved elements.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 
 use kvlayout::ops::{convert_moves, gather_moves, MovePlan, Moves, MAX_MOVE_DIMS};
 use kvlayout::KvCacheLayout;
@@ -231,4 +232,29 @@ fn different_splits_have_no_plan() {
     assert!(MovePlan::new(&vllm, &x4, &(0..4), 0).is_none());
     assert!(MovePlan::new(&x4, &vllm, &(0..4), 0).is_none());
     assert!(MovePlan::new(&x4, &layout(g[1]), &(0..4), 0).is_some());
+}
+
+/// Heads outside either layout give no plan, never a panic (the plan is public; validated
+/// moves never name such heads).
+#[test]
+fn heads_outside_the_layouts_give_no_plan() {
+    let a: KvCacheLayout = "kv B=2 N=16 H=4 D=8 dtype=f16 order=NHD".parse().unwrap();
+    let b: KvCacheLayout = "kv B=2 N=16 H=2 D=8 dtype=f16 order=HND".parse().unwrap();
+    assert!(MovePlan::new(&a, &b, &(0..2), 0).is_some());
+    assert!(
+        MovePlan::new(&a, &b, &(0..4), 0).is_none(),
+        "4 heads into 2"
+    );
+    assert!(
+        MovePlan::new(&a, &b, &(2..6), 0).is_none(),
+        "past the source"
+    );
+    assert!(
+        MovePlan::new(&a, &b, &Range { start: 3, end: 1 }, 0).is_none(),
+        "a reversed range"
+    );
+    assert!(
+        MovePlan::new(&a, &b, &(0..1), u64::MAX).is_none(),
+        "past u64"
+    );
 }

@@ -52,12 +52,9 @@ impl Walk {
         let moved = pairs.len() as u64 * p.units() * p.unit;
         let stream = moved >= STREAM_THRESHOLD && p.unit.is_multiple_of(64);
         // Iterate in source order (sequential reads; the streamed writes need no locality),
-        // except a streamed permutation on a machine that prefetches into L2 (Intel): there
-        // it goes in destination order — one write-combining stream instead of one per
-        // destination row the source order touches — while each item's source range is
-        // prefetched during the item before it. Measured on a Xeon, convert NHD <-> HND f16:
-        // 0.73-0.77 of memcpy in source order, 0.94-1.08 in destination order with the
-        // prefetch (0.69-0.79 without it); on Zen the source order gave 1.11-1.24.
+        // except a streamed permutation on a backend arranged for L2 prefetches: there it goes
+        // in destination order, one write-combining stream instead of one per destination row,
+        // while each item's source range is prefetched during the item before it.
         let dst_order = stream && !p.dims.is_empty() && be.prefetch == PrefetchLevel::L2;
         let mut dims = p.dims.clone();
         if dst_order {

@@ -266,17 +266,23 @@ impl MovePlan {
     /// shifted range within the destination's, the same content on both sides: see
     /// [`Moves`] and its constructors). `None` when a field's content map is not affine in
     /// one split of its index on both sides (two different splits into chunks, as the legacy
-    /// key with two element sizes); a mover then copies element by element.
+    /// key with two element sizes); a mover then copies element by element. Also `None`
+    /// (never a panic) for heads outside either layout, which validated moves never name.
     pub fn new(
         src: &KvCacheLayout,
         dst: &KvCacheLayout,
         heads: &Range<u64>,
         dst_head0: u64,
     ) -> Option<Self> {
+        let n = heads.end.checked_sub(heads.start)?;
+        let dst_end = dst_head0.checked_add(n)?;
+        if heads.end > src.geometry().num_kv_heads || dst_end > dst.geometry().num_kv_heads {
+            return None;
+        }
         let at = Start {
             src_head: heads.start,
             dst_head: dst_head0,
-            heads: heads.end - heads.start,
+            heads: n,
         };
         let (sf, df) = (src.stored_fields(), dst.stored_fields());
         let pieces = match (fused_row(sf), fused_row(df)) {
