@@ -79,6 +79,26 @@ pub(crate) struct ValueArgs<'a> {
     pub(crate) level: PrefetchLevel,
 }
 
+impl ValueArgs<'_> {
+    /// These arguments for one pass over a block of heads: the accumulators reborrowed, and
+    /// the rows of `pf` only when `prefetch` (the first head block prefetches the later
+    /// step's rows; the others would prefetch them again).
+    #[inline(always)]
+    pub(crate) fn pass(&mut self, prefetch: bool) -> ValueArgs<'_> {
+        ValueArgs {
+            rows: self.rows,
+            pf: if prefetch { self.pf } else { &[] },
+            hoff: self.hoff,
+            pf_hoff: self.pf_hoff,
+            width: self.width,
+            w: self.w,
+            g: self.g,
+            acc: self.acc.reborrow(),
+            level: self.level,
+        }
+    }
+}
+
 /// A run of a tile's transposed value rows: for each element index `d`, tokens `i0 .. i0 + n`
 /// of the tile side by side at byte `off + d * dim` of the buffer (`n <= 16`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

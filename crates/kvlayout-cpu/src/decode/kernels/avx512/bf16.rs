@@ -287,14 +287,17 @@ unsafe fn qk_k<const K: u8, const R: usize, const H: usize>(a: KeyArgs<'_>) {
 /// elements of `kind`; `acc` holds `g` rows of block-padded width at stride `s`;
 /// `w.len() >= (g - 1) * ld + rows.len()`, `rows.len() <= TILE`. `pf` is only prefetched.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi")]
-pub(in crate::decode::kernels) unsafe fn pv_tile(kind: RowKind, raw: bool, a: ValueArgs<'_>) {
+pub(in crate::decode::kernels) unsafe fn pv_tile(
+    kind: RowKind,
+    raw: bool,
+    mut args: ValueArgs<'_>,
+) {
     debug_assert!(
         !raw,
         "fp8 rows become bf16 exactly: no power of two to fold"
     );
-    let (rows, pf, hoff, pf_hoff, width) = (a.rows, a.pf, a.hoff, a.pf_hoff, a.width);
-    let (w, mut acc, g, level) = (a.w, a.acc, a.g, a.level);
-    let (ld, nt) = (w.stride, rows.len());
+    let (w, width, g, nt) = (args.w, args.width, args.g, args.rows.len());
+    let ld = w.stride;
     assert!(nt <= TILE);
     // Vectors of 16 accumulators per row: 2 per block for bf16, 4 for fp8.
     let vecs = if kind == RowKind::Bf16 {
@@ -310,19 +313,7 @@ pub(in crate::decode::kernels) unsafe fn pv_tile(kind: RowKind, raw: bool, a: Va
             bf16_weights(&w.data[j0 * ld..], ld, h, nt, &mut wb);
             wb_heads = j0;
         }
-        let pf = if j0 == 0 { pf } else { &[] };
-        let acc = acc.reborrow();
-        let a = ValueArgs {
-            rows,
-            pf,
-            hoff,
-            pf_hoff,
-            width,
-            w,
-            g,
-            acc,
-            level,
-        };
+        let a = args.pass(j0 == 0);
         // SAFETY (each arm): heads j0 .. j0 + h are inside the group; every pass takes whole
         // blocks (`c` and `c0` are multiples of the 2 or 4 vectors of a block: `vecs` is).
         unsafe {

@@ -14,9 +14,12 @@ use crate::decode::kernels::rows::RowKind;
 /// `kind`; `acc` holds `g` rows of `block`-padded width at stride `s`;
 /// `w.len() >= (g - 1) * ld + rows.len()`. `pf` is only prefetched.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(in crate::decode::kernels) unsafe fn pv_tile(kind: RowKind, raw: bool, a: ValueArgs<'_>) {
-    let (rows, pf, hoff, pf_hoff, width) = (a.rows, a.pf, a.hoff, a.pf_hoff, a.width);
-    let (w, mut acc, g, level) = (a.w, a.acc, a.g, a.level);
+pub(in crate::decode::kernels) unsafe fn pv_tile(
+    kind: RowKind,
+    raw: bool,
+    mut args: ValueArgs<'_>,
+) {
+    let (width, g) = (args.width, args.g);
     // Vectors of 16 accumulators per row: the block-padded width.
     let vecs = if kind == RowKind::Bf16 {
         width.div_ceil(32) * 2
@@ -24,20 +27,7 @@ pub(in crate::decode::kernels) unsafe fn pv_tile(kind: RowKind, raw: bool, a: Va
         width.div_ceil(16)
     };
     pv_passes(g, vecs, |j0, h, c0, c| {
-        // The next tile's rows are prefetched along the first head block only.
-        let pf = if j0 == 0 { pf } else { &[] };
-        let acc = acc.reborrow();
-        let a = ValueArgs {
-            rows,
-            pf,
-            hoff,
-            pf_hoff,
-            width,
-            w,
-            g,
-            acc,
-            level,
-        };
+        let a = args.pass(j0 == 0);
         // SAFETY (each arm): heads j0 .. j0 + h are inside the group; vectors from c0
         // are masked to `width` (caller's contract for the rest).
         unsafe {
