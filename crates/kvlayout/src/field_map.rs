@@ -139,11 +139,23 @@ impl FieldMap {
     /// answers (validated to fit in 63 bits); for a map built by hand, saturating at
     /// `u64::MAX`, an axis of extent 0 counted as one of extent 1.
     pub fn data_end(&self) -> u64 {
-        self.axes()
-            .iter()
+        Self::reach(&self.axes()[..4])
+            .saturating_add(self.strides.base_offset)
+            .saturating_add(self.row_span())
+    }
+
+    /// Bytes from a row's first element to one past its farthest (its whole length when the
+    /// row is contiguous; chunk and element strides included when it is not). Saturating for
+    /// a map built by hand.
+    pub fn row_span(&self) -> u64 {
+        Self::reach(&self.axes()[4..]).saturating_add(self.elem_bytes())
+    }
+
+    /// Bytes from the first point of `axes` to the last (saturating).
+    fn reach(axes: &[(u64, u64)]) -> u64 {
+        axes.iter()
             .map(|&(ext, stride)| ext.saturating_sub(1).saturating_mul(stride))
-            .fold(self.strides.base_offset, u64::saturating_add)
-            .saturating_add(self.elem_bytes())
+            .fold(0, u64::saturating_add)
     }
 
     /// Number of elements in the field's domain (saturating at `u64::MAX` for a map built by
@@ -222,6 +234,8 @@ mod tests {
         );
         assert_eq!(k.split_strides(8), Some((k.strides.dim_chunk, 2)));
         assert_eq!(k.split_strides(4), None, "another split is not affine");
+        // The last piece starts 7 chunks in and holds 8 elements of 2 bytes.
+        assert_eq!(k.row_span(), 7 * k.strides.dim_chunk + 16);
         for (l, b, h, n) in [(0, 0, 0, 0), (1, 2, 3, 15), (1, 1, 2, 7)] {
             let at = k.offset_unchecked(l, b, h, n, 0);
             assert_eq!(k.slot_offset(l, b, n) + k.head_offset(h), at);
@@ -235,6 +249,7 @@ mod tests {
             .unwrap();
         let v = nhd.field_map(Field::V).unwrap();
         assert_eq!(v.row_run(), Some(32));
+        assert_eq!(v.row_span(), 32);
         assert!(v.row_contiguous() && !v.is_dim_split() && !v.x_split(16));
         assert_eq!(
             v.split_strides(4),

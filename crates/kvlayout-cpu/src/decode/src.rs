@@ -252,17 +252,7 @@ impl<'a> Src<'a> {
 
     /// Bytes from the first head's row of an item to the end of its last head's row.
     pub(super) fn span(&self, heads: &Range<usize>) -> usize {
-        self.map.head_offset(heads.len() as u64 - 1) as usize + self.row_extent()
-    }
-
-    /// Bytes from a row's first element to the end of its last (a contiguous row's length).
-    fn row_extent(&self) -> usize {
-        if let Some(bytes) = self.map.row_run() {
-            return bytes as usize;
-        }
-        let (split, chunk, dim) = self.split();
-        let w = self.map.width as usize;
-        (w.div_ceil(split) - 1) * chunk + (split.min(w) - 1) * dim + self.map.elem_bytes() as usize
+        (self.map.head_offset(heads.len() as u64 - 1) + self.map.row_span()) as usize
     }
 }
 
