@@ -47,8 +47,13 @@ if ! python3 -c "import numpy" >/dev/null 2>&1; then
         || log "warning: python3 cannot import numpy; the outside-reference test will fail"
 fi
 
+# --- clang-19 and lld-19: the GPU kernels to PTX (sm_80, sm_90) and AMDGPU code objects -----
+# (gfx90a, gfx942, gfx1100) by scripts/kernels.sh, with no vendor toolkit.
+command -v clang-19 >/dev/null 2>&1 || apt_install clang-19
+command -v ld.lld-19 >/dev/null 2>&1 || apt_install lld-19
+command -v llvm-readelf-19 >/dev/null 2>&1 || apt_install llvm-19
+
 # --- Later issues add here ------------------------------------------------------------------
-# - clang-19 and lld-19 (kernels-cuda/ to PTX sm_80/sm_90, kernels-hip/ to gfx90a/gfx942),
-#   libamdhip64-dev (hip-sys), libclang-dev if bindgen is used: `command -v X || apt_install Y`.
+# - libamdhip64-dev (hip-sys), libclang-dev if bindgen is used: `command -v X || apt_install Y`.
 # - the NIXL wheel (`nixl-cu12`, PyPI) for nixl-sys: pip install only when its libraries are
 #   missing, then export the library path for the NIXL test binary.

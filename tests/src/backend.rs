@@ -3,9 +3,10 @@
 //!
 //! Implementations: the CPU backend and the scalar reference on host memory
 //! (`kvlayout_cpu::Host`), the CPU backend once more per other kernel build this machine runs
-//! and with the other prefetch arrangement ([`cpu_builds`]); `cuda`, `hip` and
-//! `host-emulator` are listed as [`NotBuilt`]: their [`Backend::available`] says why, and the
-//! suite prints `skipped: <name>: <reason>`.
+//! and with the other prefetch arrangement ([`cpu_builds`]), the GPU kernel sources under the
+//! host emulator (`cuda-emu`, warps of 32; `hip-emu`, wavefronts of 64; `kvlayout_emu`);
+//! `cuda` and `hip` are listed as [`NotBuilt`]: their [`Backend::available`] says why, and
+//! the suite prints `skipped: <name>: <reason>`.
 
 use std::ops::Range;
 
@@ -13,6 +14,7 @@ pub use kvlayout::ops::{Backend, BufferShape, DecodeArgs, HostTensor, OpError, W
 use kvlayout::{DType, KvCacheLayout};
 use kvlayout_cpu::{CpuBackend, PrefetchLevel};
 pub use kvlayout_cpu::{Host, HostBuffers, HostOps, Ready, ScalarReference};
+pub use kvlayout_emu::EmuOps;
 
 /// The CPU backend forced to every other kernel build this machine runs than the one it
 /// picks (`cpu/avx2`, `cpu/scalar`, ...), so that each build meets every case; and the build
@@ -68,15 +70,6 @@ impl NotBuilt {
         NotBuilt {
             name: "hip",
             reason: "not built: no HIP backend in this workspace yet",
-        }
-    }
-
-    /// The GPU kernel sources compiled for the host under the emulation header.
-    pub fn host_emulator() -> Self {
-        NotBuilt {
-            name: "host-emulator",
-            reason:
-                "not built: no GPU kernel sources or host emulation header in this workspace yet",
         }
     }
 }
@@ -172,6 +165,8 @@ pub struct Backends {
     pub cpu_builds: Vec<Host<CpuBackend>>,
     /// The scalar reference as a backend.
     pub reference: Host<ScalarReference>,
+    /// The GPU kernels under the host emulator: `cuda-emu`, `hip-emu`.
+    pub emulated: Vec<Host<EmuOps>>,
     /// Listed, not built.
     pub absent: Vec<NotBuilt>,
 }
@@ -182,20 +177,24 @@ impl Default for Backends {
             cpu: Host::cpu("cpu", Some(3)),
             cpu_builds: cpu_builds(Some(3)),
             reference: Host::reference(),
-            absent: vec![NotBuilt::cuda(), NotBuilt::hip(), NotBuilt::host_emulator()],
+            emulated: vec![kvlayout_emu::cuda_emu(), kvlayout_emu::hip_emu()],
+            absent: vec![NotBuilt::cuda(), NotBuilt::hip()],
         }
     }
 }
 
 impl Backends {
-    /// Visits every backend, in report order: cpu, its other kernel builds, reference, cuda,
-    /// hip, host-emulator.
+    /// Visits every backend, in report order: cpu, its other kernel builds, reference,
+    /// cuda-emu, hip-emu, cuda, hip.
     pub fn for_each(&self, v: &mut impl BackendVisitor) {
         v.visit(&self.cpu);
         for b in &self.cpu_builds {
             v.visit(b);
         }
         v.visit(&self.reference);
+        for b in &self.emulated {
+            v.visit(b);
+        }
         for b in &self.absent {
             v.visit(b);
         }

@@ -113,6 +113,12 @@ impl<'a> CacheMut<'a> {
         self.layout
     }
 
+    /// The buffers, one per buffer of the layout, to write (another backend's kernels on
+    /// host memory: the emulator's).
+    pub fn buffers_mut(&mut self) -> &mut [&'a mut [u8]] {
+        &mut self.buffers
+    }
+
     /// A read-only view of the same cache.
     pub fn as_ref(&self) -> CacheRef<'_> {
         CacheRef {

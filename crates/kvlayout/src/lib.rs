@@ -34,6 +34,7 @@ mod dtype;
 mod error;
 mod explain;
 mod field_map;
+pub mod kernels;
 mod layout;
 mod lower;
 pub mod ops;

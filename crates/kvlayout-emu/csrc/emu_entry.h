@@ -1,0 +1,104 @@
+/*
+ * emu_entry.h - the C entry points of one emulated kernel build. The including translation
+ * unit defines KVL_EMU, KVL_WARP, KVL_EMU_SOURCE (the kernel translation unit to compile),
+ * KVL_EMU_NS (a namespace for its copy of the kernels) and KVL_EMU_PREFIX(name) (the prefix
+ * of its entry points), then includes this file, which
+ * compiles the kernel sources for the host and wraps each kernel in an `extern "C"` function
+ * that launches it under the emulator (kernels-cuda/emu/kvl_emu.h) and returns 0 or an error.
+ */
+#include <stddef.h>
+#include <stdint.h>
+
+/* Memory a launch may touch through the cache accessors: an access outside ends it. */
+typedef struct kvl_emu_region {
+    const unsigned char *base;
+    uint64_t len;
+} kvl_emu_region;
+
+#define KVL_EMU_MAX_REGIONS 8
+
+/* One launch: the configuration (kvlayout::kernels::LaunchConfig), limits and regions. */
+typedef struct kvl_emu_launch {
+    uint32_t grid[3];
+    uint32_t block[3];
+    uint32_t dyn_shared_bytes;
+    uint32_t shared_limit_bytes;
+    uint64_t seed;
+    kvl_emu_region regions[KVL_EMU_MAX_REGIONS];
+    uint64_t n_regions;
+} kvl_emu_launch;
+
+/* The regions of the launch running on this OS thread (each test thread has its own). */
+static thread_local const kvl_emu_launch *kvl_emu_current;
+
+static inline int kvl_emu_access_ok(const void *p, int64_t n)
+{
+    const unsigned char *a = (const unsigned char *)p;
+    for (uint64_t i = 0; i < kvl_emu_current->n_regions; i++) {
+        const kvl_emu_region *r = &kvl_emu_current->regions[i];
+        if (a >= r->base && n >= 0 && (uint64_t)(a - r->base) + (uint64_t)n <= r->len)
+            return 1;
+    }
+    return 0;
+}
+
+#include "kvl_port.h"
+#include "kvl_dtype.h"
+#include "kvl_kernels.h"
+
+namespace KVL_EMU_NS {
+#include KVL_EMU_SOURCE
+}
+
+template <class F>
+static int kvl_emu_run(const kvl_emu_launch *l, F &&body, char *err, size_t err_len)
+{
+    kvl_emu::Launch cfg;
+    cfg.grid = {l->grid[0], l->grid[1], l->grid[2]};
+    cfg.block = {l->block[0], l->block[1], l->block[2]};
+    cfg.dyn_shared_bytes = l->dyn_shared_bytes;
+    cfg.shared_limit_bytes = l->shared_limit_bytes;
+    cfg.seed = l->seed;
+    kvl_emu_current = l;
+    int rc = kvl_emu::launch(cfg, body, err, err_len);
+    kvl_emu_current = nullptr;
+    return rc;
+}
+
+extern "C" int KVL_EMU_PREFIX(warp_size)(void) { return KVL_WARP; }
+
+extern "C" int KVL_EMU_PREFIX(write_kv)(const kvl_emu_launch *l, const kvl_field_args *k,
+                                        const kvl_field_args *v, const kvl_field_args *ks,
+                                        const kvl_field_args *vs, const kvl_write_params *p,
+                                        char *err, size_t err_len)
+{
+    return kvl_emu_run(
+        l, [&] { KVL_EMU_NS::kvl_write_kv(*k, *v, *ks, *vs, *p); }, err, err_len);
+}
+
+extern "C" int KVL_EMU_PREFIX(paged_decode)(const kvl_emu_launch *l, const kvl_field_args *k,
+                                            const kvl_field_args *v, const kvl_field_args *ks,
+                                            const kvl_field_args *vs,
+                                            const kvl_decode_params *p, char *err,
+                                            size_t err_len)
+{
+    return kvl_emu_run(
+        l, [&] { KVL_EMU_NS::kvl_paged_decode(*k, *v, *ks, *vs, *p); }, err, err_len);
+}
+
+extern "C" int KVL_EMU_PREFIX(paged_decode_reduce)(const kvl_emu_launch *l,
+                                                   const kvl_field_args *v,
+                                                   const kvl_decode_params *p, char *err,
+                                                   size_t err_len)
+{
+    return kvl_emu_run(
+        l, [&] { KVL_EMU_NS::kvl_paged_decode_reduce(*v, *p); }, err, err_len);
+}
+
+extern "C" int KVL_EMU_PREFIX(move_blocks)(const kvl_emu_launch *l, const kvl_field_args *src,
+                                           const kvl_field_args *dst, const kvl_move_params *p,
+                                           char *err, size_t err_len)
+{
+    return kvl_emu_run(
+        l, [&] { KVL_EMU_NS::kvl_move_blocks(*src, *dst, *p); }, err, err_len);
+}

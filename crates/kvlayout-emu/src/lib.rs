@@ -1,0 +1,46 @@
+//! # kvlayout-emu: the GPU kernels, run on the host
+//!
+//! This crate owns running the project's GPU kernel sources (`kernels-cuda/src`, shared by
+//! `kernels-hip/src`) on the CPU: `build.rs` compiles them with the host emulator
+//! (`kernels-cuda/emu/kvl_emu.h`: thread blocks run one after another, their threads as
+//! fibers, barriers and warp operations as rendezvous, errors returned), once as the CUDA
+//! build with warps of 32 and once as the HIP build with wavefronts of 64. [`EmuOps`] runs
+//! every op of the backend contract through them on host memory, with the launch
+//! configuration of `kvlayout::kernels` and arguments from the descriptor, so
+//! [`cuda_emu`] and [`hip_emu`] are backends the conformance suite drives like any other.
+//!
+//! It does not own the kernels' arguments or launch configuration (the `kvlayout` crate
+//! does), host memory or op validation (the `kvlayout-cpu` crate's `Host` and the contract's
+//! checks), or GPUs.
+//!
+//! ```
+//! use kvlayout::ops::{Backend, BufferShape};
+//! let be = kvlayout_emu::hip_emu();
+//! let layout: kvlayout::KvCacheLayout = "kv B=3 N=16 H=4 D=8 dtype=f16 order=HND".parse()?;
+//! let mut cache = be.alloc_cache(&layout, &BufferShape::exact(&layout))?;
+//! let bytes: Vec<Vec<u8>> = layout.extents().iter().map(|x| vec![7; x.end as usize]).collect();
+//! be.upload_cache(&mut cache, &bytes)?;
+//! be.wait(be.copy_blocks(&mut cache, &[(0, 2)])?)?; // the kernels, wavefronts of 64
+//! assert_eq!(be.download_cache(&cache)?, bytes);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![warn(missing_docs)]
+
+mod ffi;
+mod ops;
+
+pub use ffi::{kernel_decode, kernel_encode};
+pub use ops::EmuOps;
+
+use kvlayout_cpu::Host;
+
+/// The CUDA kernel sources under the emulator (warps of 32) as a backend.
+pub fn cuda_emu() -> Host<EmuOps> {
+    Host::new("cuda-emu", EmuOps::cuda())
+}
+
+/// The HIP kernel sources under the emulator (wavefronts of 64) as a backend.
+pub fn hip_emu() -> Host<EmuOps> {
+    Host::new("hip-emu", EmuOps::hip())
+}

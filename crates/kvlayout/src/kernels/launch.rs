@@ -1,0 +1,308 @@
+//! Launch configurations: grid, block and shared memory of each kernel, chosen by one
+//! function per op from the op's validated shape and the target's warp width and limits.
+//! Kernels read their extents from the field arguments; these functions only size the grid.
+
+use crate::field_map::FieldMap;
+use crate::ops::{DecodeShape, OpError, WriteShape};
+
+/// What a launch needs to know of the machine it runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuTarget {
+    /// Name in reports.
+    pub name: &'static str,
+    /// Warp (CUDA) or wavefront (AMD) width: 32 or 64.
+    pub warp: u32,
+    /// Shared memory a block may use without opting in, static and dynamic together.
+    pub shared_bytes: u32,
+}
+
+impl GpuTarget {
+    /// NVIDIA sm_80 / sm_90: warps of 32, 48 KiB of shared memory per block by default.
+    pub const CUDA: GpuTarget = GpuTarget {
+        name: "cuda",
+        warp: 32,
+        shared_bytes: 48 << 10,
+    };
+    /// AMD CDNA (gfx90a, gfx942): wavefronts of 64, 64 KiB of LDS per workgroup.
+    pub const CDNA: GpuTarget = GpuTarget {
+        name: "cdna",
+        warp: 64,
+        shared_bytes: 64 << 10,
+    };
+    /// AMD RDNA (gfx1100): wavefronts of 32, 64 KiB of LDS per workgroup.
+    pub const RDNA: GpuTarget = GpuTarget {
+        name: "rdna",
+        warp: 32,
+        shared_bytes: 64 << 10,
+    };
+}
+
+/// Three launch dimensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct Dim3 {
+    /// x.
+    pub x: u32,
+    /// y.
+    pub y: u32,
+    /// z.
+    pub z: u32,
+}
+
+impl Dim3 {
+    /// `(x, y, z)`.
+    pub const fn new(x: u32, y: u32, z: u32) -> Self {
+        Dim3 { x, y, z }
+    }
+}
+
+/// One kernel launch: grid, block (threads in x only) and dynamic shared memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct LaunchConfig {
+    /// Blocks.
+    pub grid: Dim3,
+    /// Threads per block.
+    pub block: Dim3,
+    /// Dynamic shared memory per block, bytes.
+    pub dyn_shared_bytes: u32,
+}
+
+/// Tokens one decode block attends to (a partition); longer contexts are split and reduced.
+pub const PARTITION_TOKENS: u64 = 512;
+/// Threads of a decode block.
+pub const DECODE_THREADS: u32 = 128;
+/// Most threads of a write or move block.
+pub const MAX_ROW_THREADS: u32 = 256;
+/// Static shared memory of a kernel: one float per warp of the largest block (1024 threads).
+const STATIC_SHARED_BYTES: u32 = 1024 / 32 * 4;
+
+const MAX_GRID_X: u64 = (1 << 31) - 1;
+const MAX_GRID_YZ: u64 = 65_535;
+
+fn grid_dim(what: &str, value: u64, limit: u64) -> Result<u32, OpError> {
+    if value > limit {
+        return Err(OpError::Unsupported {
+            op: "launch",
+            reason: format!("{what} {value} exceeds the grid limit {limit}"),
+        });
+    }
+    Ok(value as u32)
+}
+
+/// Threads for rows of `width` elements: whole warps, at least one, at most
+/// [`MAX_ROW_THREADS`].
+fn row_threads(target: &GpuTarget, width: u64) -> u32 {
+    let w = u64::from(target.warp);
+    (width.div_ceil(w).max(1) * w).min(u64::from(MAX_ROW_THREADS.max(target.warp))) as u32
+}
+
+/// `write_kv` of `tokens` tokens: grid (tokens, heads), one block per row pair; `None` when
+/// there is no token.
+pub fn write_kv_launch(
+    target: &GpuTarget,
+    shape: &WriteShape,
+    tokens: usize,
+) -> Result<Option<LaunchConfig>, OpError> {
+    if tokens == 0 {
+        return Ok(None);
+    }
+    let width = shape.k_width.max(shape.v_width) as u64;
+    Ok(Some(LaunchConfig {
+        grid: Dim3::new(
+            grid_dim("tokens", tokens as u64, MAX_GRID_X)?,
+            grid_dim("heads", shape.heads as u64, MAX_GRID_YZ)?,
+            1,
+        ),
+        block: Dim3::new(row_threads(target, width), 1, 1),
+        dyn_shared_bytes: 0,
+    }))
+}
+
+/// The launches of one `paged_decode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeLaunch {
+    /// `kvl_paged_decode`: grid (seqs, q_heads, partitions).
+    pub main: LaunchConfig,
+    /// `kvl_paged_decode_reduce` (grid (seqs, q_heads)), when there is more than one partition.
+    pub reduce: Option<LaunchConfig>,
+    /// Partitions per sequence.
+    pub partitions: u32,
+    /// Tokens per partition.
+    pub partition_tokens: u64,
+}
+
+impl DecodeLaunch {
+    /// f32 elements of the partials scratch (0 for a single pass).
+    pub fn partials_len(&self, shape: &DecodeShape) -> usize {
+        match self.reduce {
+            None => 0,
+            Some(_) => shape.seqs * shape.q_heads * self.partitions as usize * (2 + shape.v_width),
+        }
+    }
+}
+
+/// `paged_decode` of sequences attending to at most `max_attended` tokens (the window
+/// applied): a single pass up to [`PARTITION_TOKENS`], partitions and a reduction beyond.
+/// `None` when there is no sequence.
+pub fn paged_decode_launch(
+    target: &GpuTarget,
+    shape: &DecodeShape,
+    max_attended: u64,
+) -> Result<Option<DecodeLaunch>, OpError> {
+    if shape.seqs == 0 || shape.q_heads == 0 {
+        return Ok(None);
+    }
+    let partitions = max_attended.div_ceil(PARTITION_TOKENS).max(1);
+    let tokens = max_attended.clamp(1, PARTITION_TOKENS);
+    let shared = (4 * (shape.qk_width as u64 + tokens)).next_multiple_of(16);
+    if shared + u64::from(STATIC_SHARED_BYTES) > u64::from(target.shared_bytes) {
+        return Err(OpError::Unsupported {
+            op: "paged_decode",
+            reason: format!(
+                "{shared} bytes of shared memory per block (query row of {} and {tokens} \
+                 logits) exceed the {} target's {}",
+                shape.qk_width, target.name, target.shared_bytes
+            ),
+        });
+    }
+    let seqs = grid_dim("sequences", shape.seqs as u64, MAX_GRID_X)?;
+    let heads = grid_dim("query heads", shape.q_heads as u64, MAX_GRID_YZ)?;
+    let parts = grid_dim("partitions", partitions, MAX_GRID_YZ)?;
+    let threads = DECODE_THREADS.max(target.warp);
+    Ok(Some(DecodeLaunch {
+        main: LaunchConfig {
+            grid: Dim3::new(seqs, heads, parts),
+            block: Dim3::new(threads, 1, 1),
+            dyn_shared_bytes: shared as u32,
+        },
+        reduce: (parts > 1).then_some(LaunchConfig {
+            grid: Dim3::new(seqs, heads, 1),
+            block: Dim3::new(row_threads(target, shape.v_width as u64), 1, 1),
+            dyn_shared_bytes: 0,
+        }),
+        partitions: parts,
+        partition_tokens: PARTITION_TOKENS,
+    }))
+}
+
+/// A block mover on one field: grid (pairs, layers x heads, capped at the grid limit; the
+/// kernel loops over the rest); `None` when nothing moves.
+pub fn move_launch(
+    target: &GpuTarget,
+    field: &FieldMap,
+    heads: u64,
+    pairs: usize,
+) -> Result<Option<LaunchConfig>, OpError> {
+    if pairs == 0 || heads == 0 {
+        return Ok(None);
+    }
+    let units = field.num_layers.saturating_mul(heads).min(MAX_GRID_YZ);
+    Ok(Some(LaunchConfig {
+        grid: Dim3::new(
+            grid_dim("block pairs", pairs as u64, MAX_GRID_X)?,
+            units as u32,
+            1,
+        ),
+        block: Dim3::new(
+            row_threads(target, field.num_slots.saturating_mul(field.width)),
+            1,
+            1,
+        ),
+        dyn_shared_bytes: 0,
+    }))
+}
+
+/// The unit a mover copies rows of `src` into `dst` in: 0 (element by element) unless a row
+/// is one run of bytes on both sides; then the largest of 16, 8, 4, 2, 1 bytes that divides
+/// the row and every row start on both sides (strides, base offsets and the buffers'
+/// addresses `src_base` / `dst_base`).
+pub fn row_unit_bytes(src: &FieldMap, dst: &FieldMap, src_base: u64, dst_base: u64) -> u32 {
+    if !(src.row_contiguous() && dst.row_contiguous()) {
+        return 0;
+    }
+    let starts = |m: &FieldMap| {
+        let [layer, block, head, slot, _, _] = m.axes();
+        [layer, block, head, slot]
+            .into_iter()
+            .filter(|&(extent, _)| extent > 1)
+            .fold(m.strides.base_offset, |acc, (_, stride)| acc | stride)
+    };
+    let bits = src.row_bytes() | starts(src) | starts(dst) | src_base | dst_base;
+    [16u32, 8, 4, 2, 1]
+        .into_iter()
+        .find(|&u| bits.is_multiple_of(u64::from(u)))
+        .unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::KvCacheLayout;
+    use crate::spec::Field;
+
+    #[test]
+    fn decode_partitions_past_the_partition_size() {
+        let shape = DecodeShape {
+            seqs: 3,
+            q_heads: 8,
+            group: 2,
+            qk_width: 128,
+            v_width: 128,
+        };
+        let one = paged_decode_launch(&GpuTarget::CUDA, &shape, 300)
+            .unwrap()
+            .unwrap();
+        assert_eq!((one.partitions, one.reduce), (1, None));
+        assert_eq!(one.main.grid, Dim3::new(3, 8, 1));
+        assert_eq!(one.main.dyn_shared_bytes, 4 * (128 + 300));
+        let long = paged_decode_launch(&GpuTarget::CDNA, &shape, 1025)
+            .unwrap()
+            .unwrap();
+        assert_eq!(long.partitions, 3);
+        assert_eq!(long.main.block.x % 64, 0);
+        assert_eq!(long.partials_len(&shape), 3 * 8 * 3 * 130);
+        assert!(
+            paged_decode_launch(&GpuTarget::CUDA, &DecodeShape { seqs: 0, ..shape }, 5)
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn blocks_are_whole_warps_and_grids_stay_in_limits() {
+        let shape = WriteShape {
+            heads: 4,
+            k_width: 8,
+            v_width: 40,
+            mla: false,
+        };
+        for t in [GpuTarget::CUDA, GpuTarget::CDNA, GpuTarget::RDNA] {
+            let l = write_kv_launch(&t, &shape, 7).unwrap().unwrap();
+            assert_eq!(l.block.x, 64, "40 elements: whole warps of {}", t.warp);
+            assert_eq!(l.grid, Dim3::new(7, 4, 1));
+        }
+        let err = write_kv_launch(
+            &GpuTarget::CUDA,
+            &WriteShape {
+                heads: 70_000,
+                ..shape
+            },
+            1,
+        );
+        assert!(err.unwrap_err().to_string().contains("65535"));
+    }
+
+    #[test]
+    fn row_units_follow_the_descriptor() {
+        let nhd: KvCacheLayout = "kv B=3 N=16 H=4 D=8 dtype=f16 order=NHD".parse().unwrap();
+        let k = nhd.field_map(Field::K).unwrap();
+        assert_eq!(row_unit_bytes(&k, &k, 0, 64), 16);
+        assert_eq!(row_unit_bytes(&k, &k, 0, 66), 2);
+        let legacy: KvCacheLayout = "kv B=3 N=16 H=4 D=32 dtype=f16 legacy=vllm-paged-v1"
+            .parse()
+            .unwrap();
+        let lk = legacy.field_map(Field::K).unwrap();
+        assert_eq!(row_unit_bytes(&lk, &lk, 0, 0), 0);
+    }
+}

@@ -1,0 +1,104 @@
+//! The parameter structs of the kernels, member for member `kernels-cuda/include/kvl_kernels.h`
+//! (`kvl_write_params`, `kvl_decode_params`, `kvl_move_params`). Each kernel takes the
+//! [`KvFieldArgs`](crate::KvFieldArgs) of the fields it touches and one of these, by value.
+//! None holds a stride or an extent of the cache: those are in the field arguments.
+
+/// `kvl_write_params`: `kvl_write_kv(k, v, k_scale, v_scale, params)`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WriteParams {
+    /// `[tokens, heads, k.width]` activations.
+    pub key: u64,
+    /// `[tokens, heads, v.width]` activations, or 0 (MLA).
+    pub value: u64,
+    /// `[tokens]` `i64` slots; negative = padding.
+    pub slot_mapping: u64,
+    /// Cache buffer bases (a field's `buffer` indexes this).
+    pub buffers: [u64; 2],
+    /// Layer written.
+    pub layer: i64,
+    /// `KVL_DTYPE_*` of the activations.
+    pub act_dtype: i32,
+    /// 1 when rows carry inline scales.
+    pub inline_scales: i32,
+}
+
+/// `kvl_decode_params`: `kvl_paged_decode(k, v, k_scale, v_scale, params)` and
+/// `kvl_paged_decode_reduce(v, params)`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct DecodeKernelParams {
+    /// `[seqs, q_heads, k.width]` activations.
+    pub query: u64,
+    /// `[seqs, blocks_per_seq]` `i32` block ids.
+    pub block_table: u64,
+    /// `[seqs]` `u32` lengths.
+    pub seq_lens: u64,
+    /// Cache buffer bases.
+    pub buffers: [u64; 2],
+    /// `[seqs, q_heads, v.width]` f32 output.
+    pub out: u64,
+    /// `[seqs, q_heads, partitions, 2 + v.width]` f32 scratch, or 0 for a single pass.
+    pub partials: u64,
+    /// Layer read.
+    pub layer: i64,
+    /// Row length of the block table.
+    pub blocks_per_seq: i64,
+    /// Query heads.
+    pub q_heads: i64,
+    /// Query heads per KV head.
+    pub group: i64,
+    /// Sliding window in tokens; 0: none.
+    pub window: i64,
+    /// Tokens per partition.
+    pub partition_tokens: i64,
+    /// Partitions per sequence (grid z).
+    pub partitions: i32,
+    /// `KVL_DTYPE_*` of the query.
+    pub act_dtype: i32,
+    /// 1 when rows carry inline scales.
+    pub inline_scales: i32,
+    /// Softmax scale.
+    pub scale: f32,
+    /// Logits soft-cap; 0: none.
+    pub soft_cap: f32,
+    /// Zero.
+    pub reserved: i32,
+}
+
+/// `kvl_move_params`: `kvl_move_blocks(src, dst, params)`, one launch per stored field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MoveParams {
+    /// Source cache buffer bases.
+    pub src_buffers: [u64; 2],
+    /// Destination cache buffer bases.
+    pub dst_buffers: [u64; 2],
+    /// `[n_pairs][2]` `i64` (source block, destination block).
+    pub pairs: u64,
+    /// Pairs.
+    pub n_pairs: i64,
+    /// First source head.
+    pub head0: i64,
+    /// Heads moved.
+    pub heads: i64,
+    /// Destination head of `head0`.
+    pub dst_head0: i64,
+    /// 0: element by element; else the unit rows are copied in ([`super::row_unit_bytes`]).
+    pub row_unit_bytes: i32,
+    /// Zero.
+    pub reserved: i32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::size_of;
+
+    #[test]
+    fn sizes_match_the_header_comments() {
+        assert_eq!(size_of::<WriteParams>(), 56);
+        assert_eq!(size_of::<DecodeKernelParams>(), 128);
+        assert_eq!(size_of::<MoveParams>(), 80);
+    }
+}

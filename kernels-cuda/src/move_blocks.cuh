@@ -1,0 +1,65 @@
+/*
+ * move_blocks: the block movers (copy_blocks, swap_blocks, gather_blocks, scatter_blocks,
+ * convert) as one kernel, launched once per stored field.
+ *
+ * Grid (pairs, layers x heads, capped); one block moves one (pair, layer, head): every slot
+ * and element of the head, its threads over consecutive elements. Both sides are addressed
+ * through their own field arguments, so any two layouts of the same content work. When a row
+ * is one run of bytes on both sides (the Rust side decides from the descriptor and sets
+ * row_unit_bytes), rows are copied in units of that many bytes instead of element by element.
+ */
+#ifndef KVL_MOVE_BLOCKS_CUH
+#define KVL_MOVE_BLOCKS_CUH
+
+#include "common.cuh"
+
+typedef struct kvl_u128 {
+    uint64_t lo, hi;
+} kvl_u128;
+
+/* Copies `n` bytes (1, 2, 4, 8 or 16), both addresses aligned to `n`. */
+KVL_DEVICE void kvl_copy_unit(unsigned char *dst, const unsigned char *src, int n)
+{
+    KVL_CHECK_ACCESS(src, n);
+    KVL_CHECK_ACCESS(dst, n);
+    switch (n) {
+    case 16: *(kvl_u128 *)dst = *(const kvl_u128 *)src; break;
+    case 8: *(uint64_t *)dst = *(const uint64_t *)src; break;
+    case 4: *(uint32_t *)dst = *(const uint32_t *)src; break;
+    case 2: *(uint16_t *)dst = *(const uint16_t *)src; break;
+    default: *dst = *src; break;
+    }
+}
+
+KVL_KERNEL kvl_move_blocks(kvl_field_args src, kvl_field_args dst, kvl_move_params p)
+{
+    kvl_plant_fields(&src, &dst);
+    const int64_t src_block = p.pairs[2 * kvl_block_x()];
+    const int64_t dst_block = p.pairs[2 * kvl_block_x() + 1];
+    const int64_t units = src.num_layers * p.heads;
+    const int64_t unit = p.row_unit_bytes;
+    for (int64_t lh = kvl_block_y(); lh < units; lh += kvl_blocks_y()) {
+        const int64_t layer = lh / p.heads, h = p.head0 + lh % p.heads;
+        const int64_t dh = p.dst_head0 + lh % p.heads;
+        if (unit > 0) {
+            const int64_t per_row = src.width * src.elem_bytes / unit;
+            for (int64_t e = kvl_thread(); e < src.num_slots * per_row; e += kvl_threads()) {
+                const int64_t n = e / per_row, at = (e % per_row) * unit;
+                const unsigned char *s = p.src_buffers[src.buffer] +
+                                         KVL_OFFSET(&src, layer, src_block, h, n, 0) + at;
+                unsigned char *d = p.dst_buffers[dst.buffer] +
+                                   KVL_OFFSET(&dst, layer, dst_block, dh, n, 0) + at;
+                kvl_copy_unit(d, s, (int)unit);
+            }
+        } else {
+            for (int64_t e = kvl_thread(); e < src.num_slots * src.width; e += kvl_threads()) {
+                const int64_t n = e / src.width, x = e % src.width;
+                kvl_copy_unit(kvl_at(p.dst_buffers, &dst, layer, dst_block, dh, n, x),
+                              kvl_at_c(p.src_buffers, &src, layer, src_block, h, n, x),
+                              src.elem_bytes);
+            }
+        }
+    }
+}
+
+#endif /* KVL_MOVE_BLOCKS_CUH */
