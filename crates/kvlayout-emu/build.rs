@@ -46,7 +46,7 @@ fn main() {
         &[
             "csrc/cuda_emu.cpp".into(),
             "csrc/hip_emu.cpp".into(),
-            "csrc/dtype.cpp".into(),
+            "csrc/probe.cpp".into(),
         ],
         &[],
         "kvl_emu",

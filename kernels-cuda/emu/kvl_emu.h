@@ -226,6 +226,7 @@ struct Engine {
     uint32_t sync_first = 0;         // the first of them
     unsigned char *map = nullptr;    // [static shared | dynamic shared | (guard, stack) per fiber]
     size_t map_len = 0, stack_bytes = 0;
+    size_t smem_len = 0, dyn_len = 0; // page-rounded static and dynamic shared memory
     unsigned char *smem = nullptr, *dyn = nullptr;
     size_t smem_cap = 0;             // bytes of static shared memory a block may use
     size_t smem_filled = 0;          // bytes of it handed out (and filled) in this block
@@ -240,14 +241,41 @@ struct Engine {
     Engine() = default;
     Engine(const Engine &) = delete;
     Engine &operator=(const Engine &) = delete;
-    ~Engine()
+    ~Engine();
+};
+
+/* The last launch's mapping of shared memory and guarded stacks, kept per OS thread for the
+ * next launch of the same shape: tests run thousands of small launches, and mapping, guarding
+ * and faulting in a stack per thread each time costs more than running them. */
+struct MapCache {
+    unsigned char *map = nullptr;
+    size_t map_len = 0, smem_len = 0, dyn_len = 0;
+    uint32_t threads = 0;
+    MapCache() = default;
+    MapCache(const MapCache &) = delete;
+    MapCache &operator=(const MapCache &) = delete;
+    ~MapCache()
     {
-        if (map) {
-            asan_unpoison(map, map_len); // abandoned fibers leave poisoned frames behind
+        if (map)
             munmap(map, map_len);
-        }
     }
 };
+inline thread_local MapCache tls_map_cache;
+
+inline Engine::~Engine()
+{
+    if (!map)
+        return;
+    asan_unpoison(map, map_len); // abandoned fibers leave poisoned frames behind
+    MapCache &c = tls_map_cache;
+    if (c.map)
+        munmap(c.map, c.map_len);
+    c.map = map;
+    c.map_len = map_len;
+    c.smem_len = smem_len;
+    c.dyn_len = dyn_len;
+    c.threads = cfg.block.x;
+}
 
 /* The fiber running on this OS thread (null outside a launch: the kvl_* primitives may only
  * be called from a body running under launch()). */
@@ -561,12 +589,24 @@ inline bool setup(Engine &e)
     e.smem_cap = e.cfg.shared_limit_bytes - e.cfg.dyn_shared_bytes;
     const size_t smem_len = round_up(e.smem_cap, page);
     const size_t dyn_len = round_up(e.cfg.dyn_shared_bytes, page);
+    e.smem_len = smem_len;
+    e.dyn_len = dyn_len;
     e.stack_bytes = round_up(KVL_EMU_STACK_BYTES, page);
     e.map_len = smem_len + dyn_len + n * (page + e.stack_bytes);
-    void *m = mmap(nullptr, e.map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED)
-        return set_error(e, "launch: cannot map %zu bytes of shared memory and stacks", e.map_len);
-    e.map = static_cast<unsigned char *>(m);
+    MapCache &cache = tls_map_cache;
+    const bool reuse = cache.map && cache.smem_len == smem_len && cache.dyn_len == dyn_len &&
+                       cache.threads == n;
+    if (reuse) {
+        e.map = cache.map; /* its guard pages are in place */
+        cache.map = nullptr;
+    } else {
+        void *m = mmap(nullptr, e.map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                       -1, 0);
+        if (m == MAP_FAILED)
+            return set_error(e, "launch: cannot map %zu bytes of shared memory and stacks",
+                             e.map_len);
+        e.map = static_cast<unsigned char *>(m);
+    }
     e.smem = e.map;
     e.dyn = e.map + smem_len;
 #if defined(__cpp_exceptions)
@@ -583,7 +623,7 @@ inline bool setup(Engine &e)
 #endif
     for (uint32_t t = 0; t < n; t++) {
         unsigned char *guard = e.dyn + dyn_len + t * (page + e.stack_bytes);
-        if (mprotect(guard, page, PROT_NONE) != 0)
+        if (!reuse && mprotect(guard, page, PROT_NONE) != 0)
             return set_error(e, "launch: cannot protect the guard page of a fiber stack");
         e.fibers[t].eng = &e;
         e.fibers[t].tid = t;

@@ -56,29 +56,29 @@ KVL_FN float kvl_f16_to_f32(uint16_t h)
 {
     uint32_t x = h;
     uint32_t sign = (x & 0x8000u) << 16;
-    uint32_t exp = x & 0x7C00u;
+    uint32_t ex = x & 0x7C00u;
     uint32_t man = x & 0x03FFu;
     if ((x & 0x7FFFu) == 0)
         return kvl_bits_as_f32(sign);
-    if (exp == 0x7C00u) /* infinity, or NaN: quieted, payload kept */
+    if (ex == 0x7C00u) /* infinity, or NaN: quieted, payload kept */
         return kvl_bits_as_f32(sign | (man == 0 ? 0x7F800000u : (0x7FC00000u | (man << 13))));
-    if (exp == 0) { /* subnormal: normalize */
+    if (ex == 0) { /* subnormal: normalize */
         int shift = kvl_clz32_(man) - 21; /* brings the leading one to bit 10 */
         uint32_t e = (uint32_t)(113 - shift) << 23;
         return kvl_bits_as_f32(sign | e | ((man << (shift + 13)) & 0x7FFFFFu));
     }
-    return kvl_bits_as_f32(sign | (((exp >> 10) + 112u) << 23) | (man << 13));
+    return kvl_bits_as_f32(sign | (((ex >> 10) + 112u) << 23) | (man << 13));
 }
 
 KVL_FN uint16_t kvl_f32_to_f16(float f)
 {
     uint32_t x = kvl_f32_as_bits(f);
     uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t exp = x & 0x7F800000u;
+    uint32_t ex = x & 0x7F800000u;
     uint32_t man = x & 0x007FFFFFu;
-    if (exp == 0x7F800000u) /* infinity, or NaN: quieted, top payload bits kept */
+    if (ex == 0x7F800000u) /* infinity, or NaN: quieted, top payload bits kept */
         return (uint16_t)(sign | 0x7C00u | (man != 0 ? 0x0200u : 0u) | (man >> 13));
-    int half_exp = (int)(exp >> 23) - 127 + 15;
+    int half_exp = (int)(ex >> 23) - 127 + 15;
     if (half_exp >= 0x1F)
         return (uint16_t)(sign | 0x7C00u);
     if (half_exp <= 0) {
@@ -133,7 +133,7 @@ KVL_FN uint8_t kvl_f32_to_fp8_(float x, int mbits, int bias, uint32_t zero_max, 
     uint32_t sign = (b >> 24) & 0x80u;
     uint32_t a = b & 0x7FFFFFFFu;
     uint32_t man = b & 0x007FFFFFu;
-    int exp = (int)(a >> 23) - 127 + bias;
+    int ex = (int)(a >> 23) - 127 + bias;
     uint32_t res;
     if (a <= zero_max) {
         res = 0;
@@ -145,17 +145,17 @@ KVL_FN uint8_t kvl_f32_to_fp8_(float x, int mbits, int bias, uint32_t zero_max, 
         res = max_code;
     } else if (a >= min_normal) {
         uint32_t m = man >> (23 - mbits);
-        uint32_t half = 1u << (22 - mbits);
-        uint32_t rnd = man & ((half << 1) - 1u);
-        res = ((uint32_t)exp << mbits) | m;
-        if (rnd > half || (rnd == half && (m & 1u) != 0))
+        uint32_t hulp = 1u << (22 - mbits); /* half an ulp of the fp8 */
+        uint32_t rnd = man & ((hulp << 1) - 1u);
+        res = ((uint32_t)ex << mbits) | m;
+        if (rnd > hulp || (rnd == hulp && (m & 1u) != 0))
             res += 1;
     } else { /* subnormal */
-        int shift = 1 - exp;
+        int shift = 1 - ex;
         uint32_t m = ((man >> (23 - mbits)) | (1u << mbits)) >> shift;
-        uint32_t half = (1u << (22 - mbits)) << shift;
-        uint32_t rnd = (man | 0x00800000u) & ((half << 1) - 1u);
-        if (rnd > half || (rnd == half && (m & 1u) != 0))
+        uint32_t hulp = (1u << (22 - mbits)) << shift;
+        uint32_t rnd = (man | 0x00800000u) & ((hulp << 1) - 1u);
+        if (rnd > hulp || (rnd == hulp && (m & 1u) != 0))
             m += 1;
         res = m;
     }

@@ -38,6 +38,8 @@ use kvlayout_conformance::cases::{all_cases, LayoutCase};
 mod bytes;
 #[path = "conformance/compare.rs"]
 mod compare;
+#[path = "conformance/planted.rs"]
+mod planted;
 #[path = "conformance/refusals.rs"]
 mod refusals;
 #[path = "conformance/report.rs"]
@@ -118,15 +120,13 @@ fn check_block_regions(layout_checks: &mut Report, p: &Prepared) {
     }
 }
 
-/// Runs one group on the reference, then on every backend against it.
-fn run_group(
-    backends: &Backends,
+/// The reference's outcomes on a group: each case, and each ordered pair.
+fn oracles(
     oracle: &Host<ScalarReference>,
     prepared: &[Prepared],
-    reports: &mut BTreeMap<String, Report>,
-) {
-    let case_oracle: Vec<CaseOutcome> = prepared.iter().map(|p| case_outcome(oracle, p)).collect();
-    let pair_oracle: Vec<Vec<PairOutcome>> = prepared
+) -> (Vec<CaseOutcome>, Vec<Vec<PairOutcome>>) {
+    let cases = prepared.iter().map(|p| case_outcome(oracle, p)).collect();
+    let pairs = prepared
         .iter()
         .map(|a| {
             prepared
@@ -135,12 +135,40 @@ fn run_group(
                 .collect()
         })
         .collect();
+    (cases, pairs)
+}
+
+/// Runs one group on the reference, then on every backend against it.
+fn run_group(
+    backends: &Backends,
+    oracle: &Host<ScalarReference>,
+    prepared: &[Prepared],
+    reports: &mut BTreeMap<String, Report>,
+) {
+    let (case_oracle, pair_oracle) = oracles(oracle, prepared);
     backends.for_each(&mut GroupRunner {
         cases: prepared,
         oracle: &case_oracle,
         pair_oracle: &pair_oracle,
         reports,
     });
+}
+
+/// The table's groups, each with its cases prepared (numbered in table order).
+fn prepared_groups() -> Vec<Vec<Prepared>> {
+    let mut index = 0;
+    groups(all_cases())
+        .into_iter()
+        .map(|group| {
+            group
+                .into_iter()
+                .map(|c| {
+                    index += 1;
+                    prepare(c, index)
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// Which CPU kernels ran, and which builds this machine cannot run.
@@ -160,19 +188,11 @@ fn every_case_on_every_backend() {
     let start = Instant::now();
     let backends = Backends::default();
     let oracle = Host::<ScalarReference>::reference();
-    let cases = all_cases();
-    let n_cases = cases.len();
+    let mut n_cases = 0;
     let mut reports: BTreeMap<String, Report> = BTreeMap::new();
     let mut layout_checks = Report::default();
-    let mut index = 0;
-    for group in groups(cases) {
-        let prepared: Vec<Prepared> = group
-            .into_iter()
-            .map(|c| {
-                index += 1;
-                prepare(c, index)
-            })
-            .collect();
+    for prepared in prepared_groups() {
+        n_cases += prepared.len();
         for p in &prepared {
             check_block_regions(&mut layout_checks, p);
         }

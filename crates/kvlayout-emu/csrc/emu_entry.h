@@ -8,6 +8,8 @@
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 /* Memory a launch may touch through the cache accessors: an access outside ends it. */
 typedef struct kvl_emu_region {
@@ -28,9 +30,12 @@ typedef struct kvl_emu_launch {
     uint64_t n_regions;
 } kvl_emu_launch;
 
-/* The regions of the launch running on this OS thread (each test thread has its own). */
+/* The launch running on this OS thread (each test thread has its own), and the first access
+ * outside its regions, described. */
 static thread_local const kvl_emu_launch *kvl_emu_current;
+static thread_local char kvl_emu_fault[160];
 
+/* 1 when `n` bytes at `p` lie in one region of the launch; otherwise 0, the fault described. */
 static inline int kvl_emu_access_ok(const void *p, int64_t n)
 {
     const unsigned char *a = (const unsigned char *)p;
@@ -38,6 +43,13 @@ static inline int kvl_emu_access_ok(const void *p, int64_t n)
         const kvl_emu_region *r = &kvl_emu_current->regions[i];
         if (a >= r->base && n >= 0 && (uint64_t)(a - r->base) + (uint64_t)n <= r->len)
             return 1;
+    }
+    if (kvl_emu_fault[0] == 0) {
+        const kvl_emu_region *r0 = &kvl_emu_current->regions[0];
+        snprintf(kvl_emu_fault, sizeof kvl_emu_fault,
+                 "%lld bytes at buffer 0 %+lld, outside the launch's %llu regions",
+                 (long long)n, (long long)(a - r0->base),
+                 (unsigned long long)kvl_emu_current->n_regions);
     }
     return 0;
 }
@@ -60,7 +72,12 @@ static int kvl_emu_run(const kvl_emu_launch *l, F &&body, char *err, size_t err_
     cfg.shared_limit_bytes = l->shared_limit_bytes;
     cfg.seed = l->seed;
     kvl_emu_current = l;
+    kvl_emu_fault[0] = 0;
     int rc = kvl_emu::launch(cfg, body, err, err_len);
+    if (rc != 0 && kvl_emu_fault[0] != 0) {
+        size_t used = strlen(err);
+        snprintf(err + used, err_len - used, ": access of %s", kvl_emu_fault);
+    }
     kvl_emu_current = nullptr;
     return rc;
 }

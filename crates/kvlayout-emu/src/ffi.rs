@@ -241,6 +241,7 @@ pub(crate) mod planted {
 extern "C" {
     fn kvl_emu_encode(dtype: i32, x: f32, out: *mut u8);
     fn kvl_emu_decode(dtype: i32, bytes: *const u8) -> f32;
+    fn kvl_emu_param_layout(which: i32, member: i32) -> i64;
 }
 
 /// One kernel call with its arguments, all by reference.
@@ -253,6 +254,18 @@ pub(crate) enum Call<'a> {
     Reduce(&'a KvFieldArgs, &'a DecodeKernelParams),
     /// `kvl_move_blocks(src, dst, p)`.
     Move(&'a KvFieldArgs, &'a KvFieldArgs, &'a MoveParams),
+}
+
+impl Call<'_> {
+    /// The kernel's name.
+    pub(crate) fn kernel(&self) -> &'static str {
+        match self {
+            Call::Write(..) => "kvl_write_kv",
+            Call::Decode(..) => "kvl_paged_decode",
+            Call::Reduce(..) => "kvl_paged_decode_reduce",
+            Call::Move(..) => "kvl_move_blocks",
+        }
+    }
 }
 
 impl Kernels {
@@ -306,4 +319,19 @@ pub fn kernel_encode(dtype: i32, x: f32, out: &mut [u8; 4]) {
 pub fn kernel_decode(dtype: i32, bytes: &[u8; 4]) -> f32 {
     // SAFETY: `bytes` is 4 readable bytes, the most any dtype reads.
     unsafe { kvl_emu_decode(dtype, bytes.as_ptr()) }
+}
+
+/// The C layout of kernel parameter struct `which` (0 `kvl_write_params`, 1
+/// `kvl_decode_params`, 2 `kvl_move_params`): its size, and each member's offset in
+/// declaration order.
+pub fn kernel_param_layout(which: i32) -> (usize, Vec<usize>) {
+    // SAFETY: a C function of two integers returning sizeof / offsetof constants.
+    let size = unsafe { kvl_emu_param_layout(which, -1) } as usize;
+    let offsets = (0..)
+        // SAFETY: as above; the table ends with -1, where the iteration stops.
+        .map(|m| unsafe { kvl_emu_param_layout(which, m) })
+        .take_while(|&o| o >= 0)
+        .map(|o| o as usize)
+        .collect();
+    (size, offsets)
 }

@@ -30,7 +30,7 @@
 mod ffi;
 mod ops;
 
-pub use ffi::{kernel_decode, kernel_encode};
+pub use ffi::{kernel_decode, kernel_encode, kernel_param_layout};
 pub use ops::EmuOps;
 
 use kvlayout_cpu::Host;

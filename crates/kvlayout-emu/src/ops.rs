@@ -70,14 +70,11 @@ impl EmuOps {
     }
 
     fn run(&self, cfg: &LaunchConfig, regions: &[Region], call: Call<'_>) -> Result<(), OpError> {
-        let launch = EmuLaunch::new(cfg, self.target.shared_bytes, self.seed, regions)
-            .map_err(OpError::Incompatible)?;
-        self.kernels
-            .run(&launch, call)
-            .map_err(|e| OpError::Unsupported {
-                op: "emulated kernel",
-                reason: e,
-            })
+        let kernel = call.kernel();
+        let fail = |detail| OpError::Kernel { kernel, detail };
+        let launch =
+            EmuLaunch::new(cfg, self.target.shared_bytes, self.seed, regions).map_err(fail)?;
+        self.kernels.run(&launch, call).map_err(fail)
     }
 }
 

@@ -117,4 +117,13 @@ pub enum OpError {
         /// Why.
         reason: String,
     },
+    /// A kernel that failed while it ran (a trap, an access outside its memory, a launch over
+    /// a limit): the backend's report. What it wrote before failing is unspecified.
+    #[error("kernel {kernel} failed: {detail}")]
+    Kernel {
+        /// The kernel.
+        kernel: &'static str,
+        /// The backend's report.
+        detail: String,
+    },
 }
