@@ -5,8 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 ./scripts/setup.sh
-# The outside reference (numpy) must run here, not be skipped.
+# The outside reference (numpy) and the kernels' compile for GPU targets (clang-19) must run
+# here, not be skipped.
 export KVLAYOUT_REQUIRE_NUMPY=1
+export KVLAYOUT_REQUIRE_CLANG=1
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

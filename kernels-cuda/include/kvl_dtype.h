@@ -18,7 +18,7 @@
  *   int8  Rust `(x.round().clamp(-127.0, 127.0) as i8) as u8`: half away from zero,
  *         saturated at +-127, NaN to 0
  *   u8    Rust `x.round().clamp(0.0, 255.0) as u8`
- * Elements are read and written byte by byte, little-endian (any alignment).
+ * Elements are loaded and stored whole, aligned to their size (see kvl_load_elem).
  */
 #ifndef KVL_DTYPE_H
 #define KVL_DTYPE_H
@@ -246,18 +246,43 @@ KVL_FN float kvl_u8_to_f32(uint8_t v) { return (float)v; }
 
 /* ------------------------------------------------------------------ any dtype */
 
-/* Decodes one stored element (little-endian bytes at `p`) of `dtype` (KVL_DTYPE_*); 0 for an
- * unknown code. */
+/*
+ * Elements are loaded and stored whole: `p` is aligned to the element's size, which the
+ * descriptor guarantees for every element of a cache (each stride and the base offset are
+ * multiples of it, and the backends refuse buffers not aligned to it). Little-endian targets
+ * (x86-64, NVIDIA, AMD).
+ */
+KVL_FN uint16_t kvl_ld16_(const unsigned char *p)
+{
+    uint16_t v;
+    __builtin_memcpy(&v, __builtin_assume_aligned(p, 2), 2);
+    return v;
+}
+KVL_FN uint32_t kvl_ld32_(const unsigned char *p)
+{
+    uint32_t v;
+    __builtin_memcpy(&v, __builtin_assume_aligned(p, 4), 4);
+    return v;
+}
+KVL_FN void kvl_st16_(unsigned char *p, uint16_t v)
+{
+    __builtin_memcpy(__builtin_assume_aligned(p, 2), &v, 2);
+}
+KVL_FN void kvl_st32_(unsigned char *p, uint32_t v)
+{
+    __builtin_memcpy(__builtin_assume_aligned(p, 4), &v, 4);
+}
+
+/* Decodes the element of `dtype` (KVL_DTYPE_*) at `p`; 0 for an unknown code. */
 KVL_FN float kvl_load_elem(const unsigned char *p, int dtype)
 {
     switch (dtype) {
     case KVL_DTYPE_F32:
-        return kvl_bits_as_f32((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
-                               ((uint32_t)p[3] << 24));
+        return kvl_bits_as_f32(kvl_ld32_(p));
     case KVL_DTYPE_F16:
-        return kvl_f16_to_f32((uint16_t)((uint32_t)p[0] | ((uint32_t)p[1] << 8)));
+        return kvl_f16_to_f32(kvl_ld16_(p));
     case KVL_DTYPE_BF16:
-        return kvl_bf16_to_f32((uint16_t)((uint32_t)p[0] | ((uint32_t)p[1] << 8)));
+        return kvl_bf16_to_f32(kvl_ld16_(p));
     case KVL_DTYPE_FP8_E4M3:
         return kvl_fp8_e4m3_to_f32(p[0]);
     case KVL_DTYPE_FP8_E5M2:
@@ -271,27 +296,18 @@ KVL_FN float kvl_load_elem(const unsigned char *p, int dtype)
     }
 }
 
-/* Encodes `x` as one element of `dtype` at `p` (little-endian); nothing for an unknown code. */
+/* Encodes `x` as an element of `dtype` at `p`; nothing for an unknown code. */
 KVL_FN void kvl_store_elem(unsigned char *p, int dtype, float x)
 {
-    uint32_t b;
     switch (dtype) {
     case KVL_DTYPE_F32:
-        b = kvl_f32_as_bits(x);
-        p[0] = (unsigned char)b;
-        p[1] = (unsigned char)(b >> 8);
-        p[2] = (unsigned char)(b >> 16);
-        p[3] = (unsigned char)(b >> 24);
+        kvl_st32_(p, kvl_f32_as_bits(x));
         break;
     case KVL_DTYPE_F16:
-        b = kvl_f32_to_f16(x);
-        p[0] = (unsigned char)b;
-        p[1] = (unsigned char)(b >> 8);
+        kvl_st16_(p, kvl_f32_to_f16(x));
         break;
     case KVL_DTYPE_BF16:
-        b = kvl_f32_to_bf16(x);
-        p[0] = (unsigned char)b;
-        p[1] = (unsigned char)(b >> 8);
+        kvl_st16_(p, kvl_f32_to_bf16(x));
         break;
     case KVL_DTYPE_FP8_E4M3:
         p[0] = kvl_f32_to_fp8_e4m3(x);

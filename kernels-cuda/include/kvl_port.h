@@ -24,12 +24,8 @@
 #ifndef KVL_PORT_H
 #define KVL_PORT_H
 
-#if defined(KVL_EMU)
-/* ---------------------------------------------------------------- host emulator */
-#include "kvl_emu.h"
-
-#elif defined(__CUDA__) && defined(__CUDA_ARCH__)
-/* ---------------------------------------------------------------- CUDA, clang-19 */
+#if !defined(KVL_EMU) && (defined(__CUDA__) || defined(__HIP__))
+/* What the vendor headers would define, for kvlayout.h's functions. */
 #ifndef __host__
 #define __host__ __attribute__((host))
 #endif
@@ -39,6 +35,14 @@
 #ifndef __global__
 #define __global__ __attribute__((global))
 #endif
+#endif
+
+#if defined(KVL_EMU)
+/* ---------------------------------------------------------------- host emulator */
+#include "kvl_emu.h"
+
+#elif defined(__CUDA__) && defined(__CUDA_ARCH__)
+/* ---------------------------------------------------------------- CUDA, clang-19 */
 #define KVL_KERNEL extern "C" __attribute__((global)) void
 #define KVL_DEVICE static inline __attribute__((device))
 #define KVL_WARP 32
@@ -66,15 +70,6 @@ KVL_DEVICE void kvl_trap(void) { __builtin_trap(); }
 
 #elif defined(__HIP__) && defined(__AMDGCN__)
 /* ---------------------------------------------------------------- HIP / AMDGPU, clang-19 */
-#ifndef __host__
-#define __host__ __attribute__((host))
-#endif
-#ifndef __device__
-#define __device__ __attribute__((device))
-#endif
-#ifndef __global__
-#define __global__ __attribute__((global))
-#endif
 #define KVL_KERNEL                                                                             \
     extern "C" __attribute__((global)) __attribute__((amdgpu_flat_work_group_size(1, 1024))) void
 #define KVL_DEVICE static inline __attribute__((device))

@@ -309,16 +309,24 @@ impl Kernels {
     }
 }
 
-/// The kernels' encoding of `x` as `dtype` (`KVL_DTYPE_*` code) into `out`.
+/// Four bytes aligned to 4, as every cache element is aligned to its size.
+#[repr(C, align(4))]
+struct Aligned([u8; 4]);
+
+/// The kernels' encoding of `x` as `dtype` (`KVL_DTYPE_*` code) into `out` (bytes past the
+/// element unchanged).
 pub fn kernel_encode(dtype: i32, x: f32, out: &mut [u8; 4]) {
-    // SAFETY: `out` is 4 writable bytes, the most any dtype stores.
-    unsafe { kvl_emu_encode(dtype, x, out.as_mut_ptr()) }
+    let mut a = Aligned(*out);
+    // SAFETY: `a` is 4 writable bytes aligned to 4, the most any dtype stores and needs.
+    unsafe { kvl_emu_encode(dtype, x, a.0.as_mut_ptr()) }
+    *out = a.0;
 }
 
 /// The kernels' decoding of one stored element of `dtype` (`KVL_DTYPE_*` code).
 pub fn kernel_decode(dtype: i32, bytes: &[u8; 4]) -> f32 {
-    // SAFETY: `bytes` is 4 readable bytes, the most any dtype reads.
-    unsafe { kvl_emu_decode(dtype, bytes.as_ptr()) }
+    let a = Aligned(*bytes);
+    // SAFETY: `a` is 4 readable bytes aligned to 4, the most any dtype reads and needs.
+    unsafe { kvl_emu_decode(dtype, a.0.as_ptr()) }
 }
 
 /// The C layout of kernel parameter struct `which` (0 `kvl_write_params`, 1
