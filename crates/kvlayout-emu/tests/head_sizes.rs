@@ -85,7 +85,7 @@ fn head_sizes_32_to_256() {
         let spec = format!("kv B=80 N=16 H=2 D={d} Dv={dv} dtype=f16 order=NHD");
         let l: KvCacheLayout = spec.parse().unwrap();
         let lens = [600u32, 37, 0];
-        let table: Vec<i32> = (0..3 * 40).map(|i| ((i * 7) % 80) as i32).collect();
+        let table: Vec<i32> = (0..3 * 40).map(|i| (i * 7) % 80).collect();
         let params = DecodeParams {
             num_q_heads: 8,
             scale: 1.0 / (d as f32).sqrt(),
