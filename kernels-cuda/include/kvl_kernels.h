@@ -54,7 +54,7 @@ typedef struct kvl_decode_params {
     int64_t blocks_per_seq;         /* row length of the block table */
     int64_t q_heads;
     int64_t group;                  /* query heads per KV head */
-    int64_t window;                 /* attend to the last `window` tokens; 0: all */
+    int64_t window;                 /* attend to the last `window` tokens; negative: all */
     int64_t partition_tokens;       /* tokens per block of the grid (a partition) */
     int32_t partitions;             /* partitions per sequence (grid z) */
     int32_t act_dtype;              /* of the query */

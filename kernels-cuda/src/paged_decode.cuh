@@ -31,7 +31,7 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
     const int64_t seq = kvl_block_x(), qh = kvl_block_y(), part = kvl_block_z();
     const int64_t kvh = qh / p.group;
     const int64_t len = p.seq_lens[seq];
-    const int64_t start = (p.window > 0 && len > p.window) ? len - p.window : 0;
+    const int64_t start = (p.window >= 0 && len > p.window) ? len - p.window : 0;
     const int64_t t0 = start + part * p.partition_tokens;
     const int64_t t1 = t0 + p.partition_tokens < len ? t0 + p.partition_tokens : len;
     const int64_t n = t1 > t0 ? t1 - t0 : 0;

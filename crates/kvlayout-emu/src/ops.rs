@@ -44,7 +44,10 @@ impl EmuOps {
         }
     }
 
-    /// Deliberately broken CUDA build `n` (1..=6) of `kernels-cuda/src/kvl_plant.cuh`.
+    /// Deliberately broken CUDA build `n` of `kernels-cuda/src/kvl_plant.cuh`, for tests.
+    ///
+    /// # Panics
+    /// When `n` is not 1 to 6.
     #[cfg(feature = "planted-bugs")]
     pub fn planted(n: usize) -> Self {
         EmuOps {
@@ -144,56 +147,66 @@ fn address(a: &Activations<'_>) -> u64 {
     }
 }
 
-/// The cache buffers to read: their regions and base addresses.
-fn read_buffers(cache: &CacheRef<'_>) -> (Vec<Region>, [u64; 2]) {
-    let regions: Vec<Region> = cache.buffers().iter().map(|b| Region::of(b)).collect();
-    (regions.clone(), bases(&regions))
+/// A cache's memory as a kernel sees it: the regions it may touch and the buffers' bases.
+#[derive(Debug, Clone)]
+struct Mem<'l> {
+    layout: &'l KvCacheLayout,
+    regions: Vec<Region>,
+    bases: [u64; 2],
 }
 
-/// The cache buffers to write: their regions and base addresses.
-fn write_buffers(cache: &mut CacheMut<'_>) -> (Vec<Region>, [u64; 2]) {
-    let regions: Vec<Region> = cache
-        .buffers_mut()
-        .iter_mut()
-        .map(|b| Region::of_mut(b))
-        .collect();
-    (regions.clone(), bases(&regions))
-}
-
-fn bases(regions: &[Region]) -> [u64; 2] {
-    let mut out = [0u64; 2];
-    for (o, r) in out.iter_mut().zip(regions) {
-        *o = r.base;
+impl<'l> Mem<'l> {
+    fn new(layout: &'l KvCacheLayout, regions: Vec<Region>) -> Self {
+        let mut bases = [0u64; 2];
+        for (b, r) in bases.iter_mut().zip(&regions) {
+            *b = r.base;
+        }
+        Mem {
+            layout,
+            regions,
+            bases,
+        }
     }
-    out
+
+    /// A cache to read.
+    fn read(cache: &CacheRef<'l>) -> Self {
+        Mem::new(
+            cache.layout(),
+            cache.buffers().iter().map(|b| Region::of(b)).collect(),
+        )
+    }
+
+    /// A cache to write (its addresses taken from the mutable buffers).
+    fn write(cache: &mut CacheMut<'l>) -> Self {
+        let layout = cache.layout();
+        let regions = cache
+            .buffers_mut()
+            .iter_mut()
+            .map(|b| Region::of_mut(b))
+            .collect();
+        Mem::new(layout, regions)
+    }
 }
 
 impl EmuOps {
-    /// Every stored field of `m` from `src` (read at `src_mem`) to `dst` (written at
-    /// `dst_mem`), one launch per field.
-    fn move_fields(
-        &self,
-        (sl, src_mem): (&KvCacheLayout, (Vec<Region>, [u64; 2])),
-        (dl, dst_mem): (&KvCacheLayout, (Vec<Region>, [u64; 2])),
-        m: &Moves,
-    ) -> Result<(), OpError> {
+    /// Every stored field of `m` from `src` to `dst`, one launch per field.
+    fn move_fields(&self, src: &Mem<'_>, dst: &Mem<'_>, m: &Moves) -> Result<(), OpError> {
         let pairs: Vec<i64> = m
             .pairs
             .iter()
             .flat_map(|&(s, d)| [s as i64, d as i64])
             .collect();
         let heads = m.heads.end - m.heads.start;
-        let mut regions = src_mem.0.clone();
-        regions.extend(&dst_mem.0);
-        for f in sl.stored_fields() {
-            let g = dl.field_map(f.field).map_err(OpError::from)?;
+        let regions: Vec<Region> = src.regions.iter().chain(&dst.regions).copied().collect();
+        for f in src.layout.stored_fields() {
+            let g = dst.layout.field_map(f.field).map_err(OpError::from)?;
             let Some(cfg) = move_launch(&self.target, f, heads, m.pairs.len())? else {
                 continue;
             };
-            let (sa, da) = (args(sl, f.field)?, args(dl, f.field)?);
+            let (sa, da) = (args(src.layout, f.field)?, args(dst.layout, f.field)?);
             let p = MoveParams {
-                src_buffers: src_mem.1,
-                dst_buffers: dst_mem.1,
+                src_buffers: src.bases,
+                dst_buffers: dst.bases,
                 pairs: pairs.as_ptr() as u64,
                 n_pairs: m.pairs.len() as i64,
                 head0: m.heads.start as i64,
@@ -202,8 +215,8 @@ impl EmuOps {
                 row_unit_bytes: row_unit_bytes(
                     f,
                     &g,
-                    src_mem.1[f.strides.buffer as usize],
-                    dst_mem.1[g.strides.buffer as usize],
+                    src.bases[f.strides.buffer as usize],
+                    dst.bases[g.strides.buffer as usize],
                 ) as i32,
                 reserved: 0,
             };
@@ -221,17 +234,17 @@ impl HostOps for EmuOps {
             return Ok(());
         };
         let (fields, inline) = kv_args(layout, true)?;
-        let (regions, buffers) = write_buffers(cache);
+        let mem = Mem::write(cache);
         let p = WriteParams {
             key: address(&w.key),
             value: w.value.as_ref().map_or(0, address),
             slot_mapping: w.slot_mapping.as_ptr() as u64,
-            buffers,
+            buffers: mem.bases,
             layer: w.layer as i64,
             act_dtype: w.key.dtype().abi_code(),
             inline_scales: i32::from(inline),
         };
-        self.run(&cfg, &regions, Call::Write(&fields, &p))
+        self.run(&cfg, &mem.regions, Call::Write(&fields, &p))
     }
 
     fn paged_decode(
@@ -254,13 +267,14 @@ impl HostOps for EmuOps {
         };
         let (fields, inline) = kv_args(layout, false)?;
         let mut partials = vec![0f32; launch.partials_len(&shape)];
-        let (mut regions, buffers) = read_buffers(cache);
+        let mem = Mem::read(cache);
+        let mut regions = mem.regions.clone();
         regions.push(Region::of(d.block_table));
         let p = DecodeKernelParams {
             query: address(&d.query),
             block_table: d.block_table.as_ptr() as u64,
             seq_lens: d.seq_lens.as_ptr() as u64,
-            buffers,
+            buffers: mem.bases,
             out: out.as_mut_ptr() as u64,
             partials: if partials.is_empty() {
                 0
@@ -271,7 +285,10 @@ impl HostOps for EmuOps {
             blocks_per_seq: d.blocks_per_seq as i64,
             q_heads: shape.q_heads as i64,
             group: shape.group as i64,
-            window: d.params.sliding_window.map_or(0, |w| w as i64),
+            window: d
+                .params
+                .sliding_window
+                .map_or(-1, |w| i64::try_from(w).unwrap_or(i64::MAX)),
             partition_tokens: launch.partition_tokens as i64,
             partitions: launch.partitions as i32,
             act_dtype: d.query.dtype().abi_code(),
@@ -291,9 +308,8 @@ impl HostOps for EmuOps {
         let m = copy_moves(cache.layout(), pairs)?;
         // Sources and destinations are distinct blocks (checked): the kernel reads and writes
         // the same buffers at disjoint bytes.
-        let layout = cache.layout();
-        let mem = write_buffers(cache);
-        self.move_fields((layout, mem.clone()), (layout, mem), &m)
+        let mem = Mem::write(cache);
+        self.move_fields(&mem, &mem, &m)
     }
 
     fn swap_blocks(
@@ -303,11 +319,7 @@ impl HostOps for EmuOps {
         pairs: &[(u64, u64)],
     ) -> Result<(), OpError> {
         let m = swap_moves(src.layout(), dst.layout(), pairs)?;
-        self.move_fields(
-            (src.layout(), read_buffers(src)),
-            (dst.layout(), write_buffers(dst)),
-            &m,
-        )
+        self.move_fields(&Mem::read(src), &Mem::write(dst), &m)
     }
 
     fn gather_blocks(
@@ -318,11 +330,7 @@ impl HostOps for EmuOps {
         staging: &mut CacheMut<'_>,
     ) -> Result<(), OpError> {
         let m = gather_moves(cache.layout(), staging.layout(), blocks, heads)?;
-        self.move_fields(
-            (cache.layout(), read_buffers(cache)),
-            (staging.layout(), write_buffers(staging)),
-            &m,
-        )
+        self.move_fields(&Mem::read(cache), &Mem::write(staging), &m)
     }
 
     fn scatter_blocks(
@@ -333,19 +341,11 @@ impl HostOps for EmuOps {
         cache: &mut CacheMut<'_>,
     ) -> Result<(), OpError> {
         let m = scatter_moves(staging.layout(), cache.layout(), blocks, heads)?;
-        self.move_fields(
-            (staging.layout(), read_buffers(staging)),
-            (cache.layout(), write_buffers(cache)),
-            &m,
-        )
+        self.move_fields(&Mem::read(staging), &Mem::write(cache), &m)
     }
 
     fn convert(&self, src: &CacheRef<'_>, dst: &mut CacheMut<'_>) -> Result<(), OpError> {
         let m = convert_moves(src.layout(), dst.layout())?;
-        self.move_fields(
-            (src.layout(), read_buffers(src)),
-            (dst.layout(), write_buffers(dst)),
-            &m,
-        )
+        self.move_fields(&Mem::read(src), &Mem::write(dst), &m)
     }
 }

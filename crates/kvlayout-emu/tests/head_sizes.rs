@@ -70,9 +70,53 @@ fn run<B: Backend<Tensor = HostTensor>>(
     )
 }
 
+/// Both emulated builds against the reference on one layout and decode step.
+fn check(spec: &str, (d, dv): (usize, usize), params: DecodeParams) {
+    let reference = Host::new("reference", ScalarReference);
+    let l: KvCacheLayout = spec.parse().unwrap();
+    let lens = [600u32, 37, 0];
+    let table: Vec<i32> = (0..3 * 40).map(|i| (i * 7) % 80).collect();
+    let (want_bytes, want) = run(&reference, &l, (d, dv), &lens, &table, params);
+    // The reference's magnitudes of each output row bound the allowed error.
+    let refs: Vec<&[u8]> = want_bytes.iter().map(|b| b.as_slice()).collect();
+    let cache = CacheRef::new(&l, refs).unwrap();
+    let q = values(lens.len() * params.num_q_heads as usize * d, 3);
+    let q16: Vec<half::f16> = q.iter().map(|&x| half::f16::from_f32(x)).collect();
+    let dec = Decode {
+        layer: 0,
+        query: Activations::F16(&q16),
+        block_table: &table,
+        blocks_per_seq: 40,
+        seq_lens: &lens,
+        params,
+    };
+    let mut out = vec![0f32; want.len()];
+    let mags = paged_decode_magnitudes(&cache, &dec, &mut out).unwrap();
+    assert_eq!(out, want);
+    for (name, ops) in [("cuda-emu", EmuOps::cuda()), ("hip-emu", EmuOps::hip())] {
+        let (bytes, got) = run(&Host::new(name, ops), &l, (d, dv), &lens, &table, params);
+        assert!(bytes == want_bytes, "{name} {spec}: written bytes differ");
+        let e = decode_error(&got, &want, &mags, Tolerance::F32_PRODUCTS);
+        assert!(
+            e.passed(),
+            "{name} {spec} {params:?}: {:.3} x the bound at {:?}",
+            e.ratio,
+            e.worst
+        );
+    }
+}
+
+fn params(d: usize, sliding_window: Option<u64>) -> DecodeParams {
+    DecodeParams {
+        num_q_heads: 8,
+        scale: 1.0 / (d as f32).sqrt(),
+        sliding_window,
+        soft_cap: None,
+    }
+}
+
 #[test]
 fn head_sizes_32_to_256() {
-    let reference = Host::new("reference", ScalarReference);
     for (d, dv) in [
         (32, 32),
         (64, 64),
@@ -83,42 +127,15 @@ fn head_sizes_32_to_256() {
         (256, 256),
     ] {
         let spec = format!("kv B=80 N=16 H=2 D={d} Dv={dv} dtype=f16 order=NHD");
-        let l: KvCacheLayout = spec.parse().unwrap();
-        let lens = [600u32, 37, 0];
-        let table: Vec<i32> = (0..3 * 40).map(|i| (i * 7) % 80).collect();
-        let params = DecodeParams {
-            num_q_heads: 8,
-            scale: 1.0 / (d as f32).sqrt(),
-            sliding_window: Some(590),
-            soft_cap: None,
-        };
-        let (want_bytes, want) = run(&reference, &l, (d, dv), &lens, &table, params);
-        // The reference's magnitudes of each output row bound the allowed error.
-        let refs: Vec<&[u8]> = want_bytes.iter().map(|b| b.as_slice()).collect();
-        let cache = CacheRef::new(&l, refs).unwrap();
-        let q = values(lens.len() * 8 * d, 3);
-        let q16: Vec<half::f16> = q.iter().map(|&x| half::f16::from_f32(x)).collect();
-        let dec = Decode {
-            layer: 0,
-            query: Activations::F16(&q16),
-            block_table: &table,
-            blocks_per_seq: 40,
-            seq_lens: &lens,
-            params,
-        };
-        let mut out = vec![0f32; want.len()];
-        let mags = paged_decode_magnitudes(&cache, &dec, &mut out).unwrap();
-        assert_eq!(out, want);
-        for (name, ops) in [("cuda-emu", EmuOps::cuda()), ("hip-emu", EmuOps::hip())] {
-            let (bytes, got) = run(&Host::new(name, ops), &l, (d, dv), &lens, &table, params);
-            assert!(bytes == want_bytes, "{name} D={d}: written bytes differ");
-            let e = decode_error(&got, &want, &mags, Tolerance::F32_PRODUCTS);
-            assert!(
-                e.passed(),
-                "{name} D={d} Dv={dv}: {:.3} x the bound at {:?}",
-                e.ratio,
-                e.worst
-            );
-        }
+        check(&spec, (d, dv), params(d, Some(590)));
+    }
+}
+
+/// A window of 0 attends to nothing (zeros), one past every length to everything.
+#[test]
+fn windows_of_none_and_all() {
+    let spec = "kv B=80 N=16 H=2 D=32 dtype=bf16 order=HND";
+    for w in [Some(0), Some(1), None, Some(10_000)] {
+        check(spec, (32, 32), params(32, w));
     }
 }

@@ -48,7 +48,7 @@ pub struct DecodeKernelParams {
     pub q_heads: i64,
     /// Query heads per KV head.
     pub group: i64,
-    /// Sliding window in tokens; 0: none.
+    /// Sliding window in tokens; negative: none.
     pub window: i64,
     /// Tokens per partition.
     pub partition_tokens: i64,
