@@ -165,7 +165,8 @@ pub struct Backends {
     pub cpu_builds: Vec<Host<CpuBackend>>,
     /// The scalar reference as a backend.
     pub reference: Host<ScalarReference>,
-    /// The GPU kernels under the host emulator: `cuda-emu`, `hip-emu`.
+    /// The GPU kernels under the host emulator: `cuda-emu` (fibers resumed in thread order)
+    /// and `hip-emu` (in a seeded pseudo-random order), so both orders meet every case.
     pub emulated: Vec<Host<EmuOps>>,
     /// Listed, not built.
     pub absent: Vec<NotBuilt>,
@@ -177,7 +178,10 @@ impl Default for Backends {
             cpu: Host::cpu("cpu", Some(3)),
             cpu_builds: cpu_builds(Some(3)),
             reference: Host::reference(),
-            emulated: vec![kvlayout_emu::cuda_emu(), kvlayout_emu::hip_emu()],
+            emulated: vec![
+                kvlayout_emu::cuda_emu(),
+                Host::new("hip-emu", EmuOps::hip().with_seed(0x5eed)),
+            ],
             absent: vec![NotBuilt::cuda(), NotBuilt::hip()],
         }
     }
