@@ -62,7 +62,7 @@ run_phase() {
                 --cargo-test-arg=--test=conformance) ;;
         cpu-checks)
             test_args=(--test-package kvlayout-conformance
-                --cargo-test-arg=--test=conformance --cargo-test-arg=--test=cpu_properties) ;;
+                --cargo-test-arg=--test=conformance --cargo-test-arg=--test=backend_properties) ;;
         cpu-rows)
             test_args=(--test-package kvlayout-cpu
                 --cargo-test-arg=--lib --cargo-test-arg=--test=hostile

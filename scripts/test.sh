@@ -33,7 +33,7 @@ if [ "$host" = x86_64-unknown-linux-gnu ] && cargo +nightly --version >/dev/null
             cargo +nightly test --target "$host" "$@" 2>&1 | tee -a "$log"
     }
     asan -p kvlayout-cpu --lib --tests
-    asan -p kvlayout-conformance --test cpu_properties
+    asan -p kvlayout-conformance --test backend_properties
 else
     echo "skipped: asan: no nightly toolchain for $host (rustup toolchain install nightly)" \
         | tee -a "$log"

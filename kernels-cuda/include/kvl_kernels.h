@@ -60,8 +60,8 @@ typedef struct kvl_decode_params {
     int32_t act_dtype;              /* of the query */
     int32_t inline_scales;          /* 1: rows carry their own scale (k_scale/v_scale) */
     float scale;                    /* softmax scale */
-    float soft_cap;                 /* logits soft-cap; 0: none */
-    int32_t reserved;               /* zero */
+    float soft_cap;                 /* logits soft-cap c: l = c tanh(l / c) */
+    int32_t soft_capped;            /* 1: apply soft_cap */
 } kvl_decode_params;
 
 /*

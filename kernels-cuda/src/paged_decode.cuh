@@ -71,7 +71,7 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
                 s *= kvl_load_elem(kvl_at_c(p.buffers, &k_scale, p.layer, block, kvh, slot, 0),
                                    KVL_DTYPE_F32);
             float x = dot * s * p.scale;
-            if (p.soft_cap > 0.0f)
+            if (p.soft_capped)
                 x = p.soft_cap * kvl_tanh(x / p.soft_cap);
             w[i] = x;
         }

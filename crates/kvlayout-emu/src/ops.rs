@@ -295,7 +295,7 @@ impl HostOps for EmuOps {
             inline_scales: i32::from(inline),
             scale: d.params.scale,
             soft_cap: d.params.soft_cap.unwrap_or(0.0),
-            reserved: 0,
+            soft_capped: i32::from(d.params.soft_cap.is_some()),
         };
         self.run(&launch.main, &regions, Call::Decode(&fields, &p))?;
         if let Some(reduce) = launch.reduce {

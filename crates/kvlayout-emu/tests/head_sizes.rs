@@ -131,11 +131,20 @@ fn head_sizes_32_to_256() {
     }
 }
 
-/// A window of 0 attends to nothing (zeros), one past every length to everything.
+/// A window of 0 attends to nothing (zeros), one past every length to everything; small and
+/// large soft-caps (`c * tanh(l / c)`; the checks refuse caps that are not finite and
+/// positive).
 #[test]
-fn windows_of_none_and_all() {
+fn windows_and_caps_at_their_edges() {
     let spec = "kv B=80 N=16 H=2 D=32 dtype=bf16 order=HND";
     for w in [Some(0), Some(1), None, Some(10_000)] {
         check(spec, (32, 32), params(32, w));
+    }
+    for cap in [0.25, 50.0] {
+        let p = DecodeParams {
+            soft_cap: Some(cap),
+            ..params(32, None)
+        };
+        check(spec, (32, 32), p);
     }
 }

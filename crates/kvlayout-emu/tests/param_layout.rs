@@ -36,7 +36,7 @@ fn parameter_structs_match_the_header() {
         offset_of!(DecodeKernelParams, inline_scales),
         offset_of!(DecodeKernelParams, scale),
         offset_of!(DecodeKernelParams, soft_cap),
-        offset_of!(DecodeKernelParams, reserved),
+        offset_of!(DecodeKernelParams, soft_capped),
     ];
     let moves = vec![
         offset_of!(MoveParams, src_buffers),

@@ -60,10 +60,10 @@ pub struct DecodeKernelParams {
     pub inline_scales: i32,
     /// Softmax scale.
     pub scale: f32,
-    /// Logits soft-cap; 0: none.
+    /// Logits soft-cap `c`: `l = c tanh(l / c)`.
     pub soft_cap: f32,
-    /// Zero.
-    pub reserved: i32,
+    /// 1: apply `soft_cap`.
+    pub soft_capped: i32,
 }
 
 /// `kvl_move_params`: `kvl_move_blocks(src, dst, params)`, one launch per stored field.

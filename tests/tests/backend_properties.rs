@@ -1,15 +1,19 @@
-//! The CPU backend's fast paths against its scalar reference over random layouts of every
-//! kind (`kvlayout_conformance::gen`): byte-identical results for the block movers and for
-//! `write_kv`, decode outputs within the dtype's tolerance for every kernel build; and wild
-//! arguments refused alike by both, without a write.
+//! The backends on host memory against the scalar reference over random layouts of every kind
+//! (`kvlayout_conformance::gen`): the CPU backend's fast paths and the GPU kernels under the
+//! emulator (`cuda-emu`, `hip-emu` with a seeded fiber order). Byte-identical results for the
+//! block movers and for `write_kv`, decode outputs within each one's tolerance (every CPU
+//! kernel build); and wild arguments refused alike, without a write.
 
 use std::cell::Cell;
 
 use kvlayout::ops::DecodeParams;
 use kvlayout::{Content, KvCacheLayout};
 use kvlayout_conformance::gen::any_layout;
-use kvlayout_cpu::tolerance::decode_error;
-use kvlayout_cpu::{reference, Activations, CpuBackend, Decode, HostCache, PrefetchLevel, WriteKv};
+use kvlayout_cpu::tolerance::{decode_error, Tolerance};
+use kvlayout_cpu::{
+    reference, Activations, CpuBackend, Decode, HostCache, HostOps, PrefetchLevel, WriteKv,
+};
+use kvlayout_emu::EmuOps;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -27,89 +31,150 @@ fn same(a: &HostCache, b: &HostCache) -> bool {
     (0..a.layout().num_buffers()).all(|i| a.bytes(i) == b.bytes(i))
 }
 
+/// The backends checked against the reference: the CPU backend's fast paths (the build it
+/// picks), and the emulated CUDA and HIP kernel builds.
+fn backends() -> [(&'static str, Box<dyn HostOps>); 3] {
+    [
+        ("cpu", Box::new(CpuBackend::new(Some(2)))),
+        ("cuda-emu", Box::new(EmuOps::cuda())),
+        ("hip-emu", Box::new(EmuOps::hip().with_seed(0x5eed))),
+    ]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, max_global_rejects: 100_000, ..ProptestConfig::default() })]
 
     /// convert / swap / copy / gather / scatter: fast == reference, byte for byte.
     #[test]
     fn movers_match_reference(a in any_layout(), b in any_layout(), pick in 0u64..1000) {
-        let be = CpuBackend::new(Some(2));
-        let nb = a.geometry().num_blocks;
-        // copy_blocks within `a`
-        if nb >= 2 {
-            let pairs = [(pick % nb, (pick + 1) % nb)];
-            let (mut fast, mut slow) = (filled(&a, 1), filled(&a, 1));
-            be.copy_blocks(&mut fast.as_mut(), &pairs).unwrap();
-            reference::copy_blocks(&mut slow.as_mut(), &pairs).unwrap();
-            prop_assert!(same(&fast, &slow), "copy_blocks on {a}");
-        }
-        // convert / swap into `b` when the content matches
-        if kvlayout::ops::check_same_content(&a, &b).is_ok() {
-            let src = filled(&a, 2);
-            let (mut fast, mut slow) = (filled(&b, 3), filled(&b, 3));
-            let pairs = [(pick % nb, (pick / 7) % b.geometry().num_blocks)];
-            be.swap_blocks(&src.as_ref(), &mut fast.as_mut(), &pairs).unwrap();
-            reference::swap_blocks(&src.as_ref(), &mut slow.as_mut(), &pairs).unwrap();
-            prop_assert!(same(&fast, &slow), "swap {a} -> {b}");
-            if nb == b.geometry().num_blocks {
-                be.convert(&src.as_ref(), &mut fast.as_mut()).unwrap();
-                reference::convert(&src.as_ref(), &mut slow.as_mut()).unwrap();
-                prop_assert!(same(&fast, &slow), "convert {a} -> {b}");
-            }
-        }
-        // gather a head slice into a staging layout of the same kind (`a` sliced by TP).
-        let h = a.geometry().num_kv_heads;
-        if h % 2 == 0 {
-            let staging_layout: KvCacheLayout = {
-                let s = a.tp_slice(2, 1).unwrap();
-                // A dense staging cache of the slice's content in the parent's order.
-                let mut spec = s.spec().clone();
-                spec.placement = kvlayout::Placement::Paged(kvlayout::Paged::new(kvlayout::AxisOrder::LBHNC));
-                KvCacheLayout::new(spec).unwrap()
-            };
-            let cache = filled(&a, 4);
-            let blocks = [pick % nb];
-            let (mut fast, mut slow) = (filled(&staging_layout, 5), filled(&staging_layout, 5));
-            be.gather_blocks(&cache.as_ref(), &blocks, h / 2..h, &mut fast.as_mut()).unwrap();
-            reference::gather_blocks(&cache.as_ref(), &blocks, h / 2..h, &mut slow.as_mut()).unwrap();
-            prop_assert!(same(&fast, &slow), "gather {a}");
-            let (mut fast_c, mut slow_c) = (filled(&a, 6), filled(&a, 6));
-            be.scatter_blocks(&fast.as_ref(), &blocks, h / 2..h, &mut fast_c.as_mut()).unwrap();
-            reference::scatter_blocks(&slow.as_ref(), &blocks, h / 2..h, &mut slow_c.as_mut()).unwrap();
-            prop_assert!(same(&fast_c, &slow_c), "scatter {a}");
+        for (name, be) in backends() {
+            movers(name, be.as_ref(), &a, &b, pick)?;
         }
     }
 
     /// write_kv: fast == reference, byte for byte, and padding slots write nothing.
     #[test]
     fn write_kv_matches_reference(l in any_layout(), seed in 0u32..1000) {
-        let g = *l.geometry();
-        let (kw, vw, mla) = match *l.content() {
-            Content::Kv { head_size, head_size_v } | Content::KvScaled { head_size, head_size_v } => (head_size as usize, head_size_v as usize, false),
-            Content::Mla { kv_lora_rank, rope_dim } => ((kv_lora_rank + rope_dim) as usize, 0, true),
-            _ => return Ok(()),
-        };
-        if g.tokens_per_state != 1 {
-            return Ok(());
+        for (name, be) in backends() {
+            write(name, be.as_ref(), &l, seed)?;
         }
-        let heads = g.num_kv_heads as usize;
-        let total = g.num_blocks * g.block_size;
-        let slots: Vec<i64> = (0..5u64).map(|t| if t == 2 { -1 } else { ((u64::from(seed) + t * 7) % total) as i64 }).collect();
-        let mut uniq = slots.clone();
-        uniq.sort_unstable();
-        uniq.dedup();
-        if uniq.len() != slots.len() {
-            return Ok(());
-        }
-        let k: Vec<f32> = (0..5 * heads * kw).map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 125.0 - 4.0).collect();
-        let v: Vec<f32> = (0..5 * heads * vw).map(|i| (((i as u32).wrapping_mul(40503) ^ seed) % 1000) as f32 / 125.0 - 4.0).collect();
-        let w = WriteKv { layer: 0, key: Activations::F32(&k), value: (!mla).then_some(Activations::F32(&v)), slot_mapping: &slots };
-        let be = CpuBackend::new(Some(2));
-        let (mut fast, mut slow) = (filled(&l, 9), filled(&l, 9));
-        be.write_kv(&mut fast.as_mut(), &w).unwrap();
-        reference::write_kv(&mut slow.as_mut(), &w).unwrap();
-        prop_assert!(same(&fast, &slow), "write_kv on {l}");
     }
+}
+
+/// convert / swap / copy / gather / scatter on `be` == the reference, byte for byte.
+fn movers(
+    name: &str,
+    be: &dyn HostOps,
+    a: &KvCacheLayout,
+    b: &KvCacheLayout,
+    pick: u64,
+) -> Result<(), TestCaseError> {
+    let nb = a.geometry().num_blocks;
+    // copy_blocks within `a`
+    if nb >= 2 {
+        let pairs = [(pick % nb, (pick + 1) % nb)];
+        let (mut fast, mut slow) = (filled(a, 1), filled(a, 1));
+        be.copy_blocks(&mut fast.as_mut(), &pairs).unwrap();
+        reference::copy_blocks(&mut slow.as_mut(), &pairs).unwrap();
+        prop_assert!(same(&fast, &slow), "{name}: copy_blocks on {a}");
+    }
+    // convert / swap into `b` when the content matches
+    if kvlayout::ops::check_same_content(a, b).is_ok() {
+        let src = filled(a, 2);
+        let (mut fast, mut slow) = (filled(b, 3), filled(b, 3));
+        let pairs = [(pick % nb, (pick / 7) % b.geometry().num_blocks)];
+        be.swap_blocks(&src.as_ref(), &mut fast.as_mut(), &pairs)
+            .unwrap();
+        reference::swap_blocks(&src.as_ref(), &mut slow.as_mut(), &pairs).unwrap();
+        prop_assert!(same(&fast, &slow), "{name}: swap {a} -> {b}");
+        if nb == b.geometry().num_blocks {
+            be.convert(&src.as_ref(), &mut fast.as_mut()).unwrap();
+            reference::convert(&src.as_ref(), &mut slow.as_mut()).unwrap();
+            prop_assert!(same(&fast, &slow), "{name}: convert {a} -> {b}");
+        }
+    }
+    // gather a head slice into a staging layout of the same kind (`a` sliced by TP).
+    let h = a.geometry().num_kv_heads;
+    if h.is_multiple_of(2) {
+        let staging_layout: KvCacheLayout = {
+            let s = a.tp_slice(2, 1).unwrap();
+            // A dense staging cache of the slice's content in the parent's order.
+            let mut spec = s.spec().clone();
+            spec.placement =
+                kvlayout::Placement::Paged(kvlayout::Paged::new(kvlayout::AxisOrder::LBHNC));
+            KvCacheLayout::new(spec).unwrap()
+        };
+        let cache = filled(a, 4);
+        let blocks = [pick % nb];
+        let (mut fast, mut slow) = (filled(&staging_layout, 5), filled(&staging_layout, 5));
+        be.gather_blocks(&cache.as_ref(), &blocks, h / 2..h, &mut fast.as_mut())
+            .unwrap();
+        reference::gather_blocks(&cache.as_ref(), &blocks, h / 2..h, &mut slow.as_mut()).unwrap();
+        prop_assert!(same(&fast, &slow), "{name}: gather {a}");
+        let (mut fast_c, mut slow_c) = (filled(a, 6), filled(a, 6));
+        be.scatter_blocks(&fast.as_ref(), &blocks, h / 2..h, &mut fast_c.as_mut())
+            .unwrap();
+        reference::scatter_blocks(&slow.as_ref(), &blocks, h / 2..h, &mut slow_c.as_mut()).unwrap();
+        prop_assert!(same(&fast_c, &slow_c), "{name}: scatter {a}");
+    }
+    Ok(())
+}
+
+/// write_kv on `be` == the reference, byte for byte, and padding slots write nothing.
+fn write(name: &str, be: &dyn HostOps, l: &KvCacheLayout, seed: u32) -> Result<(), TestCaseError> {
+    let g = *l.geometry();
+    let (kw, vw, mla) = match *l.content() {
+        Content::Kv {
+            head_size,
+            head_size_v,
+        }
+        | Content::KvScaled {
+            head_size,
+            head_size_v,
+        } => (head_size as usize, head_size_v as usize, false),
+        Content::Mla {
+            kv_lora_rank,
+            rope_dim,
+        } => ((kv_lora_rank + rope_dim) as usize, 0, true),
+        _ => return Ok(()),
+    };
+    if g.tokens_per_state != 1 {
+        return Ok(());
+    }
+    let heads = g.num_kv_heads as usize;
+    let total = g.num_blocks * g.block_size;
+    let slots: Vec<i64> = (0..5u64)
+        .map(|t| {
+            if t == 2 {
+                -1
+            } else {
+                ((u64::from(seed) + t * 7) % total) as i64
+            }
+        })
+        .collect();
+    let mut uniq = slots.clone();
+    uniq.sort_unstable();
+    uniq.dedup();
+    if uniq.len() != slots.len() {
+        return Ok(());
+    }
+    let k: Vec<f32> = (0..5 * heads * kw)
+        .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 125.0 - 4.0)
+        .collect();
+    let v: Vec<f32> = (0..5 * heads * vw)
+        .map(|i| (((i as u32).wrapping_mul(40503) ^ seed) % 1000) as f32 / 125.0 - 4.0)
+        .collect();
+    let w = WriteKv {
+        layer: 0,
+        key: Activations::F32(&k),
+        value: (!mla).then_some(Activations::F32(&v)),
+        slot_mapping: &slots,
+    };
+    let (mut fast, mut slow) = (filled(l, 9), filled(l, 9));
+    be.write_kv(&mut fast.as_mut(), &w).unwrap();
+    reference::write_kv(&mut slow.as_mut(), &w).unwrap();
+    prop_assert!(same(&fast, &slow), "{name}: write_kv on {l}");
+    Ok(())
 }
 
 /// Arguments for every op of a cache, mostly near-valid: wrong lengths, slots, block ids,
@@ -218,16 +283,16 @@ fn runner(cases: u32, max_local_rejects: u32) -> TestRunner {
     })
 }
 
-/// Every op on wild arguments: the fast path and the reference accept or refuse alike; a
-/// refusal is a typed error that leaves the cache (and a decode's output) as it was; nothing
-/// panics. Both outcomes must come up for `write_kv` and `paged_decode`.
+/// Every op on wild arguments, on every backend: it and the reference accept or refuse alike;
+/// a refusal is a typed error that leaves the cache (and a decode's output) as it was;
+/// nothing panics. Both outcomes must come up for `write_kv` and `paged_decode`.
 #[test]
 fn wild_arguments_are_refused_alike_and_write_nothing() {
     let counts: [Cell<u32>; 4] = Default::default(); // write ok / refused, decode ok / refused
     let tally = |i: usize, ok: bool| {
         counts[2 * i + usize::from(!ok)].set(counts[2 * i + usize::from(!ok)].get() + 1)
     };
-    let be = CpuBackend::new(Some(2));
+    let backends = backends();
     runner(1500, 10_000_000)
         .run(
             &(
@@ -235,10 +300,14 @@ fn wild_arguments_are_refused_alike_and_write_nothing() {
                 wild(),
             ),
             |(l, a)| {
-                let (mut fast, mut slow) = (filled(&l, 3), filled(&l, 3));
-                tally(0, wild_write(&be, &a, &mut fast, &mut slow)?);
-                tally(1, wild_decode(&be, &a, &fast, &slow)?);
-                wild_movers(&be, &a, &mut fast, &mut slow)
+                for (_, be) in &backends {
+                    let be = be.as_ref();
+                    let (mut fast, mut slow) = (filled(&l, 3), filled(&l, 3));
+                    tally(0, wild_write(be, &a, &mut fast, &mut slow)?);
+                    tally(1, wild_decode(be, &a, &fast, &slow)?);
+                    wild_movers(be, &a, &mut fast, &mut slow)?;
+                }
+                Ok(())
             },
         )
         .unwrap();
@@ -267,7 +336,7 @@ fn sized(n: usize, err: i64) -> usize {
 /// `write_kv`: the fast path and the reference alike, and a refusal writes nothing; whether
 /// the write was accepted.
 fn wild_write(
-    be: &CpuBackend,
+    be: &dyn HostOps,
     a: &Wild,
     fast: &mut HostCache,
     slow: &mut HostCache,
@@ -304,7 +373,7 @@ fn wild_write(
 /// `paged_decode`: the fast path and the reference alike, and a refusal leaves the output as
 /// it was; whether the decode was accepted.
 fn wild_decode(
-    be: &CpuBackend,
+    be: &dyn HostOps,
     a: &Wild,
     fast: &HostCache,
     slow: &HostCache,
@@ -353,7 +422,7 @@ fn wild_decode(
 /// `copy_blocks` (the fast path and the reference alike), then `gather_blocks` and
 /// `scatter_blocks` of the pairs' sources: a refusal writes nothing.
 fn wild_movers(
-    be: &CpuBackend,
+    be: &dyn HostOps,
     a: &Wild,
     fast: &mut HostCache,
     slow: &mut HostCache,
@@ -431,7 +500,8 @@ fn value(i: usize, seed: u32) -> f32 {
     (((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 1024) as f32 / 256.0 - 2.0
 }
 
-/// `paged_decode` of every kernel build against the f64 reference on random decodable
+/// `paged_decode` of every CPU kernel build and the emulated GPU kernels (within the f32
+/// products' tolerance) against the f64 reference on random decodable
 /// layouts (every order, padded pages, inline scales, MLA, and TP-sliced, block-split or
 /// layer-ranged layouts with explicit strides), every slot of layer 0 written through
 /// `write_kv`, with random lengths (sequences longer than one block, and empty ones), block
@@ -476,6 +546,12 @@ fn decode_matches_reference_on_random_layouts() {
             let n = lens.len() * q_heads as usize * vw;
             let mut want = vec![0f32; n];
             let mags = reference::paged_decode_magnitudes(&cache.as_ref(), &d, &mut want).unwrap();
+            for (name, be) in backends().iter().skip(1) {
+                let mut got = vec![f32::NAN; n];
+                be.paged_decode(&cache.as_ref(), &d, &mut got).unwrap();
+                let e = decode_error(&got, &want, &mags, Tolerance::F32_PRODUCTS);
+                prop_assert!(e.passed(), "{} on {}: {:?} (lens {:?})", name, l, e, lens);
+            }
             for be in &builds {
                 let mut got = vec![f32::NAN; n];
                 be.paged_decode(&cache.as_ref(), &d, &mut got).unwrap();
