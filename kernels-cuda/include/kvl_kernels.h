@@ -34,7 +34,7 @@ typedef struct kvl_write_params {
 } kvl_write_params;
 
 /*
- * paged_decode: grid (seqs, q_heads, partitions). Kernels:
+ * paged_decode: grid (seqs, kv_heads x ceil(group / group_tile), partitions). Kernels:
  *   kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k_scale,
  *                    kvl_field_args v_scale, kvl_decode_params p)
  *   kvl_paged_decode_reduce(kvl_field_args v, kvl_decode_params p)   (grid (seqs, q_heads))
@@ -62,6 +62,8 @@ typedef struct kvl_decode_params {
     float scale;                    /* softmax scale */
     float soft_cap;                 /* logits soft-cap c: l = c tanh(l / c) */
     int32_t soft_capped;            /* 1: apply soft_cap */
+    int32_t group_tile;             /* query heads per block, 1..KVL_MAX_GROUP_TILE */
+    int32_t reserved;               /* zero */
 } kvl_decode_params;
 
 /*

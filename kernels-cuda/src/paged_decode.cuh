@@ -2,16 +2,21 @@
  * paged_decode: one query token per sequence against the paged cache (MHA, GQA, MQA, MLA;
  * sliding window; logits soft-cap; per-tensor and inline scales).
  *
- * Grid (seqs, q_heads, partitions); one block computes one (sequence, query head) over one
- * partition of its attended tokens. Dynamic shared memory: the query row (k.width floats),
- * then one float per token of the partition (the logits, then the weights).
- *   1. the query row into shared memory;
- *   2. logits: each warp takes every warps-th token, its lanes split the key row's elements
- *      and add their products across the warp; scaled, soft-capped;
- *   3. block max, weights 2^((l - max) log2 e), block sum; each weight then carries its
- *      value row's scales;
- *   4. each thread owns output elements d, d + threads, ... and sums weight x value over the
- *      partition's tokens (consecutive threads read consecutive elements of a value row).
+ * Grid (seqs, kv_heads x group tiles, partitions); one block computes a tile of up to
+ * KVL_MAX_GROUP_TILE query heads of one KV head (`group_tile`, chosen by the launch
+ * configuration) over one partition of the sequence's attended tokens, so each key and value
+ * element is read once for all the tile's heads. Dynamic shared memory: the tile's query rows
+ * (group_tile x k.width floats), then group_tile x partition_tokens floats (the logits, then
+ * the weights).
+ *   1. the query rows into shared memory;
+ *   2. logits: each warp takes every warps-th token, its lanes split the key row's elements,
+ *      multiply each with every head's query and add the products across the warp; scaled,
+ *      soft-capped;
+ *   3. per head (a warp each): max, weights 2^((l - max) log2 e) carrying their value row's
+ *      scales, sum;
+ *   4. each thread owns output elements d, d + threads, ... of every head of the tile and
+ *      sums weight x value over the partition's tokens (consecutive threads read consecutive
+ *      elements of a value row).
  * Single pass: the output is divided by the sum. Partitioned (long contexts, as
  * flash-decoding): (max, sum, unnormalized output) go to `partials` and
  * kvl_paged_decode_reduce rescales and adds them.
@@ -23,34 +28,43 @@
 
 #define KVL_NEG_INF (-__builtin_inff())
 
+/* Most query heads one decode block serves (registers per thread grow with it). */
+#define KVL_MAX_GROUP_TILE 8
+
 KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k_scale,
                             kvl_field_args v_scale, kvl_decode_params p)
 {
-    KVL_SHARED(float, scratch, 1024 / KVL_WARP);
+    KVL_SHARED(float, head_stats, 2 * KVL_MAX_GROUP_TILE); /* per head: max, sum */
     kvl_plant_fields(&k, &v);
-    const int64_t seq = kvl_block_x(), qh = kvl_block_y(), part = kvl_block_z();
-    const int64_t kvh = qh / p.group;
+    const int64_t seq = kvl_block_x(), part = kvl_block_z();
+    const int64_t tiles = (p.group + p.group_tile - 1) / p.group_tile;
+    const int64_t kvh = kvl_block_y() / tiles;
+    const int64_t qh0 = kvh * p.group + (kvl_block_y() % tiles) * p.group_tile;
+    const int64_t left = (kvh + 1) * p.group - qh0;
+    const int g = (int)(left < p.group_tile ? left : p.group_tile); /* heads of this tile */
     const int64_t len = p.seq_lens[seq];
     const int64_t start = (p.window >= 0 && len > p.window) ? len - p.window : 0;
     const int64_t t0 = start + part * p.partition_tokens;
     const int64_t t1 = t0 + p.partition_tokens < len ? t0 + p.partition_tokens : len;
     const int64_t n = t1 > t0 ? t1 - t0 : 0;
-    const int64_t row = seq * p.q_heads + qh;
-    float *stats = p.partials ? p.partials + (row * p.partitions + part) * (2 + v.width) : 0;
-    float *acc_out = stats ? stats + 2 : p.out + row * v.width;
+    const int64_t row0 = seq * p.q_heads + qh0; /* output row of the tile's first head */
+    const int64_t stride = p.partials ? 2 + v.width : v.width;
+    float *rows = p.partials ? p.partials + (row0 * p.partitions + part) * stride
+                             : p.out + row0 * v.width;
+    const int64_t row_step = p.partials ? p.partitions * stride : v.width;
     if (n == 0) { /* the same for every thread of the block */
-        for (int64_t d = kvl_thread(); d < v.width; d += kvl_threads())
-            acc_out[d] = 0.0f;
-        if (stats && kvl_thread() == 0) {
-            stats[0] = KVL_NEG_INF;
-            stats[1] = 0.0f;
+        for (int j = 0; j < g; j++) {
+            float *r = rows + j * row_step;
+            for (int64_t d = kvl_thread(); d < stride; d += kvl_threads())
+                r[d] = p.partials && d == 0 ? KVL_NEG_INF : 0.0f;
         }
         return;
     }
+    const int64_t kw = k.width, tokens = p.partition_tokens;
     float *qs = (float *)kvl_dyn_shared();
-    float *w = qs + k.width;
-    for (int64_t d = kvl_thread(); d < k.width; d += kvl_threads())
-        qs[d] = kvl_act(p.query, p.act_dtype, row * k.width + d);
+    float *w = qs + p.group_tile * kw;
+    for (int64_t e = kvl_thread(); e < g * kw; e += kvl_threads())
+        qs[e] = kvl_act(p.query, p.act_dtype, row0 * kw + e);
     kvl_sync();
 
     const int64_t bs = KVL_BLOCK_SIZE(&k);
@@ -60,54 +74,84 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
     KVL_CHECK_ACCESS(table + (t1 - 1) / bs, sizeof(int32_t));
     for (int64_t i = kvl_warp(); i < n; i += kvl_warps()) {
         const int64_t t = t0 + i, block = table[t / bs], slot = kvl_slot_of_token(&k, t % bs);
-        float dot = 0.0f;
-        for (int64_t d = kvl_lane(); d < k.width; d += KVL_WARP)
-            dot += qs[d] * kvl_load_elem(kvl_at_c(p.buffers, &k, p.layer, block, kvh, slot, d),
-                                         k.dtype);
-        dot = kvl_warp_sum(dot);
+        float dot[KVL_MAX_GROUP_TILE];
+        for (int j = 0; j < KVL_MAX_GROUP_TILE; j++)
+            dot[j] = 0.0f;
+        for (int64_t d = kvl_lane(); d < kw; d += KVL_WARP) {
+            const float x =
+                kvl_load_elem(kvl_at_c(p.buffers, &k, p.layer, block, kvh, slot, d), k.dtype);
+            for (int j = 0; j < KVL_MAX_GROUP_TILE; j++)
+                if (j < g)
+                    dot[j] += qs[j * kw + d] * x;
+        }
+        for (int j = 0; j < g; j++)
+            dot[j] = kvl_warp_sum(dot[j]);
         if (kvl_lane() == 0) {
             float s = k.scale;
             if (p.inline_scales)
                 s *= kvl_load_elem(kvl_at_c(p.buffers, &k_scale, p.layer, block, kvh, slot, 0),
                                    KVL_DTYPE_F32);
-            float x = dot * s * p.scale;
-            if (p.soft_capped)
-                x = p.soft_cap * kvl_tanh(x / p.soft_cap);
-            w[i] = x;
+            for (int j = 0; j < g; j++) {
+                float x = dot[j] * s * p.scale;
+                if (p.soft_capped)
+                    x = p.soft_cap * kvl_tanh(x / p.soft_cap);
+                w[j * tokens + i] = x;
+            }
         }
     }
     kvl_sync();
 
-    float m = KVL_NEG_INF;
-    for (int64_t i = kvl_thread(); i < n; i += kvl_threads())
-        m = kvl_maxf(m, w[i]);
-    m = kvl_block_reduce(m, 1, scratch);
-    float sum = 0.0f;
-    for (int64_t i = kvl_thread(); i < n; i += kvl_threads()) {
-        const float e = kvl_exp(w[i] - m);
-        sum += e;
-        float s = v.scale;
-        if (p.inline_scales) {
-            const int64_t t = t0 + i, block = table[t / bs], slot = kvl_slot_of_token(&v, t % bs);
-            s *= kvl_load_elem(kvl_at_c(p.buffers, &v_scale, p.layer, block, kvh, slot, 0),
-                               KVL_DTYPE_F32);
+    for (int j = (int)kvl_warp(); j < g; j += (int)kvl_warps()) {
+        float *wj = w + j * tokens;
+        float m = KVL_NEG_INF;
+        for (int64_t i = kvl_lane(); i < n; i += KVL_WARP)
+            m = kvl_maxf(m, wj[i]);
+        m = kvl_warp_max(m);
+        float sum = 0.0f;
+        for (int64_t i = kvl_lane(); i < n; i += KVL_WARP) {
+            const float e = kvl_exp(wj[i] - m);
+            sum += e;
+            float s = v.scale;
+            if (p.inline_scales) {
+                const int64_t t = t0 + i, block = table[t / bs];
+                const int64_t slot = kvl_slot_of_token(&v, t % bs);
+                s *= kvl_load_elem(kvl_at_c(p.buffers, &v_scale, p.layer, block, kvh, slot, 0),
+                                   KVL_DTYPE_F32);
+            }
+            wj[i] = e * s;
         }
-        w[i] = e * s;
+        sum = kvl_warp_sum(sum);
+        if (kvl_lane() == 0) {
+            head_stats[2 * j] = m;
+            head_stats[2 * j + 1] = sum;
+        }
     }
-    sum = kvl_block_reduce(sum, 0, scratch); /* its barriers also publish the weights */
+    kvl_sync();
 
     for (int64_t d = kvl_thread(); d < v.width; d += kvl_threads()) {
-        float acc = 0.0f;
+        float acc[KVL_MAX_GROUP_TILE];
+        for (int j = 0; j < KVL_MAX_GROUP_TILE; j++)
+            acc[j] = 0.0f;
         for (int64_t i = 0; i < n; i++) {
             const int64_t t = t0 + i, block = table[t / bs], slot = kvl_slot_of_token(&v, t % bs);
-            acc += w[i] * kvl_load_elem(kvl_at_c(p.buffers, &v, p.layer, block, kvh, slot, d),
-                                        v.dtype);
+            const float x =
+                kvl_load_elem(kvl_at_c(p.buffers, &v, p.layer, block, kvh, slot, d), v.dtype);
+            for (int j = 0; j < KVL_MAX_GROUP_TILE; j++)
+                if (j < g)
+                    acc[j] += w[j * tokens + i] * x;
         }
-        acc_out[d] = stats ? acc : acc / sum;
+        for (int j = 0; j < g; j++) {
+            float *r = rows + j * row_step;
+            if (p.partials)
+                r[2 + d] = acc[j];
+            else
+                r[d] = acc[j] / head_stats[2 * j + 1];
+        }
     }
-    if (stats && kvl_thread() == 0) {
-        stats[0] = m;
-        stats[1] = sum;
+    if (p.partials && kvl_thread() < (unsigned)g) {
+        float *r = rows + kvl_thread() * row_step;
+        r[0] = head_stats[2 * kvl_thread()];
+        r[1] = head_stats[2 * kvl_thread() + 1];
     }
 }
 

@@ -53,7 +53,9 @@ extern "C" long long kvl_emu_param_layout(int which, int member)
                     offsetof(kvl_decode_params, act_dtype),
                     offsetof(kvl_decode_params, inline_scales),
                     offsetof(kvl_decode_params, scale), offsetof(kvl_decode_params, soft_cap),
-                    offsetof(kvl_decode_params, soft_capped))
+                    offsetof(kvl_decode_params, soft_capped),
+                    offsetof(kvl_decode_params, group_tile),
+                    offsetof(kvl_decode_params, reserved))
     default:
         KVL_OFFSETS(kvl_move_params, offsetof(kvl_move_params, src_buffers),
                     offsetof(kvl_move_params, dst_buffers), offsetof(kvl_move_params, pairs),

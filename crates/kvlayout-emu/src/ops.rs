@@ -296,6 +296,8 @@ impl HostOps for EmuOps {
             scale: d.params.scale,
             soft_cap: d.params.soft_cap.unwrap_or(0.0),
             soft_capped: i32::from(d.params.soft_cap.is_some()),
+            group_tile: launch.group_tile as i32,
+            reserved: 0,
         };
         self.run(&launch.main, &regions, Call::Decode(&fields, &p))?;
         if let Some(reduce) = launch.reduce {

@@ -3,9 +3,10 @@
 //!   parameter struct (`kvl_*_params`), by value: no bare integer stride or size;
 //! - the parameter structs (`kvl_kernels.h`) hold no stride or extent of the cache;
 //! - no warp width is written as a number (only `KVL_WARP`);
-//! - the HIP translation unit holds no kernel of its own: it includes the shared bodies.
+//! - the HIP translation unit holds no kernel of its own: it includes the shared bodies;
+//! - the decode kernel's register tile of query heads is the launch configuration's limit.
 //!
-//! Each rule's checker is also run on a planted violation, so a rule that cannot fail fails.
+//! Each pattern checker is also run on a planted violation, so a rule that cannot fail fails.
 
 use std::path::{Path, PathBuf};
 
@@ -151,4 +152,14 @@ fn hip_shares_the_cuda_bodies() {
     };
     assert_eq!(includes(&hip), includes(&cuda));
     assert!(includes(&hip).len() >= 4);
+}
+
+#[test]
+fn the_decode_group_tile_limit_is_the_launch_configurations() {
+    let decode = read("kernels-cuda/src/paged_decode.cuh");
+    let value = decode
+        .lines()
+        .find_map(|l| l.strip_prefix("#define KVL_MAX_GROUP_TILE "))
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    assert_eq!(value, Some(kvlayout::kernels::MAX_GROUP_TILE));
 }

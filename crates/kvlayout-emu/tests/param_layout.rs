@@ -37,6 +37,8 @@ fn parameter_structs_match_the_header() {
         offset_of!(DecodeKernelParams, scale),
         offset_of!(DecodeKernelParams, soft_cap),
         offset_of!(DecodeKernelParams, soft_capped),
+        offset_of!(DecodeKernelParams, group_tile),
+        offset_of!(DecodeKernelParams, reserved),
     ];
     let moves = vec![
         offset_of!(MoveParams, src_buffers),

@@ -72,9 +72,12 @@ pub struct LaunchConfig {
 pub const PARTITION_TOKENS: u64 = 512;
 /// Threads of a decode block.
 pub const DECODE_THREADS: u32 = 128;
+/// Most query heads a decode block serves (`KVL_MAX_GROUP_TILE` of the kernel).
+pub const MAX_GROUP_TILE: u64 = 8;
 /// Most threads of a write or move block.
 pub const MAX_ROW_THREADS: u32 = 256;
-/// Static shared memory of a kernel: one float per warp of the largest block (1024 threads).
+/// Static shared memory of a kernel, at most: one float per warp of the largest block (1024
+/// threads of warps of 32), or the decode's max and sum per head of a tile.
 const STATIC_SHARED_BYTES: u32 = 1024 / 32 * 4;
 
 const MAX_GRID_X: u64 = (1 << 31) - 1;
@@ -122,14 +125,17 @@ pub fn write_kv_launch(
 /// The launches of one `paged_decode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeLaunch {
-    /// `kvl_paged_decode`: grid (seqs, q_heads, partitions).
+    /// `kvl_paged_decode`: grid (seqs, kv_heads x group tiles, partitions).
     pub main: LaunchConfig,
     /// `kvl_paged_decode_reduce` (grid (seqs, q_heads)), when there is more than one partition.
     pub reduce: Option<LaunchConfig>,
     /// Partitions per sequence.
     pub partitions: u32,
-    /// Tokens per partition.
+    /// Tokens per partition (at most [`PARTITION_TOKENS`]; the longest attended length when
+    /// there is one partition).
     pub partition_tokens: u64,
+    /// Query heads of one KV head a block serves (each key and value read once for them).
+    pub group_tile: u32,
 }
 
 impl DecodeLaunch {
@@ -143,8 +149,10 @@ impl DecodeLaunch {
 }
 
 /// `paged_decode` of sequences attending to at most `max_attended` tokens (the window
-/// applied): a single pass up to [`PARTITION_TOKENS`], partitions and a reduction beyond.
-/// `None` when there is no sequence.
+/// applied): a single pass up to [`PARTITION_TOKENS`], partitions and a reduction beyond;
+/// each block serves up to [`MAX_GROUP_TILE`] query heads of one KV head, fewer where their
+/// query rows and logits would not fit the target's shared memory. `None` when there is no
+/// sequence.
 pub fn paged_decode_launch(
     target: &GpuTarget,
     shape: &DecodeShape,
@@ -155,26 +163,37 @@ pub fn paged_decode_launch(
     }
     let partitions = max_attended.div_ceil(PARTITION_TOKENS).max(1);
     let tokens = max_attended.clamp(1, PARTITION_TOKENS);
-    let shared = (4 * (shape.qk_width as u64 + tokens)).next_multiple_of(16);
-    if shared + u64::from(STATIC_SHARED_BYTES) > u64::from(target.shared_bytes) {
+    let shared = |tile: u64| (4 * tile * (shape.qk_width as u64 + tokens)).next_multiple_of(16);
+    let fits =
+        |tile: u64| shared(tile) + u64::from(STATIC_SHARED_BYTES) <= u64::from(target.shared_bytes);
+    let group = shape.group.max(1) as u64;
+    let Some(tile) = (1..=group.min(MAX_GROUP_TILE)).rev().find(|&t| fits(t)) else {
         return Err(OpError::Unsupported {
             op: "paged_decode",
             reason: format!(
-                "{shared} bytes of shared memory per block (query row of {} and {tokens} \
-                 logits) exceed the {} target's {}",
-                shape.qk_width, target.name, target.shared_bytes
+                "{} bytes of shared memory per block (query row of {} and {tokens} logits) \
+                 exceed the {} target's {}",
+                shared(1),
+                shape.qk_width,
+                target.name,
+                target.shared_bytes
             ),
         });
-    }
+    };
+    let kv_heads = (shape.q_heads / shape.group.max(1)) as u64;
     let seqs = grid_dim("sequences", shape.seqs as u64, MAX_GRID_X)?;
+    let blocks_y = grid_dim(
+        "KV heads x group tiles",
+        kv_heads * group.div_ceil(tile),
+        MAX_GRID_YZ,
+    )?;
     let heads = grid_dim("query heads", shape.q_heads as u64, MAX_GRID_YZ)?;
     let parts = grid_dim("partitions", partitions, MAX_GRID_YZ)?;
-    let threads = DECODE_THREADS.max(target.warp);
     Ok(Some(DecodeLaunch {
         main: LaunchConfig {
-            grid: Dim3::new(seqs, heads, parts),
-            block: Dim3::new(threads, 1, 1),
-            dyn_shared_bytes: shared as u32,
+            grid: Dim3::new(seqs, blocks_y, parts),
+            block: Dim3::new(DECODE_THREADS.max(target.warp), 1, 1),
+            dyn_shared_bytes: shared(tile) as u32,
         },
         reduce: (parts > 1).then_some(LaunchConfig {
             grid: Dim3::new(seqs, heads, 1),
@@ -182,7 +201,8 @@ pub fn paged_decode_launch(
             dyn_shared_bytes: 0,
         }),
         partitions: parts,
-        partition_tokens: PARTITION_TOKENS,
+        partition_tokens: tokens,
+        group_tile: tile as u32,
     }))
 }
 
@@ -254,18 +274,56 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!((one.partitions, one.reduce), (1, None));
-        assert_eq!(one.main.grid, Dim3::new(3, 8, 1));
-        assert_eq!(one.main.dyn_shared_bytes, 4 * (128 + 300));
+        // 4 KV heads, each block serving both query heads of one.
+        assert_eq!((one.main.grid, one.group_tile), (Dim3::new(3, 4, 1), 2));
+        assert_eq!(one.main.dyn_shared_bytes, 2 * 4 * (128 + 300));
+        assert_eq!(one.partition_tokens, 300);
         let long = paged_decode_launch(&GpuTarget::CDNA, &shape, 1025)
             .unwrap()
             .unwrap();
-        assert_eq!(long.partitions, 3);
+        assert_eq!(
+            (long.partitions, long.partition_tokens),
+            (3, PARTITION_TOKENS)
+        );
         assert_eq!(long.main.block.x % 64, 0);
         assert_eq!(long.partials_len(&shape), 3 * 8 * 3 * 130);
         assert!(
             paged_decode_launch(&GpuTarget::CUDA, &DecodeShape { seqs: 0, ..shape }, 5)
                 .unwrap()
                 .is_none()
+        );
+    }
+
+    #[test]
+    fn group_tiles_shrink_to_fit_shared_memory() {
+        // MLA: 128 query heads of one latent head, 576-wide rows.
+        let mla = DecodeShape {
+            seqs: 2,
+            q_heads: 128,
+            group: 128,
+            qk_width: 576,
+            v_width: 512,
+        };
+        let l = paged_decode_launch(&GpuTarget::CUDA, &mla, 4096)
+            .unwrap()
+            .unwrap();
+        // 8 heads x (576 + 512) floats = 34 KiB fit 48 KiB.
+        assert_eq!((l.group_tile, l.main.grid.y), (8, 16));
+        let small = GpuTarget {
+            shared_bytes: 16 << 10,
+            ..GpuTarget::CUDA
+        };
+        let l = paged_decode_launch(&small, &mla, 4096).unwrap().unwrap();
+        assert_eq!((l.group_tile, l.main.grid.y), (3, 43));
+        assert!(u64::from(l.main.dyn_shared_bytes) + 128 <= 16 << 10);
+        let tiny = GpuTarget {
+            shared_bytes: 4 << 10,
+            ..GpuTarget::CUDA
+        };
+        let err = paged_decode_launch(&tiny, &mla, 4096).unwrap_err();
+        assert!(
+            err.to_string().contains("exceed the cuda target's 4096"),
+            "{err}"
         );
     }
 

@@ -64,6 +64,10 @@ pub struct DecodeKernelParams {
     pub soft_cap: f32,
     /// 1: apply `soft_cap`.
     pub soft_capped: i32,
+    /// Query heads per block, 1 to [`super::MAX_GROUP_TILE`].
+    pub group_tile: i32,
+    /// Zero.
+    pub reserved: i32,
 }
 
 /// `kvl_move_params`: `kvl_move_blocks(src, dst, params)`, one launch per stored field.
@@ -98,7 +102,7 @@ mod tests {
     #[test]
     fn sizes_match_the_header_comments() {
         assert_eq!(size_of::<WriteParams>(), 56);
-        assert_eq!(size_of::<DecodeKernelParams>(), 128);
+        assert_eq!(size_of::<DecodeKernelParams>(), 136);
         assert_eq!(size_of::<MoveParams>(), 80);
     }
 }
