@@ -23,6 +23,15 @@ fn build(files: &[PathBuf], defines: &[(&str, String)], name: &str) {
         .include("../../kernels-hip/src")
         // Host numerics as the kernels write them: no FMA contraction.
         .flag_if_supported("-ffp-contract=off");
+    // Under `-Zsanitizer=address` the kernels and the emulator are instrumented too, with
+    // clang (whose instrumentation rustc's ASan runtime serves), and the emulator tells ASan
+    // about its fiber switches.
+    let sanitize = std::env::var("CARGO_CFG_SANITIZE").unwrap_or_default();
+    if sanitize.split(',').any(|s| s == "address") {
+        b.compiler("clang++-19")
+            .flag("-fsanitize=address")
+            .flag("-fno-omit-frame-pointer");
+    }
     for (k, v) in defines {
         b.define(k, v.as_str());
     }

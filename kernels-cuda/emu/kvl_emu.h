@@ -30,6 +30,12 @@
  * Context switch: hand-written on x86-64 (callee-saved registers, stack pointer, MXCSR and
  * the x87 control word), ucontext elsewhere or with -DKVL_EMU_UCONTEXT. AddressSanitizer is
  * told about every stack switch.
+ *
+ * Threads mode (-DKVL_EMU_THREADS, kvl_emu_threads.h): the threads of a block run as real OS
+ * threads (a pool per launch) that meet at mutexes and condition variables, so that
+ * ThreadSanitizer sees a kvl_sync as the happens-before edge a GPU barrier is, and reports
+ * shared-memory accesses that no barrier separates. Same primitives and errors; slower, the
+ * seed is not used (the OS orders the threads), and the atomics are real atomics.
  */
 #ifndef KVL_EMU_H
 #define KVL_EMU_H
@@ -52,6 +58,7 @@
 #include <utility>
 #include <vector>
 
+#if !defined(KVL_EMU_THREADS)
 #if defined(__x86_64__) && !defined(KVL_EMU_UCONTEXT)
 #define KVL_EMU_X86_SWITCH 1
 #else
@@ -78,6 +85,7 @@
 #define KVL_EMU_STACK_BYTES (64u * 1024u)
 #endif
 #endif
+#endif /* !KVL_EMU_THREADS */
 
 #if KVL_WARP == 64
 typedef uint64_t kvl_lane_mask_t;
@@ -87,9 +95,15 @@ typedef uint32_t kvl_lane_mask_t;
 
 #define KVL_EMU_CAT2_(a, b) a##b
 #define KVL_EMU_CAT_(a, b) KVL_EMU_CAT2_(a, b)
+/* The implementation's namespace: one per warp width and mode, so that any of them link together. */
+#if defined(KVL_EMU_THREADS)
+#define KVL_EMU_IMPL KVL_EMU_CAT_(threads_warp, KVL_WARP)
+#else
+#define KVL_EMU_IMPL KVL_EMU_CAT_(warp, KVL_WARP)
+#endif
 
 namespace kvl_emu {
-inline namespace KVL_EMU_CAT_(warp, KVL_WARP) {
+inline namespace KVL_EMU_IMPL {
 
 struct Dim3 { uint32_t x = 1, y = 1, z = 1; };
 
@@ -104,6 +118,177 @@ namespace detail {
 
 constexpr uint32_t kWarp = KVL_WARP;
 static_assert(sizeof(kvl_lane_mask_t) * 8 == kWarp, "one mask bit per lane");
+
+/* ------------------------------------------------------------------ state both modes keep */
+enum class State : uint8_t { Ready, AtSync, AtWarp, Done };
+enum class Op : uint8_t { Shfl, Ballot };
+
+/* One thread of the block: what the primitives and the error messages need. */
+struct GpuThread {
+    uint32_t tid = 0;
+    State state = State::Done;
+    size_t shared_used = 0;   // bump cursor into the block's static shared arena
+    const char *file = "";    // call site it waits at
+    int line = 0;
+    float fval = 0, fres = 0; // kvl_shfl_xor: value deposited, value received
+    int xmask = 0;
+    int pred = 0;             // kvl_ballot: predicate deposited, mask received
+    kvl_lane_mask_t bres = 0;
+};
+
+struct Warp {
+    uint32_t arrived = 0;  // lanes waiting at a warp op
+    uint32_t returned = 0; // lanes that have returned
+    uint32_t first = 0;    // thread that arrived first (its site is the op's)
+    Op op = Op::Shfl;
+};
+
+/* One launch: its configuration, the running block and its barrier, and the first error. */
+struct LaunchState {
+    Launch cfg;
+    void (*body)(void *) = nullptr;
+    void *body_obj = nullptr;
+    Dim3 block;                      // index of the running block
+    std::vector<Warp> warps;
+    uint32_t live = 0;               // threads of the block that have not returned
+    uint32_t at_sync = 0;            // threads waiting at kvl_sync
+    uint32_t sync_first = 0;         // the first of them
+    unsigned char *smem = nullptr, *dyn = nullptr; // static and dynamic shared memory
+    size_t smem_cap = 0;             // bytes of static shared memory a block may use
+    size_t smem_filled = 0;          // bytes of it handed out (and filled) in this block
+    bool failed = false;
+    char msg[512] = {};
+};
+
+/* ------------------------------------------------------------------ checks and messages */
+/* Records the first error of the launch; returns false. */
+__attribute__((format(printf, 2, 3))) inline bool set_error(LaunchState &e, const char *fmt, ...)
+{
+    if (!e.failed) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(e.msg, sizeof e.msg, fmt, ap);
+        va_end(ap);
+        e.failed = true;
+    }
+    return false;
+}
+
+inline bool same_site(const GpuThread &a, const GpuThread &b)
+{
+    return a.line == b.line && (a.file == b.file || strcmp(a.file, b.file) == 0);
+}
+
+inline const char *op_name(Op op) { return op == Op::Shfl ? "kvl_shfl_xor" : "kvl_ballot"; }
+
+/* `f` reaches kvl_sync at its site while `first` waits at another. */
+inline bool divergent_barrier_error(LaunchState &e, const GpuThread &first, const GpuThread &f)
+{
+    return set_error(e, "divergent barrier: thread %u at %s:%d, thread %u at %s:%d", first.tid,
+                     first.file, first.line, f.tid, f.file, f.line);
+}
+
+/* `f` reaches warp op `op` at its site while `first` of its warp waits at `first_op`. */
+inline bool divergent_warp_error(LaunchState &e, const GpuThread &first, Op first_op,
+                                 const GpuThread &f, Op op)
+{
+    return set_error(e, "divergent warp op: thread %u at %s %s:%d, thread %u at %s %s:%d",
+                     first.tid, op_name(first_op), first.file, first.line, f.tid, op_name(op),
+                     f.file, f.line);
+}
+
+/* `waiter` waits at a warp op that lane `missing` of its warp will never reach. */
+inline bool missing_lane_error(LaunchState &e, Op op, const GpuThread &waiter,
+                               const GpuThread &missing)
+{
+    char where[300] = "has returned";
+    if (missing.state != State::Done)
+        snprintf(where, sizeof where, "waits at kvl_sync at %s:%d", missing.file, missing.line);
+    return set_error(e, "%s at %s:%d (thread %u): lane %u (thread %u) of warp %u %s",
+                     op_name(op), waiter.file, waiter.line, waiter.tid, missing.tid % kWarp,
+                     missing.tid, missing.tid / kWarp, where);
+}
+
+inline bool lane_mask_error(LaunchState &e, const char *file, int line, uint32_t tid, int mask)
+{
+    return set_error(e, "kvl_shfl_xor at %s:%d (thread %u): lane mask %d is outside 0..%u", file,
+                     line, tid, mask, kWarp - 1);
+}
+
+inline bool trap_error(LaunchState &e, const char *file, int line, uint32_t tid)
+{
+    return set_error(e, "kernel trapped at %s:%d (thread %u)", file, line, tid);
+}
+
+/* KVL_SHARED: every thread of a block declares the same arrays in the same order, so
+ * per-thread bump cursors hand out the same addresses. The offset of the next array of
+ * `f`; it fits when offset + bytes <= e.smem_cap. */
+inline size_t shared_offset(const LaunchState &e, const GpuThread &f, size_t align)
+{
+    uintptr_t base = reinterpret_cast<uintptr_t>(e.smem);
+    return ((base + f.shared_used + align - 1) & ~uintptr_t(align - 1)) - base;
+}
+
+inline bool shared_limit_error(LaunchState &e, const char *file, int line, size_t end)
+{
+    return set_error(e, "KVL_SHARED at %s:%d: static shared memory %zu + dynamic %u bytes exceeds "
+                     "the limit of %u bytes", file, line, end, e.cfg.dyn_shared_bytes,
+                     e.cfg.shared_limit_bytes);
+}
+
+/* Every lane of a complete warp op gets its result. */
+template <class T> void warp_results(Op op, T *lanes)
+{
+    kvl_lane_mask_t bits = 0;
+    for (uint32_t i = 0; i < kWarp; i++)
+        if (lanes[i].pred)
+            bits |= kvl_lane_mask_t(1) << i;
+    for (uint32_t i = 0; i < kWarp; i++) {
+        if (op == Op::Shfl)
+            lanes[i].fres = lanes[i ^ uint32_t(lanes[i].xmask)].fval;
+        else
+            lanes[i].bres = bits;
+    }
+}
+
+/* `nested`: launch() was called from a kernel. */
+inline bool validate(LaunchState &e, bool nested)
+{
+    const Launch &l = e.cfg;
+    if (nested)
+        return set_error(e, "invalid launch: launch() called from inside a kernel");
+    const struct {
+        const char *what;
+        uint32_t v, lo, hi;
+    } ranges[] = {{"grid.x", l.grid.x, 1, 0x7fffffff}, {"grid.y", l.grid.y, 1, 65535},
+                  {"grid.z", l.grid.z, 1, 65535},      {"block.x", l.block.x, 1, 1024},
+                  {"block.y", l.block.y, 1, 1},        {"block.z", l.block.z, 1, 1}};
+    for (const auto &r : ranges)
+        if (r.v < r.lo || r.v > r.hi)
+            return set_error(e, "invalid launch: %s = %u is outside %u..%u", r.what, r.v, r.lo,
+                             r.hi);
+    if (l.block.x % kWarp)
+        return set_error(e, "invalid launch: block.x = %u is not a multiple of the warp width %u",
+                         l.block.x, kWarp);
+    if (l.dyn_shared_bytes > l.shared_limit_bytes)
+        return set_error(e, "invalid launch: dyn_shared_bytes = %u exceeds shared_limit_bytes = %u",
+                         l.dyn_shared_bytes, l.shared_limit_bytes);
+    return true;
+}
+
+inline size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+} // namespace detail
+} // inline namespace warp32 / warp64 / threads_warp32 / threads_warp64
+} // namespace kvl_emu
+
+#if defined(KVL_EMU_THREADS)
+#include "kvl_emu_threads.h"
+#else
+/* ================================================================== fiber mode (the default) */
+namespace kvl_emu {
+inline namespace KVL_EMU_IMPL {
+namespace detail {
 
 /* ------------------------------------------------------------------ context switch */
 #if defined(KVL_EMU_X86_SWITCH)
@@ -185,55 +370,24 @@ inline void asan_unpoison(void *, size_t) {}
 #endif
 
 /* ------------------------------------------------------------------ launch state */
-enum class State : uint8_t { Ready, AtSync, AtWarp, Done };
-enum class Op : uint8_t { Shfl, Ballot };
-
 struct Engine;
 
-struct Fiber {
+struct Fiber : GpuThread {
     Context ctx;
     Engine *eng = nullptr;
     unsigned char *stack = nullptr; // lowest address of its stack
     void *asan_fake = nullptr;
-    uint32_t tid = 0;
-    State state = State::Done;
-    size_t shared_used = 0;   // bump cursor into the block's static shared arena
-    const char *file = "";    // call site it waits at
-    int line = 0;
-    float fval = 0, fres = 0; // kvl_shfl_xor: value deposited, value received
-    int xmask = 0;
-    int pred = 0;             // kvl_ballot: predicate deposited, mask received
-    kvl_lane_mask_t bres = 0;
 };
 
-struct Warp {
-    uint32_t arrived = 0;  // lanes waiting at a warp op
-    uint32_t returned = 0; // lanes that have returned
-    uint32_t first = 0;    // thread that arrived first (its site is the op's)
-    Op op = Op::Shfl;
-};
-
-struct Engine {
-    Launch cfg;
-    void (*body)(void *) = nullptr;
-    void *body_obj = nullptr;
-    Dim3 block;                      // index of the running block
+struct Engine : LaunchState {
     std::vector<Fiber> fibers;       // one per thread of a block
-    std::vector<Warp> warps;
     std::vector<uint32_t> run, next; // fibers to resume this round, and in the next one
-    uint32_t live = 0;               // fibers of the block that have not returned
-    uint32_t at_sync = 0;            // fibers waiting at kvl_sync
-    uint32_t sync_first = 0;         // the first of them
     unsigned char *map = nullptr;    // [static shared | dynamic shared | (guard, stack) per fiber]
     size_t map_len = 0, stack_bytes = 0;
-    size_t smem_len = 0, dyn_len = 0; // page-rounded static and dynamic shared memory
-    unsigned char *smem = nullptr, *dyn = nullptr;
-    size_t smem_cap = 0;             // bytes of static shared memory a block may use
-    size_t smem_filled = 0;          // bytes of it handed out (and filled) in this block
+    size_t smem_len = 0, dyn_len = 0; // page-rounded static and dynamic shared memory mapped
+    uint32_t threads_mapped = 0;      // guarded stacks mapped (at least block.x)
     Context sched;
     uint64_t rng = 0;
-    bool failed = false;
-    char msg[512] = {};
     void *sched_fake = nullptr; // ASan: the scheduler's stack
     const void *sched_lo = nullptr;
     size_t sched_size = 0;
@@ -245,8 +399,10 @@ struct Engine {
 };
 
 /* The last launch's mapping of shared memory and guarded stacks, kept per OS thread for the
- * next launch of the same shape: tests run thousands of small launches, and mapping, guarding
- * and faulting in a stack per thread each time costs more than running them. */
+ * next launch it is large enough for: tests run thousands of small launches of varied shapes,
+ * and mapping, guarding and faulting in a stack per thread each time costs more than running
+ * them. A new mapping is sized for the larger of the launch and the one it replaces, so the
+ * cache settles on the largest shape a thread uses. */
 struct MapCache {
     unsigned char *map = nullptr;
     size_t map_len = 0, smem_len = 0, dyn_len = 0;
@@ -274,26 +430,14 @@ inline Engine::~Engine()
     c.map_len = map_len;
     c.smem_len = smem_len;
     c.dyn_len = dyn_len;
-    c.threads = cfg.block.x;
+    c.threads = threads_mapped;
 }
 
 /* The fiber running on this OS thread (null outside a launch: the kvl_* primitives may only
  * be called from a body running under launch()). */
 inline thread_local Fiber *tls_fiber = nullptr;
 inline Fiber &self() { return *tls_fiber; }
-
-/* Records the first error of the launch; returns false. */
-__attribute__((format(printf, 2, 3))) inline bool set_error(Engine &e, const char *fmt, ...)
-{
-    if (!e.failed) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(e.msg, sizeof e.msg, fmt, ap);
-        va_end(ap);
-        e.failed = true;
-    }
-    return false;
-}
+inline bool in_kernel() { return tls_fiber != nullptr; }
 
 /* ------------------------------------------------------------------ switching */
 inline void resume(Engine &e, Fiber &f)
@@ -322,13 +466,6 @@ inline void suspend(Fiber &f, bool forever)
     __builtin_unreachable();
 }
 
-inline bool same_site(const Fiber &a, const Fiber &b)
-{
-    return a.line == b.line && (a.file == b.file || strcmp(a.file, b.file) == 0);
-}
-
-inline const char *op_name(Op op) { return op == Op::Shfl ? "kvl_shfl_xor" : "kvl_ballot"; }
-
 /* ------------------------------------------------------------------ barrier */
 inline void release_sync(Engine &e)
 {
@@ -351,8 +488,7 @@ inline void sync_at(const char *file, int line)
     } else {
         const Fiber &g = e.fibers[e.sync_first];
         if (!same_site(f, g)) {
-            set_error(e, "divergent barrier: thread %u at %s:%d, thread %u at %s:%d", g.tid,
-                      g.file, g.line, f.tid, file, line);
+            divergent_barrier_error(e, g, f);
             die(f);
         }
     }
@@ -363,28 +499,10 @@ inline void sync_at(const char *file, int line)
 }
 
 /* ------------------------------------------------------------------ warp ops */
-/* `waiter` waits at a warp op that lane `missing` of its warp will never reach. */
-inline bool missing_lane_error(Engine &e, Op op, const Fiber &waiter, const Fiber &missing)
-{
-    char where[300] = "has returned";
-    if (missing.state != State::Done)
-        snprintf(where, sizeof where, "waits at kvl_sync at %s:%d", missing.file, missing.line);
-    return set_error(e, "%s at %s:%d (thread %u): lane %u (thread %u) of warp %u %s",
-                     op_name(op), waiter.file, waiter.line, waiter.tid, missing.tid % kWarp,
-                     missing.tid, missing.tid / kWarp, where);
-}
-
 inline void release_warp(Engine &e, const Warp &w, Fiber *lanes)
 {
-    kvl_lane_mask_t bits = 0;
-    for (uint32_t i = 0; i < kWarp; i++)
-        if (lanes[i].pred)
-            bits |= kvl_lane_mask_t(1) << i;
+    warp_results(w.op, lanes);
     for (uint32_t i = 0; i < kWarp; i++) {
-        if (w.op == Op::Shfl)
-            lanes[i].fres = lanes[i ^ uint32_t(lanes[i].xmask)].fval;
-        else
-            lanes[i].bres = bits;
         lanes[i].state = State::Ready;
         e.next.push_back(lanes[i].tid);
     }
@@ -412,8 +530,7 @@ inline void warp_op(Op op, const char *file, int line)
     } else {
         const Fiber &g = e.fibers[w.first];
         if (w.op != op || !same_site(f, g)) {
-            set_error(e, "divergent warp op: thread %u at %s %s:%d, thread %u at %s %s:%d",
-                      g.tid, op_name(w.op), g.file, g.line, f.tid, op_name(op), file, line);
+            divergent_warp_error(e, g, w.op, f, op);
             die(f);
         }
     }
@@ -429,8 +546,7 @@ inline float shfl_xor(float v, int lane_mask, const char *file, int line)
 {
     Fiber &f = self();
     if (lane_mask < 0 || lane_mask >= int(kWarp)) {
-        set_error(*f.eng, "kvl_shfl_xor at %s:%d (thread %u): lane mask %d is outside 0..%u",
-                  file, line, f.tid, lane_mask, kWarp - 1);
+        lane_mask_error(*f.eng, file, line, f.tid, lane_mask);
         die(f);
     }
     f.fval = v;
@@ -451,22 +567,17 @@ inline kvl_lane_mask_t ballot(int pred, const char *file, int line)
 [[noreturn]] inline void trap_at(const char *file, int line)
 {
     Fiber &f = self();
-    set_error(*f.eng, "kernel trapped at %s:%d (thread %u)", file, line, f.tid);
+    trap_error(*f.eng, file, line, f.tid);
     die(f);
 }
 
-/* KVL_SHARED: every thread of a block declares the same arrays in the same order, so
- * per-thread bump cursors hand out the same addresses. */
 inline void *shared_alloc(size_t bytes, size_t align, const char *file, int line)
 {
     Fiber &f = self();
     Engine &e = *f.eng;
-    uintptr_t base = reinterpret_cast<uintptr_t>(e.smem);
-    size_t at = ((base + f.shared_used + align - 1) & ~uintptr_t(align - 1)) - base;
+    size_t at = shared_offset(e, f, align);
     if (at + bytes > e.smem_cap) {
-        set_error(e, "KVL_SHARED at %s:%d: static shared memory %zu + dynamic %u bytes exceeds "
-                  "the limit of %u bytes", file, line, at + bytes, e.cfg.dyn_shared_bytes,
-                  e.cfg.shared_limit_bytes);
+        shared_limit_error(e, file, line, at + bytes);
         die(f);
     }
     f.shared_used = at + bytes;
@@ -555,47 +666,28 @@ inline bool run_block(Engine &e)
     return set_error(e, "deadlock: %u threads wait forever", e.live); // not reached
 }
 
-inline bool validate(Engine &e)
-{
-    const Launch &l = e.cfg;
-    if (tls_fiber)
-        return set_error(e, "invalid launch: launch() called from inside a kernel");
-    const struct {
-        const char *what;
-        uint32_t v, lo, hi;
-    } ranges[] = {{"grid.x", l.grid.x, 1, 0x7fffffff}, {"grid.y", l.grid.y, 1, 65535},
-                  {"grid.z", l.grid.z, 1, 65535},      {"block.x", l.block.x, 1, 1024},
-                  {"block.y", l.block.y, 1, 1},        {"block.z", l.block.z, 1, 1}};
-    for (const auto &r : ranges)
-        if (r.v < r.lo || r.v > r.hi)
-            return set_error(e, "invalid launch: %s = %u is outside %u..%u", r.what, r.v, r.lo,
-                             r.hi);
-    if (l.block.x % kWarp)
-        return set_error(e, "invalid launch: block.x = %u is not a multiple of the warp width %u",
-                         l.block.x, kWarp);
-    if (l.dyn_shared_bytes > l.shared_limit_bytes)
-        return set_error(e, "invalid launch: dyn_shared_bytes = %u exceeds shared_limit_bytes = %u",
-                         l.dyn_shared_bytes, l.shared_limit_bytes);
-    return true;
-}
-
-inline size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
-
 /* Maps shared memory and one guarded stack per thread; sets up fibers and warps. */
 inline bool setup(Engine &e)
 {
     const uint32_t n = e.cfg.block.x;
     const size_t page = size_t(sysconf(_SC_PAGESIZE));
     e.smem_cap = e.cfg.shared_limit_bytes - e.cfg.dyn_shared_bytes;
-    const size_t smem_len = round_up(e.smem_cap, page);
-    const size_t dyn_len = round_up(e.cfg.dyn_shared_bytes, page);
+    size_t smem_len = round_up(e.smem_cap, page);
+    size_t dyn_len = round_up(e.cfg.dyn_shared_bytes, page);
+    uint32_t threads = n;
+    e.stack_bytes = round_up(KVL_EMU_STACK_BYTES, page);
+    MapCache &cache = tls_map_cache;
+    const bool reuse = cache.map && cache.smem_len >= smem_len && cache.dyn_len >= dyn_len &&
+                       cache.threads >= n;
+    if (cache.map) { /* reused as it is, or replaced by one that fits both */
+        smem_len = std::max(smem_len, cache.smem_len);
+        dyn_len = std::max(dyn_len, cache.dyn_len);
+        threads = std::max(threads, cache.threads);
+    }
     e.smem_len = smem_len;
     e.dyn_len = dyn_len;
-    e.stack_bytes = round_up(KVL_EMU_STACK_BYTES, page);
-    e.map_len = smem_len + dyn_len + n * (page + e.stack_bytes);
-    MapCache &cache = tls_map_cache;
-    const bool reuse = cache.map && cache.smem_len == smem_len && cache.dyn_len == dyn_len &&
-                       cache.threads == n;
+    e.threads_mapped = threads;
+    e.map_len = smem_len + dyn_len + threads * (page + e.stack_bytes);
     if (reuse) {
         e.map = cache.map; /* its guard pages are in place */
         cache.map = nullptr;
@@ -621,17 +713,29 @@ inline bool setup(Engine &e)
         return set_error(e, "launch: out of memory for %u fibers", n);
     }
 #endif
-    for (uint32_t t = 0; t < n; t++) {
+    for (uint32_t t = 0; t < threads; t++) {
         unsigned char *guard = e.dyn + dyn_len + t * (page + e.stack_bytes);
         if (!reuse && mprotect(guard, page, PROT_NONE) != 0)
             return set_error(e, "launch: cannot protect the guard page of a fiber stack");
-        e.fibers[t].eng = &e;
-        e.fibers[t].tid = t;
-        e.fibers[t].stack = guard + page;
+        if (t < n) {
+            e.fibers[t].eng = &e;
+            e.fibers[t].tid = t;
+            e.fibers[t].stack = guard + page;
+        }
     }
     e.rng = e.cfg.seed;
     return true;
 }
+
+} // namespace detail
+} // inline namespace warp32 / warp64
+} // namespace kvl_emu
+#endif /* fiber mode */
+
+/* ================================================================== both modes */
+namespace kvl_emu {
+inline namespace KVL_EMU_IMPL {
+namespace detail {
 
 inline int run(const Launch &l, void (*body)(void *), void *obj, char *err, size_t err_len)
 {
@@ -639,7 +743,7 @@ inline int run(const Launch &l, void (*body)(void *), void *obj, char *err, size
     e.cfg = l;
     e.body = body;
     e.body_obj = obj;
-    if (validate(e) && setup(e)) {
+    if (validate(e, in_kernel()) && setup(e)) {
         for (uint32_t z = 0; z < l.grid.z && !e.failed; z++)
             for (uint32_t y = 0; y < l.grid.y && !e.failed; y++)
                 for (uint32_t x = 0; x < l.grid.x && !e.failed; x++) {
@@ -658,7 +762,7 @@ inline int run(const Launch &l, void (*body)(void *), void *obj, char *err, size
 } // namespace detail
 
 /* Runs body() once per thread of every block: the blocks one after another, the threads of
- * a block as fibers. Returns 0, or non-zero with a NUL-terminated message in err. */
+ * a block as fibers (or OS threads). Returns 0, or non-zero with a NUL-terminated message in err. */
 template <class F> int launch(const Launch &l, F &&body, char *err, size_t err_len)
 {
     auto thunk = [&body] { body(); };
@@ -666,7 +770,7 @@ template <class F> int launch(const Launch &l, F &&body, char *err, size_t err_l
     return detail::run(l, [](void *p) { (*static_cast<Thunk *>(p))(); }, &thunk, err, err_len);
 }
 
-} // inline namespace warp32 / warp64
+} // inline namespace
 } // namespace kvl_emu
 
 /* ------------------------------------------------------------------ kvl_port.h names */
@@ -694,12 +798,29 @@ KVL_DEVICE float kvl_exp2(float x) { return exp2f(x); }
     type *name = static_cast<type *>(                                                          \
         ::kvl_emu::detail::shared_alloc(sizeof(type) * (count), alignof(type), __FILE__, __LINE__))
 
-/* Emulator only (CUDA/HIP versions would be needed before kernels use them): fibers of a
- * block are never preempted, so a plain read-modify-write is atomic. Return the old value. */
+/* Emulator only (CUDA/HIP versions would be needed before kernels use them). Return the old
+ * value. Fibers of a block are never preempted, so a plain read-modify-write is atomic; OS
+ * threads use relaxed atomics (as GPU atomics: no ordering, so they hide no race from TSan). */
+#if defined(KVL_EMU_THREADS)
+KVL_DEVICE unsigned kvl_atomic_add_u32(unsigned *p, unsigned v)
+{
+    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+KVL_DEVICE float kvl_atomic_add_f32(float *p, float v)
+{
+    float old, sum;
+    __atomic_load(p, &old, __ATOMIC_RELAXED);
+    do
+        sum = old + v;
+    while (!__atomic_compare_exchange(p, &old, &sum, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return old;
+}
+#else
 KVL_DEVICE unsigned kvl_atomic_add_u32(unsigned *p, unsigned v)
 {
     return std::exchange(*p, *p + v);
 }
 KVL_DEVICE float kvl_atomic_add_f32(float *p, float v) { return std::exchange(*p, *p + v); }
+#endif
 
 #endif /* KVL_EMU_H */

@@ -5,7 +5,11 @@
  *   -DKVL_SELFTEST_NO_MAIN      only defines selftest_w<KVL_WARP>() (to link the two widths)
  *   -DKVL_SELFTEST_WITH_OTHER   main() also runs the other width's selftest_w<..>()
  *   -DKVL_SELFTEST_PLANT_OOB    main() runs a kernel writing one float past a heap buffer
- *   -DKVL_SELFTEST_SPEED_LIMIT_MS=n  the speed check's limit (default 1000)
+ *   -DKVL_SELFTEST_PLANT_RACE   main() runs kern::neighbour without its barrier (a data race)
+ *   -DKVL_SELFTEST_SPEED_LIMIT_MS=n  the speed check's limit (default 1000; 10000 with threads)
+ * With -DKVL_EMU_THREADS (the emulator's threads mode, for ThreadSanitizer) the launches are
+ * fewer and smaller (OS threads are slow to start and wake), and the order checks only ask for
+ * a permutation (the OS orders the threads). Every kernel but the planted ones is race-free.
  */
 #define KVL_EMU 1
 #ifndef KVL_WARP
@@ -22,8 +26,14 @@
 #include <thread>
 #include <vector>
 
+#if defined(KVL_EMU_THREADS)
+#define ST_THREADS_MODE 1
+#else
+#define ST_THREADS_MODE 0
+#endif
+
 #ifndef KVL_SELFTEST_SPEED_LIMIT_MS
-#define KVL_SELFTEST_SPEED_LIMIT_MS 1000
+#define KVL_SELFTEST_SPEED_LIMIT_MS (ST_THREADS_MODE ? 10000 : 1000)
 #endif
 
 /* ------------------------------------------------------------------ kernels (port API only) */
@@ -139,6 +149,24 @@ KVL_KERNEL trap(unsigned *ran)
     ran[kvl_block_x() * kvl_threads() + kvl_thread()] = 1;
 }
 
+/* Thread `who` traps in round 3 while the others are at barriers and warp ops; entries[]
+ * counts how often each thread starts the body. */
+KVL_KERNEL trap_busy(unsigned *entries, unsigned who)
+{
+    KVL_SHARED(float, s, 1024);
+    unsigned t = kvl_thread(), n = kvl_threads();
+    entries[kvl_block_x() * n + t]++;
+    s[t] = float(t);
+    for (unsigned r = 0; r < 6; r++) {
+        kvl_sync();
+        float x = warp_sum(s[(t + r) % n]);
+        if (r == 3 && t == who)
+            kvl_trap();
+        kvl_sync();
+        s[t] = x;
+    }
+}
+
 KVL_KERNEL big_shared(float *out)
 {
     KVL_SHARED(float, big, 10000);
@@ -161,8 +189,10 @@ KVL_KERNEL shared(unsigned long long *addr, unsigned *before, unsigned *after)
     if (t == 0)
         s[0] = b + 1;
     dw[t] = t * 3 + b;
-    c[t % 3] = 'x';
-    d[t % 2] = 1.0;
+    if (t < 3)
+        c[t] = 'x';
+    if (t < 2)
+        d[t] = 1.0;
     kvl_sync();
     addr[4 * i] = (unsigned long long)c;
     addr[4 * i + 1] = (unsigned long long)d;
@@ -196,6 +226,19 @@ KVL_KERNEL barriers(float *out)
 
 KVL_KERNEL fill(float *buf) { buf[kvl_thread()] = kvl_exp2(1.0f); }
 
+/* Each thread writes its slot of shared memory, then reads its neighbour's: the barrier
+ * between orders them (-DKVL_SELFTEST_PLANT_RACE removes it: ThreadSanitizer must object). */
+KVL_KERNEL neighbour(float *out)
+{
+    KVL_SHARED(float, s, 1024);
+    unsigned t = kvl_thread(), n = kvl_threads();
+    s[t] = float(t);
+#if !defined(KVL_SELFTEST_PLANT_RACE)
+    kvl_sync();
+#endif
+    out[kvl_block_x() * n + t] = s[(t + 1) % n];
+}
+
 } // namespace kern
 
 /* ------------------------------------------------------------------ harness */
@@ -209,6 +252,22 @@ namespace {
 
 const unsigned W = KVL_WARP;
 int g_fail = 0;
+
+/* Threads mode starts a pool of OS threads per launch (slow, under ThreadSanitizer more so)
+ * and has no seeded orders: fewer launches there. */
+#if ST_THREADS_MODE
+const int kRepeats = 2;                 // of the concurrent launches
+const unsigned kSpeedBlocks = 16;       // of the speed check
+const unsigned kSeedThreads = 256;      // per block in the seed checks
+const kvl_emu::Dim3 kGrids[] = {{1, 1, 1}, {2, 2, 2}};
+const uint64_t kSeeds[] = {0};       // of the early returns
+#else
+const int kRepeats = 20;
+const unsigned kSpeedBlocks = 256;
+const unsigned kSeedThreads = 512;
+const kvl_emu::Dim3 kGrids[] = {{1, 1, 1}, {3, 1, 1}, {2, 3, 1}, {2, 2, 3}};
+const uint64_t kSeeds[] = {0, 5};
+#endif
 
 void check(bool ok, const std::string &what)
 {
@@ -268,12 +327,15 @@ bool reduce_ok(kvl_emu::Dim3 g, unsigned threads, uint64_t seed)
 
 void test_reduce()
 {
-    const kvl_emu::Dim3 grids[] = {{1, 1, 1}, {3, 1, 1}, {2, 3, 1}, {2, 2, 3}};
     for (unsigned threads : {W, 2 * W, 3 * W, 256u, 512u, 1024u}) {
         bool ok = true;
-        for (const auto &g : grids)
+        char names[64] = "";
+        for (const auto &g : kGrids) {
             ok = ok && reduce_ok(g, threads, 0);
-        check(ok, "1 block reduction, " + std::to_string(threads) + " threads, grids 1x1x1 3x1x1 2x3x1 2x2x3");
+            size_t used = strlen(names);
+            snprintf(names + used, sizeof names - used, " %ux%ux%u", g.x, g.y, g.z);
+        }
+        check(ok, "1 block reduction, " + std::to_string(threads) + " threads, grids" + names);
     }
 }
 
@@ -303,7 +365,7 @@ void test_ballot()
 void test_early_exit()
 {
     for (unsigned threads : {W, 96u * W / 32, 1024u})
-        for (uint64_t seed : {0ull, 5ull}) {
+        for (uint64_t seed : kSeeds) {
             const unsigned blocks = 2, n = threads;
             std::vector<float> out(blocks * n, -7.0f);
             std::string msg;
@@ -360,6 +422,16 @@ void test_errors()
     check(rc != 0 && has(msg, "trapped") && has(msg, "block 1,0,0") && !later_blocks_ran && ran[0],
           "6 kvl_trap fails the launch and stops it: " + msg);
 
+    bool once = true;
+    for (unsigned who : {0u, W + 5, 255u}) {
+        std::vector<unsigned> entries(2 * 256, 0);
+        rc = go(cfg({2, 1, 1}, 256), [&] { kern::trap_busy(entries.data(), who); }, &msg);
+        once = once && rc != 0 && has(msg, "trapped") && has(msg, "block 0,0,0");
+        for (unsigned i = 0; i < entries.size(); i++)
+            once = once && entries[i] == (i < 256 ? 1u : 0u);
+    }
+    check(once, "6 a trap amid barriers and warp ops: each thread ran once, the next block not at all");
+
     struct Bad {
         kvl_emu::Launch l;
         std::string a, b;
@@ -409,7 +481,7 @@ void test_threads()
     bool ok[2] = {false, false};
     auto worker = [&](int k) {
         bool good = true;
-        for (int i = 0; i < 20; i++)
+        for (int i = 0; i < kRepeats; i++)
             good = good && reduce_ok({2, 2, 1}, k ? 1024 : 256, uint64_t(i * k));
         ok[k] = good;
     };
@@ -421,7 +493,7 @@ void test_threads()
 
 void test_seeds()
 {
-    const unsigned n = 512;
+    const unsigned n = kSeedThreads;
     std::vector<float> ref;
     bool same = true;
     for (uint64_t seed : {0ull, 1ull, 2ull}) {
@@ -443,19 +515,43 @@ void test_seeds()
     };
     float f0, f1, f2, f3;
     std::vector<unsigned> o0 = order_of(0, &f0), o1 = order_of(1, &f1), o1b = order_of(1, &f2), o2 = order_of(2, &f3);
+    std::vector<unsigned> sorted = o1;
+    std::sort(sorted.begin(), sorted.end());
+#if ST_THREADS_MODE
+    bool perm = true;
+    for (const std::vector<unsigned> *o : {&o0, &o1b, &o2}) {
+        std::vector<unsigned> s = *o;
+        std::sort(s.begin(), s.end());
+        perm = perm && s == sorted;
+    }
+    for (unsigned t = 0; t < n; t++)
+        perm = perm && sorted[t] == t;
+    check(perm, "9 threads pass the barrier in some order (threads mode: the OS picks it)");
+#else
     bool in_order = true;
     for (unsigned t = 0; t < n; t++)
         in_order = in_order && o0[t] == t;
-    std::vector<unsigned> sorted = o1;
-    std::sort(sorted.begin(), sorted.end());
     check(in_order, "9 seed 0 resumes threads in order");
     check(o1 == o1b && o1 != o2 && sorted == o0, "9 a seed gives a deterministic permutation; seeds 1 and 2 differ");
+#endif
     check(f0 == 0.5f * n && f1 == f0 && f2 == f0 && f3 == f0, "9 kvl_atomic_add_u32/f32");
+}
+
+void test_neighbour()
+{
+    const unsigned blocks = 2, n = 4 * W;
+    std::vector<float> out(blocks * n, -1.0f);
+    std::string msg;
+    int rc = go(cfg({blocks, 1, 1}, n), [&] { kern::neighbour(out.data()); }, &msg);
+    bool ok = rc == 0;
+    for (unsigned i = 0; i < blocks * n; i++)
+        ok = ok && out[i] == float((i % n + 1) % n);
+    check(ok, "11 a barrier orders shared-memory writes before the neighbours' reads" + (rc ? " (" + msg + ")" : ""));
 }
 
 void test_speed()
 {
-    const unsigned blocks = 256, n = 256;
+    const unsigned blocks = kSpeedBlocks, n = 256;
     std::vector<float> out(blocks * n);
     auto t0 = std::chrono::steady_clock::now();
     int rc = go(cfg({blocks, 1, 1}, n), [&] { kern::barriers(out.data()); });
@@ -466,8 +562,8 @@ void test_speed()
     double ms_free = std::chrono::duration<double, std::milli>(t2 - t1).count();
     bool ok = rc == 0 && rc2 == 0 && ms < KVL_SELFTEST_SPEED_LIMIT_MS;
     char line[200];
-    snprintf(line, sizeof line, "10 speed: 256 blocks x 256 threads x 8 barriers %.1f ms, no barrier %.1f ms (limit %d ms)",
-             ms, ms_free, KVL_SELFTEST_SPEED_LIMIT_MS);
+    snprintf(line, sizeof line, "10 speed: %u blocks x 256 threads x 8 barriers %.1f ms, no barrier %.1f ms (limit %d ms)",
+             blocks, ms, ms_free, KVL_SELFTEST_SPEED_LIMIT_MS);
     check(ok, line);
 }
 
@@ -482,6 +578,7 @@ int SELFTEST_FN()
     test_shared();
     test_threads();
     test_seeds();
+    test_neighbour();
     test_speed();
     return g_fail;
 }
@@ -496,6 +593,17 @@ int main()
     free(buf);
     printf("no ASan report (rc %d %s)\n", rc, msg.c_str());
     return 1;
+}
+#elif defined(KVL_SELFTEST_PLANT_RACE)
+int main()
+{
+    /* kern::neighbour without its barrier; built with -DKVL_EMU_THREADS -fsanitize=thread,
+     * ThreadSanitizer must report a data race (and make the exit status non-zero). */
+    std::vector<float> out(2 * 4 * W);
+    std::string msg;
+    int rc = go(cfg({2, 1, 1}, 4 * W), [&] { kern::neighbour(out.data()); }, &msg);
+    printf("planted race ran (rc %d %s)\n", rc, msg.c_str());
+    return rc;
 }
 #elif !defined(KVL_SELFTEST_NO_MAIN)
 int main()

@@ -5,6 +5,7 @@
 //! kernel build); and wild arguments refused alike, without a write.
 
 use std::cell::Cell;
+use std::sync::OnceLock;
 
 use kvlayout::ops::DecodeParams;
 use kvlayout::{Content, KvCacheLayout};
@@ -31,14 +32,21 @@ fn same(a: &HostCache, b: &HostCache) -> bool {
     (0..a.layout().num_buffers()).all(|i| a.bytes(i) == b.bytes(i))
 }
 
-/// The backends checked against the reference: the CPU backend's fast paths (the build it
-/// picks), and the emulated CUDA and HIP kernel builds.
-fn backends() -> [(&'static str, Box<dyn HostOps>); 3] {
-    [
-        ("cpu", Box::new(CpuBackend::new(Some(2)))),
-        ("cuda-emu", Box::new(EmuOps::cuda())),
-        ("hip-emu", Box::new(EmuOps::hip().with_seed(0x5eed))),
-    ]
+/// A backend checked against the reference, by name.
+type Checked = (&'static str, Box<dyn HostOps + Send + Sync>);
+
+/// The backends checked against the reference, built once (a CPU backend owns a thread
+/// pool): the CPU backend's fast paths (the build it picks), and the emulated CUDA and HIP
+/// kernel builds.
+fn backends() -> &'static [Checked] {
+    static BACKENDS: OnceLock<Vec<Checked>> = OnceLock::new();
+    BACKENDS.get_or_init(|| {
+        vec![
+            ("cpu", Box::new(CpuBackend::new(Some(2)))),
+            ("cuda-emu", Box::new(EmuOps::cuda())),
+            ("hip-emu", Box::new(EmuOps::hip().with_seed(0x5eed))),
+        ]
+    })
 }
 
 proptest! {
@@ -292,7 +300,6 @@ fn wild_arguments_are_refused_alike_and_write_nothing() {
     let tally = |i: usize, ok: bool| {
         counts[2 * i + usize::from(!ok)].set(counts[2 * i + usize::from(!ok)].get() + 1)
     };
-    let backends = backends();
     runner(1500, 10_000_000)
         .run(
             &(
@@ -300,7 +307,7 @@ fn wild_arguments_are_refused_alike_and_write_nothing() {
                 wild(),
             ),
             |(l, a)| {
-                for (_, be) in &backends {
+                for (_, be) in backends() {
                     let be = be.as_ref();
                     let (mut fast, mut slow) = (filled(&l, 3), filled(&l, 3));
                     tally(0, wild_write(be, &a, &mut fast, &mut slow)?);
