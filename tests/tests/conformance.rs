@@ -18,6 +18,9 @@
 //!   elements), `swap_blocks` A -> B (byte-equal, sentinel outside the destination blocks).
 //! * Movers-only content (opaque rows, Mamba states, tokens_per_state 4): `write_kv` and
 //!   `paged_decode` refused with `Unsupported`.
+//! * The suite can fail: each deliberately broken GPU kernel build (`kvl_plant.cuh`) runs
+//!   through the groups until a check fails, and the case that caught it is reported
+//!   (`planted_kernel_bugs_are_caught`).
 //!
 //! Element byte sets are computed from the field strides (`base + l*Ls + b*Bs + h*Hs + n*Ns +
 //! (d/x)*Xs + (d%x)*Ds`) and cross-checked against `layout.block_regions`.

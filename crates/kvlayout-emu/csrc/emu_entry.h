@@ -2,9 +2,9 @@
  * emu_entry.h - the C entry points of one emulated kernel build. The including translation
  * unit defines KVL_EMU, KVL_WARP, KVL_EMU_SOURCE (the kernel translation unit to compile),
  * KVL_EMU_NS (a namespace for its copy of the kernels) and KVL_EMU_PREFIX(name) (the prefix
- * of its entry points), then includes this file, which
- * compiles the kernel sources for the host and wraps each kernel in an `extern "C"` function
- * that launches it under the emulator (kernels-cuda/emu/kvl_emu.h) and returns 0 or an error.
+ * of its entry points), then includes this file, which compiles the kernel sources for the
+ * host and wraps each kernel in an `extern "C"` function that launches it under the emulator
+ * (kernels-cuda/emu/kvl_emu.h) and returns 0 or an error.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -38,17 +38,19 @@ static thread_local char kvl_emu_fault[160];
 /* 1 when `n` bytes at `p` lie in one region of the launch; otherwise 0, the fault described. */
 static inline int kvl_emu_access_ok(const void *p, int64_t n)
 {
-    const unsigned char *a = (const unsigned char *)p;
+    /* Addresses as integers: the pointer may lie outside every object. */
+    const uintptr_t a = (uintptr_t)p;
     for (uint64_t i = 0; i < kvl_emu_current->n_regions; i++) {
         const kvl_emu_region *r = &kvl_emu_current->regions[i];
-        if (a >= r->base && n >= 0 && (uint64_t)(a - r->base) + (uint64_t)n <= r->len)
+        const uintptr_t base = (uintptr_t)r->base;
+        if (a >= base && n >= 0 && (uint64_t)(a - base) + (uint64_t)n <= r->len)
             return 1;
     }
     if (kvl_emu_fault[0] == 0) {
-        const kvl_emu_region *r0 = &kvl_emu_current->regions[0];
+        const uintptr_t base0 = (uintptr_t)kvl_emu_current->regions[0].base;
         snprintf(kvl_emu_fault, sizeof kvl_emu_fault,
                  "%lld bytes at buffer 0 %+lld, outside the launch's %llu regions",
-                 (long long)n, (long long)(a - r0->base),
+                 (long long)n, (long long)(a - base0),
                  (unsigned long long)kvl_emu_current->n_regions);
     }
     return 0;
