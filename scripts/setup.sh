@@ -52,6 +52,10 @@ fi
 command -v clang-19 >/dev/null 2>&1 || apt_install clang-19
 command -v ld.lld-19 >/dev/null 2>&1 || apt_install lld-19
 command -v llvm-readelf-19 >/dev/null 2>&1 || apt_install llvm-19
+# clang-19's sanitizer runtimes (only recommended by it): the emulator's self-test links
+# kernels with clang++-19 under AddressSanitizer and ThreadSanitizer.
+[ -e /usr/lib/llvm-19/lib/clang/19/lib/linux/libclang_rt.asan-x86_64.a ] \
+    || apt_install libclang-rt-19-dev
 
 # --- Later issues add here ------------------------------------------------------------------
 # - libamdhip64-dev (hip-sys), libclang-dev if bindgen is used: `command -v X || apt_install Y`.
