@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 
 use kvlayout::ops::DecodeParams;
 use kvlayout::{Content, KvCacheLayout};
+use kvlayout_conformance::cases::widths;
 use kvlayout_conformance::gen::any_layout;
 use kvlayout_cpu::tolerance::{decode_error, Tolerance};
 use kvlayout_cpu::{
@@ -131,20 +132,8 @@ fn movers(
 /// write_kv on `be` == the reference, byte for byte, and padding slots write nothing.
 fn write(name: &str, be: &dyn HostOps, l: &KvCacheLayout, seed: u32) -> Result<(), TestCaseError> {
     let g = *l.geometry();
-    let (kw, vw, mla) = match *l.content() {
-        Content::Kv {
-            head_size,
-            head_size_v,
-        }
-        | Content::KvScaled {
-            head_size,
-            head_size_v,
-        } => (head_size as usize, head_size_v as usize, false),
-        Content::Mla {
-            kv_lora_rank,
-            rope_dim,
-        } => ((kv_lora_rank + rope_dim) as usize, 0, true),
-        _ => return Ok(()),
+    let Some((kw, vw, mla)) = widths(l) else {
+        return Ok(());
     };
     if g.tokens_per_state != 1 {
         return Ok(());

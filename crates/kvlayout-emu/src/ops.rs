@@ -113,30 +113,21 @@ fn unused() -> KvFieldArgs {
     }
 }
 
-/// K, V, k_scale, v_scale of a layout (MLA: the latent as K, V as the decode reads it, or
-/// unused for writes; scales unused without inline scales).
-fn kv_args(layout: &KvCacheLayout, write: bool) -> Result<([KvFieldArgs; 4], bool), OpError> {
+/// K, V, k_scale, v_scale of a layout, and whether rows carry inline scales (the scales'
+/// arguments are unused without). For MLA the descriptor's K is the whole latent and V its
+/// first `kv_lora_rank` elements, so writes (of the latent, as K, with no value) and decodes
+/// take the same arguments.
+fn kv_args(layout: &KvCacheLayout) -> Result<([KvFieldArgs; 4], bool), OpError> {
     let inline = matches!(layout.content(), Content::KvScaled { .. });
-    let mla = matches!(layout.content(), Content::Mla { .. });
-    let k = args(
-        layout,
-        if mla && write {
-            Field::Latent
-        } else {
-            Field::K
-        },
-    )?;
-    let v = if mla && write {
-        unused()
-    } else {
-        args(layout, Field::V)?
-    };
     let (ks, vs) = if inline {
         (args(layout, Field::KScale)?, args(layout, Field::VScale)?)
     } else {
         (unused(), unused())
     };
-    Ok(([k, v, ks, vs], inline))
+    Ok((
+        [args(layout, Field::K)?, args(layout, Field::V)?, ks, vs],
+        inline,
+    ))
 }
 
 fn address(a: &Activations<'_>) -> u64 {
@@ -233,7 +224,7 @@ impl HostOps for EmuOps {
         let Some(cfg) = write_kv_launch(&self.target, &shape, w.slot_mapping.len())? else {
             return Ok(());
         };
-        let (fields, inline) = kv_args(layout, true)?;
+        let (fields, inline) = kv_args(layout)?;
         let mem = Mem::write(cache);
         let p = WriteParams {
             key: address(&w.key),
@@ -265,7 +256,7 @@ impl HostOps for EmuOps {
         let Some(launch) = paged_decode_launch(&self.target, &shape, max_attended)? else {
             return Ok(());
         };
-        let (fields, inline) = kv_args(layout, false)?;
+        let (fields, inline) = kv_args(layout)?;
         let mut partials = vec![0f32; launch.partials_len(&shape)];
         let mem = Mem::read(cache);
         let mut regions = mem.regions.clone();

@@ -12,16 +12,7 @@
 
 use kvlayout::DType;
 use kvlayout_cpu::elem::{decode, encode};
-
-const ALL: [DType; 7] = [
-    DType::F32,
-    DType::F16,
-    DType::Bf16,
-    DType::Fp8E4m3,
-    DType::Fp8E5m2,
-    DType::Int8,
-    DType::U8,
-];
+use strum::IntoEnumIterator;
 
 /// Bytes after the element, which neither side may touch.
 const FILL: u8 = 0xA5;
@@ -83,7 +74,7 @@ fn check_encode(d: &mut Diffs, dtype: DType, bits: u32) {
 #[test]
 fn decode_every_stored_pattern() {
     let mut d = Diffs::default();
-    for dtype in ALL {
+    for dtype in DType::iter() {
         let patterns: Box<dyn Iterator<Item = u32>> = match dtype.size_bytes() {
             1 => Box::new(0..=0xFF),
             2 => Box::new(0..=0xFFFF),
@@ -139,7 +130,7 @@ fn encode_strided_sweep_and_specials() {
         // The largest finite f32 and its neighbours.
         pats.extend((0..64u32).map(|k| sign | (0x7F7F_FFFF - k)));
     }
-    for dtype in ALL {
+    for dtype in DType::iter() {
         for &b in &pats {
             check_encode(&mut d, dtype, b);
         }
@@ -186,7 +177,7 @@ fn grid(dtype: DType) -> Vec<f64> {
 #[test]
 fn encode_midpoints_and_thresholds() {
     let mut d = Diffs::default();
-    for dtype in ALL {
+    for dtype in DType::iter() {
         let g = grid(dtype);
         assert!(
             g.windows(2).all(|w| w[0] < w[1]),
@@ -240,7 +231,7 @@ fn encode_midpoints_and_thresholds() {
         1.0 / 16_777_216.0,
         1.0 / 33_554_432.0,
     ];
-    for dtype in ALL {
+    for dtype in DType::iter() {
         for t in thresholds {
             for sign in [0u32, 0x8000_0000] {
                 let c = i64::from(t.to_bits() | sign);
