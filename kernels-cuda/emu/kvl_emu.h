@@ -794,6 +794,7 @@ KVL_DEVICE float kvl_exp2(float x) { return exp2f(x); }
     ::kvl_emu::detail::shfl_xor((v), (lane_mask), __FILE__, __LINE__)
 #define kvl_ballot(pred) ::kvl_emu::detail::ballot((pred), __FILE__, __LINE__)
 #define kvl_trap() ::kvl_emu::detail::trap_at(__FILE__, __LINE__)
+#define KVL_INF __builtin_inff()
 #define KVL_SHARED(type, name, count)                                                          \
     type *name = static_cast<type *>(                                                          \
         ::kvl_emu::detail::shared_alloc(sizeof(type) * (count), alignof(type), __FILE__, __LINE__))

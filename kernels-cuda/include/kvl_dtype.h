@@ -23,8 +23,6 @@
 #ifndef KVL_DTYPE_H
 #define KVL_DTYPE_H
 
-#include <stdint.h>
-
 #include "kvlayout.h"
 
 /* ------------------------------------------------------------------ bits of an f32 */
@@ -47,8 +45,17 @@ KVL_FN float kvl_bits_as_f32(uint32_t b)
 }
 #endif
 
+/* NVRTC has its own names for two of the builtins below. */
+#if defined(__CUDACC_RTC__)
+#define KVL_MEMCPY_ memcpy
+#define KVL_CLZ32_(v) __clz((int)(v))
+#else
+#define KVL_MEMCPY_ __builtin_memcpy
+#define KVL_CLZ32_(v) __builtin_clz(v)
+#endif
+
 /* Number of leading zeros of a non-zero 32-bit value. */
-KVL_FN int kvl_clz32_(uint32_t v) { return __builtin_clz(v); }
+KVL_FN int kvl_clz32_(uint32_t v) { return KVL_CLZ32_(v); }
 
 /* ------------------------------------------------------------------ f16 (half 2.7.1) */
 
@@ -255,22 +262,22 @@ KVL_FN float kvl_u8_to_f32(uint8_t v) { return (float)v; }
 KVL_FN uint16_t kvl_ld16_(const unsigned char *p)
 {
     uint16_t v;
-    __builtin_memcpy(&v, __builtin_assume_aligned(p, 2), 2);
+    KVL_MEMCPY_(&v, __builtin_assume_aligned(p, 2), 2);
     return v;
 }
 KVL_FN uint32_t kvl_ld32_(const unsigned char *p)
 {
     uint32_t v;
-    __builtin_memcpy(&v, __builtin_assume_aligned(p, 4), 4);
+    KVL_MEMCPY_(&v, __builtin_assume_aligned(p, 4), 4);
     return v;
 }
 KVL_FN void kvl_st16_(unsigned char *p, uint16_t v)
 {
-    __builtin_memcpy(__builtin_assume_aligned(p, 2), &v, 2);
+    KVL_MEMCPY_(__builtin_assume_aligned(p, 2), &v, 2);
 }
 KVL_FN void kvl_st32_(unsigned char *p, uint32_t v)
 {
-    __builtin_memcpy(__builtin_assume_aligned(p, 4), &v, 4);
+    KVL_MEMCPY_(__builtin_assume_aligned(p, 4), &v, 4);
 }
 
 /* Decodes the element of `dtype` (KVL_DTYPE_*) at `p`; 0 for an unknown code. */

@@ -11,7 +11,7 @@
 #ifndef KVL_KERNELS_H
 #define KVL_KERNELS_H
 
-#include <stdint.h>
+#include "kvlayout.h" /* its fixed-width integer types */
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,6 +1,7 @@
 /*
- * kvl_port.h - the few GPU primitives the kernels use, for three targets: CUDA (clang-19,
- * no CUDA headers), HIP (clang-19, no ROCm headers) and the host emulator (C++20,
+ * kvl_port.h - the few GPU primitives the kernels use, for four targets: CUDA (clang-19,
+ * no CUDA headers), CUDA under NVRTC or nvcc (the run-time fallback of the CUDA backend),
+ * HIP (clang-19, no ROCm headers) and the host emulator (C++20,
  * kernels-cuda/emu/kvl_emu.h). Kernel bodies (the .cuh files of kernels-cuda/src) include this header and
  * nothing vendor-specific, so CUDA and HIP share one algorithm source.
  *
@@ -19,6 +20,7 @@
  *   KVL_SHARED(T, n, c)   declares `T n[c]` in block shared memory (or a T* to it)
  *   kvl_dyn_shared()      the block's dynamic shared memory (unsigned char *, 16-aligned)
  *   kvl_exp2(x)           2^x in f32 (hardware approximation on GPUs)
+ *   KVL_INF               +infinity as a float
  *   kvl_trap()            ends the kernel with an error (the emulator reports it to Rust)
  */
 #ifndef KVL_PORT_H
@@ -67,6 +69,41 @@ extern __attribute__((shared)) __attribute__((aligned(16))) unsigned char kvl_dy
 KVL_DEVICE unsigned char *kvl_dyn_shared(void) { return kvl_dyn_smem; }
 KVL_DEVICE float kvl_exp2(float x) { return __nvvm_ex2_approx_f(x); }
 KVL_DEVICE void kvl_trap(void) { __builtin_trap(); }
+#define KVL_INF __builtin_inff()
+
+#elif (defined(__CUDACC_RTC__) || (defined(__NVCC__) && !defined(__clang__))) && defined(__CUDA_ARCH__)
+/* ---------------------------------------------------------------- CUDA, NVRTC or nvcc */
+#define KVL_KERNEL extern "C" __global__ void
+#define KVL_DEVICE static __forceinline__ __device__
+#define KVL_WARP 32
+typedef unsigned int kvl_lane_mask_t;
+
+KVL_DEVICE unsigned kvl_thread(void) { return threadIdx.x; }
+KVL_DEVICE unsigned kvl_threads(void) { return blockDim.x; }
+KVL_DEVICE unsigned kvl_block_x(void) { return blockIdx.x; }
+KVL_DEVICE unsigned kvl_block_y(void) { return blockIdx.y; }
+KVL_DEVICE unsigned kvl_block_z(void) { return blockIdx.z; }
+KVL_DEVICE unsigned kvl_blocks_x(void) { return gridDim.x; }
+KVL_DEVICE unsigned kvl_blocks_y(void) { return gridDim.y; }
+KVL_DEVICE unsigned kvl_blocks_z(void) { return gridDim.z; }
+KVL_DEVICE void kvl_sync(void) { __syncthreads(); }
+KVL_DEVICE float kvl_shfl_xor(float v, int lane_mask)
+{
+    return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+}
+KVL_DEVICE kvl_lane_mask_t kvl_ballot(int pred) { return __ballot_sync(0xffffffffu, pred); }
+#define KVL_SHARED(type, name, count) __shared__ type name[count]
+extern __shared__ __align__(16) unsigned char kvl_dyn_smem[];
+KVL_DEVICE unsigned char *kvl_dyn_shared(void) { return kvl_dyn_smem; }
+/* The instruction clang's __nvvm_ex2_approx_f emits, so both builds round alike. */
+KVL_DEVICE float kvl_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+KVL_DEVICE void kvl_trap(void) { __trap(); }
+#define KVL_INF __int_as_float(0x7f800000)
 
 #elif defined(__HIP__) && defined(__AMDGCN__)
 /* ---------------------------------------------------------------- HIP / AMDGPU, clang-19 */
@@ -129,9 +166,10 @@ extern __attribute__((shared)) __attribute__((aligned(16))) unsigned char kvl_dy
 KVL_DEVICE unsigned char *kvl_dyn_shared(void) { return kvl_dyn_smem; }
 KVL_DEVICE float kvl_exp2(float x) { return __builtin_amdgcn_exp2f(x); }
 KVL_DEVICE void kvl_trap(void) { __builtin_trap(); }
+#define KVL_INF __builtin_inff()
 
 #else
-#error "kvl_port.h: compile as CUDA or HIP device code (clang-19), or define KVL_EMU"
+#error "kvl_port.h: compile as CUDA (clang-19, NVRTC, nvcc) or HIP (clang-19) device code, or define KVL_EMU"
 #endif
 
 #include "kvlayout.h"

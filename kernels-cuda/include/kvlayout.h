@@ -16,7 +16,19 @@
 #ifndef KVLAYOUT_H
 #define KVLAYOUT_H
 
+#if defined(__CUDACC_RTC__)
+/* NVRTC has no system headers; these are its fixed-width types on every CUDA target. */
+typedef signed char int8_t;
+typedef short int16_t;
+typedef int int32_t;
+typedef long long int64_t;
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+#else
 #include <stdint.h>
+#endif
 
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(__CUDA__) || defined(__HIP__)
 #define KVL_FN static inline __host__ __device__

@@ -26,7 +26,7 @@
 
 #include "common.cuh"
 
-#define KVL_NEG_INF (-__builtin_inff())
+#define KVL_NEG_INF (-KVL_INF)
 
 /* Most query heads one decode block serves (registers per thread grow with it). */
 #define KVL_MAX_GROUP_TILE 8

@@ -5,43 +5,12 @@ use kvlayout::KvCacheLayout;
 
 use crate::hostbuf::HostBuffer;
 
-/// Largest element alignment a field of a buffer needs.
-fn buffer_align(layout: &KvCacheLayout, buffer: usize) -> usize {
-    layout
-        .stored_fields()
-        .iter()
-        .filter(|m| m.strides.buffer as usize == buffer)
-        .map(|m| m.elem_bytes() as usize)
-        .max()
-        .unwrap_or(1)
-}
-
 fn check(layout: &KvCacheLayout, lens_addrs: &[(usize, usize)]) -> Result<(), OpError> {
-    if lens_addrs.len() != layout.num_buffers() {
-        return Err(OpError::Shape {
-            what: "cache buffers".into(),
-            expected: format!("{} buffers", layout.num_buffers()),
-            got: format!("{}", lens_addrs.len()),
-        });
-    }
-    for (i, (&(len, addr), extent)) in lens_addrs.iter().zip(layout.extents()).enumerate() {
-        if (len as u64) < extent.end {
-            return Err(OpError::BufferTooShort {
-                buffer: i,
-                len: len as u64,
-                needed: extent.end,
-            });
-        }
-        let align = buffer_align(layout, i);
-        if addr % align != 0 {
-            return Err(OpError::Misaligned {
-                buffer: i,
-                address: addr,
-                align,
-            });
-        }
-    }
-    Ok(())
+    let buffers: Vec<(u64, u64)> = lens_addrs
+        .iter()
+        .map(|&(len, addr)| (len as u64, addr as u64))
+        .collect();
+    kvlayout::ops::check_buffers(layout, &buffers)
 }
 
 /// A cache to read: its layout and buffers, checked by [`CacheRef::new`] (one per buffer of the

@@ -59,6 +59,34 @@ pub struct KvFieldArgs {
     pub reserved: i32,
 }
 
+impl KvFieldArgs {
+    /// The struct's C image (144 bytes): its members' little-endian bytes in order.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        crate::kernels::params::LeBytes::default()
+            .i64s(&[
+                self.base_offset_bytes,
+                self.layer_stride_bytes,
+                self.block_stride_bytes,
+                self.head_stride_bytes,
+                self.slot_stride_bytes,
+                self.dim_chunk_stride_bytes,
+                self.dim_stride_bytes,
+                self.num_layers,
+                self.num_blocks,
+                self.num_heads,
+                self.num_slots,
+                self.width,
+                self.dim_split,
+                self.block_size,
+                self.tokens_per_state,
+            ])
+            .i32s(&[self.buffer, self.dtype, self.elem_bytes, self.field])
+            .f32s(&[self.scale])
+            .i32s(&[self.reserved])
+            .0
+    }
+}
+
 /// Stable numeric code of a field in the ABI (`KVL_FIELD_*`).
 pub const fn field_code(f: Field) -> i32 {
     match f {

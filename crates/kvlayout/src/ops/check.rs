@@ -380,3 +380,46 @@ pub fn check_decode<T: TensorDesc>(
         v_width: v,
     })
 }
+
+/// Largest element alignment a field of a buffer needs.
+pub fn buffer_align(layout: &KvCacheLayout, buffer: usize) -> u64 {
+    layout
+        .stored_fields()
+        .iter()
+        .filter(|m| m.strides.buffer as usize == buffer)
+        .map(|m| m.elem_bytes())
+        .max()
+        .unwrap_or(1)
+}
+
+/// A cache's buffers, as `(length, address)` pairs, against its layout: one per buffer of the
+/// layout, each covering its extent and aligned for its elements. Every backend checks the
+/// memory an op is handed with it.
+pub fn check_buffers(layout: &KvCacheLayout, lens_addrs: &[(u64, u64)]) -> Result<(), OpError> {
+    if lens_addrs.len() != layout.num_buffers() {
+        return Err(OpError::Shape {
+            what: "cache buffers".into(),
+            expected: format!("{} buffers", layout.num_buffers()),
+            got: format!("{}", lens_addrs.len()),
+        });
+    }
+    for (i, (&(len, addr), extent)) in lens_addrs.iter().zip(layout.extents()).enumerate() {
+        if len < extent.end {
+            return Err(OpError::BufferTooShort {
+                buffer: i,
+                len,
+                needed: extent.end,
+            });
+        }
+        let align = buffer_align(layout, i);
+        if addr % align != 0 {
+            return Err(OpError::Misaligned {
+                buffer: i,
+                address: addr,
+                align,
+            });
+        }
+    }
+    Ok(())
+}
+

@@ -82,9 +82,9 @@ pub enum OpError {
         /// Buffer index.
         buffer: usize,
         /// Its address.
-        address: usize,
+        address: u64,
         /// Required alignment.
-        align: usize,
+        align: u64,
     },
     /// Two caches that cannot exchange blocks.
     #[error("caches are incompatible: {0}")]

@@ -13,15 +13,22 @@
 //!   [`BufferShape`].
 //! - [`moves`]: the block movers' validated [`Moves`] and the two-sided [`MovePlan`] that
 //!   executes them.
+//! - [`device`]: [`Device`], what a GPU runtime offers, and [`DeviceBackend`], the
+//!   [`Backend`] every such runtime gets from it.
+//! - [`runs`]: the same moves as byte copies merged into maximal runs ([`copy_runs`]).
 
 pub mod args;
 pub mod backend;
 pub mod check;
+pub mod device;
 pub mod error;
 pub mod moves;
+pub mod runs;
 
 pub use args::*;
 pub use backend::*;
 pub use check::*;
+pub use device::*;
 pub use error::*;
 pub use moves::*;
+pub use runs::*;

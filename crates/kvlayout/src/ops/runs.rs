@@ -1,0 +1,149 @@
+//! Block moves as plain byte copies: the units of a [`MovePlan`] for every block pair, merged
+//! into maximal runs contiguous on both sides. A backend copies between memories its kernels
+//! should not address (device and pinned host memory, two devices) with one copy per run,
+//! not one per block.
+//!
+//! ```
+//! use kvlayout::ops::{copy_runs, swap_moves};
+//! use kvlayout::KvCacheLayout;
+//! let gpu: KvCacheLayout = "kv B=8 N=16 H=4 D=8 dtype=f16 order=HND".parse()?;
+//! let cpu: KvCacheLayout = "kv B=4 N=16 H=4 D=8 dtype=f16 order=HND".parse()?;
+//! // Blocks 2, 3, 4 of the GPU pool to blocks 0, 1, 2 of the host pool: a block is one run
+//! // (K|V rows, head-major), and the three blocks are one run on both sides.
+//! let m = swap_moves(&gpu, &cpu, &[(2, 0), (3, 1), (4, 2)])?;
+//! let runs = copy_runs(&gpu, &cpu, &m, 1 << 20).expect("plain rows on both sides");
+//! assert_eq!(runs.len(), 1);
+//! assert_eq!(runs[0].len, 3 * 4 * 16 * (8 + 8) * 2);
+//! assert_eq!(runs[0].src_offset, 2 * 4 * 16 * (8 + 8) * 2);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use crate::layout::KvCacheLayout;
+
+use super::moves::{MovePiece, Moves};
+
+/// `len` bytes from `src_offset` of source buffer `src_buffer` to `dst_offset` of destination
+/// buffer `dst_buffer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CopyRun {
+    /// Source buffer index.
+    pub src_buffer: u32,
+    /// Byte offset in the source buffer.
+    pub src_offset: u64,
+    /// Destination buffer index.
+    pub dst_buffer: u32,
+    /// Byte offset in the destination buffer.
+    pub dst_offset: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+impl CopyRun {
+    /// Whether `next` continues this run on both sides.
+    fn continued_by(&self, next: &CopyRun) -> bool {
+        self.src_buffer == next.src_buffer
+            && self.dst_buffer == next.dst_buffer
+            && self.src_offset + self.len == next.src_offset
+            && self.dst_offset + self.len == next.dst_offset
+    }
+}
+
+/// Every unit of `piece` for every pair, appended to `out`; `false` (stopping) once `out`
+/// would hold more than `max` runs.
+fn push_units(piece: &MovePiece, pairs: &[(u64, u64)], max: usize, out: &mut Vec<CopyRun>) -> bool {
+    let units = piece.units();
+    for &pair in pairs {
+        let mut idx = vec![0u64; piece.dims.len()];
+        for _ in 0..units {
+            if out.len() >= max {
+                return false;
+            }
+            let (src_offset, dst_offset) = piece.offsets(pair, &idx);
+            out.push(CopyRun {
+                src_buffer: piece.src_buffer,
+                src_offset,
+                dst_buffer: piece.dst_buffer,
+                dst_offset,
+                len: piece.unit,
+            });
+            for (i, d) in idx.iter_mut().zip(&piece.dims) {
+                *i += 1;
+                if *i < d.extent {
+                    break;
+                }
+                *i = 0;
+            }
+        }
+    }
+    true
+}
+
+/// The byte copies executing validated moves `m` from `src` to `dst` (the layouts `m` was
+/// validated for): every unit of their [`MovePlan`](super::MovePlan) for every pair, sorted
+/// by source position and merged where one continues the previous on both sides.
+///
+/// Post-conditions: the runs cover exactly the bytes of every moved element on each side, no
+/// two destination runs overlap, and no run can be merged with the next. `None` when the plan
+/// has no byte-run form (an element-wise legacy split) or more than `max_units` units before
+/// merging; the caller then moves with a kernel.
+pub fn copy_runs(
+    src: &KvCacheLayout,
+    dst: &KvCacheLayout,
+    m: &Moves,
+    max_units: usize,
+) -> Option<Vec<CopyRun>> {
+    let plan = m.plan(src, dst)?;
+    let mut units = Vec::new();
+    for piece in &plan.pieces {
+        if !push_units(piece, &m.pairs, max_units, &mut units) {
+            return None;
+        }
+    }
+    units.sort_unstable_by_key(|r| (r.src_buffer, r.src_offset));
+    let mut runs: Vec<CopyRun> = Vec::with_capacity(units.len());
+    for u in units {
+        match runs.last_mut() {
+            Some(last) if last.continued_by(&u) => last.len += u.len,
+            _ => runs.push(u),
+        }
+    }
+    Some(runs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::{convert_moves, swap_moves};
+
+    fn bytes(runs: &[CopyRun]) -> u64 {
+        runs.iter().map(|r| r.len).sum()
+    }
+
+    #[test]
+    fn whole_blocks_of_one_layout_merge_across_pairs() {
+        // B=3 H=4 N=16 D=8, one layer, K|V rows: a block is one run of 4*16*16*2 bytes.
+        let a: KvCacheLayout = "kv B=3 N=16 H=4 D=8 dtype=f16 order=NHD".parse().unwrap();
+        let m = swap_moves(&a, &a, &[(0, 1), (1, 2), (2, 0)]).unwrap();
+        let runs = copy_runs(&a, &a, &m, 1 << 16).unwrap();
+        let block = 4 * 16 * 16 * 2;
+        assert_eq!(bytes(&runs), 3 * block);
+        // (0,1) and (1,2) continue each other on both sides; (2,0) does not.
+        assert_eq!(runs.len(), 2);
+        assert_eq!(runs[0].len, 2 * block);
+        assert_eq!((runs[0].src_offset, runs[0].dst_offset), (0, block));
+    }
+
+    #[test]
+    fn rows_move_one_by_one_between_orders() {
+        let nhd: KvCacheLayout = "kv B=2 N=16 H=4 D=8 dtype=f16 order=NHD".parse().unwrap();
+        let hnd: KvCacheLayout = "kv B=2 N=16 H=4 D=8 dtype=f16 order=HND".parse().unwrap();
+        let m = convert_moves(&nhd, &hnd).unwrap();
+        let runs = copy_runs(&nhd, &hnd, &m, 1 << 16).unwrap();
+        assert_eq!(bytes(&runs), 2 * 2 * 16 * 4 * 8 * 2);
+        // One K|V row of 32 bytes each, except that the last row of block 0 and the first of
+        // block 1 continue each other on both sides.
+        assert_eq!(runs.len(), 2 * 16 * 4 - 1);
+        assert!(runs.iter().all(|r| r.len == 32 || r.len == 64));
+        assert!(copy_runs(&nhd, &hnd, &m, 10).is_none());
+    }
+}
