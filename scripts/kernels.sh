@@ -4,11 +4,16 @@
 #   kernels-hip/src/kvlayout.hip   -> <out>/kvlayout.gfx90a.co, .gfx942.co (wave64),
 #                                     kvlayout.gfx1100.co (wave32)
 # and checks each artifact's target (PTX `.target`, the code object's wavefront size) and
-# that every kernel entry point is in it. <out> defaults to target/kernels. The device crates
-# load these artifacts; the emulator compiles the same sources for the host.
+# that every kernel entry point is in it. <out> defaults to target/kernels; a second argument
+# `cuda` or `hip` builds only those artifacts. The device crates' build scripts run it and
+# embed what it wrote; the emulator compiles the same sources for the host. The output is
+# deterministic (the HIP compilation-unit id is fixed, not derived from paths), so a build
+# anywhere can be compared with CI's by hash.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-target/kernels}"
+which="${2:-all}"
+case "$which" in all | cuda | hip) ;; *) echo "kernels: build cuda, hip or all, not $which" >&2; exit 2 ;; esac
 mkdir -p "$out"
 clang="${KVLAYOUT_CLANG:-clang-19}"
 readelf="${KVLAYOUT_READELF:-llvm-readelf-19}"
@@ -19,6 +24,7 @@ warnings=(-Wall -Wextra -Werror)
 fail() { echo "kernels: $*" >&2; exit 1; }
 
 for arch in sm_80 sm_90; do
+    [ "$which" = hip ] && break
     ptx="$out/kvlayout.$arch.ptx"
     # PTX 7.8 (CUDA 11.8, the oldest with sm_90): the *_sync warp intrinsics need PTX >= 6.0.
     "$clang" -x cuda --cuda-device-only -nocudainc -nocudalib --cuda-gpu-arch="$arch" \
@@ -32,10 +38,11 @@ for arch in sm_80 sm_90; do
 done
 
 for arch in gfx90a:64 gfx942:64 gfx1100:32; do
+    [ "$which" = cuda ] && break
     gfx="${arch%%:*}" wave="${arch##*:}"
     co="$out/kvlayout.$gfx.co"
     "$clang" -x hip --offload-arch="$gfx" -nogpulib -nogpuinc --cuda-device-only \
-        --no-gpu-bundle-output -O3 "${warnings[@]}" "${includes[@]}" \
+        --no-gpu-bundle-output -cuid=kvlayout -O3 "${warnings[@]}" "${includes[@]}" \
         kernels-hip/src/kvlayout.hip -o "$co"
     notes="$("$readelf" --notes "$co")"
     grep -q "amdhsa.target: *amdgcn-amd-amdhsa--$gfx" <<<"$notes" || fail "$co: not $gfx"

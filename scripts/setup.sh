@@ -57,6 +57,34 @@ command -v llvm-readelf-19 >/dev/null 2>&1 || apt_install llvm-19
 [ -e /usr/lib/llvm-19/lib/clang/19/lib/linux/libclang_rt.asan-x86_64.a ] \
     || apt_install libclang-rt-19-dev
 
+# --- ROCm's HIP runtime (Debian's libamdhip64-dev): the HIP backend links it (hip-sys) ------
+# Headers under /usr/include/hip; .cargo/config.toml points HIP_PATH at /usr unless set.
+[ -e /usr/include/hip/hip_runtime_api.h ] || apt_install libamdhip64-dev
+
+# --- NVRTC (PyPI wheel nvidia-cuda-nvrtc-cu12): the CUDA backend's run-time compile of the ---
+# kernel sources, tested here without a GPU. Unpacked into a cache outside the repository;
+# scripts/nvrtc-path.sh prints its library folder (scripts/test.sh puts it on LD_LIBRARY_PATH).
+NVRTC_VERSION=12.9.86
+nvrtc_dir="$("$(dirname "$0")/nvrtc-path.sh")"
+if [ ! -e "$nvrtc_dir/libnvrtc.so.12" ]; then
+    if python3 -m pip --version >/dev/null 2>&1; then
+        log "pip download nvidia-cuda-nvrtc-cu12==${NVRTC_VERSION}"
+        tmp="$(mktemp -d)"
+        if python3 -m pip download --quiet --disable-pip-version-check --no-deps -d "$tmp" \
+            "nvidia-cuda-nvrtc-cu12==${NVRTC_VERSION}"; then
+            python3 -m zipfile -e "$tmp"/nvidia_cuda_nvrtc_cu12-*.whl "$tmp/x"
+            mkdir -p "$nvrtc_dir"
+            cp "$tmp"/x/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 \
+                "$tmp"/x/nvidia/cuda_nvrtc/lib/libnvrtc-builtins.so.12.9 "$nvrtc_dir/"
+        else
+            log "warning: could not download NVRTC; the CUDA backend's NVRTC test will fail"
+        fi
+        rm -rf "$tmp"
+    else
+        log "warning: no pip to download NVRTC with; the CUDA backend's NVRTC test will fail"
+    fi
+fi
+
 # --- Later issues add here ------------------------------------------------------------------
 # - libamdhip64-dev (hip-sys), libclang-dev if bindgen is used: `command -v X || apt_install Y`.
 # - the NIXL wheel (`nixl-cu12`, PyPI) for nixl-sys: pip install only when its libraries are
