@@ -14,7 +14,8 @@ pub use kvlayout::ops::{Backend, BufferShape, DecodeArgs, HostTensor, OpError, W
 use kvlayout::{DType, KvCacheLayout};
 use kvlayout_cpu::{CpuBackend, PrefetchLevel};
 pub use kvlayout_cpu::{Host, HostBuffers, HostOps, Ready, ScalarReference};
-pub use kvlayout_emu::EmuOps;
+pub use kvlayout::ops::DeviceBackend;
+pub use kvlayout_emu::{EmuDevice, EmuOps};
 
 /// The CPU backend forced to every other kernel build this machine runs than the one it
 /// picks (`cpu/avx2`, `cpu/scalar`, ...), so that each build meets every case; and the build
@@ -165,9 +166,13 @@ pub struct Backends {
     pub cpu_builds: Vec<Host<CpuBackend>>,
     /// The scalar reference as a backend.
     pub reference: Host<ScalarReference>,
-    /// The GPU kernels under the host emulator: `cuda-emu` (fibers resumed in thread order)
-    /// and `hip-emu` (in a seeded pseudo-random order), so both orders meet every case.
-    pub emulated: Vec<Host<EmuOps>>,
+    /// The CUDA kernels under the host emulator behind the device backend of the CUDA and
+    /// HIP crates (`DeviceBackend`: argument blocks, device temporaries), fibers resumed in
+    /// thread order.
+    pub cuda_emu: DeviceBackend<EmuDevice>,
+    /// The HIP kernels (wavefronts of 64) under the host emulator on host memory, fibers
+    /// resumed in a seeded pseudo-random order, so both orders meet every case.
+    pub hip_emu: Host<EmuOps>,
     /// Listed, not built.
     pub absent: Vec<NotBuilt>,
 }
@@ -178,10 +183,8 @@ impl Default for Backends {
             cpu: Host::cpu("cpu", Some(3)),
             cpu_builds: cpu_builds(Some(3)),
             reference: Host::reference(),
-            emulated: vec![
-                kvlayout_emu::cuda_emu(),
-                Host::new("hip-emu", EmuOps::hip().with_seed(0x5eed)),
-            ],
+            cuda_emu: kvlayout_emu::cuda_emu(),
+            hip_emu: Host::new("hip-emu", EmuOps::hip().with_seed(0x5eed)),
             absent: vec![NotBuilt::cuda(), NotBuilt::hip()],
         }
     }
@@ -196,9 +199,8 @@ impl Backends {
             v.visit(b);
         }
         v.visit(&self.reference);
-        for b in &self.emulated {
-            v.visit(b);
-        }
+        v.visit(&self.cuda_emu);
+        v.visit(&self.hip_emu);
         for b in &self.absent {
             v.visit(b);
         }

@@ -121,3 +121,75 @@ extern "C" int KVL_EMU_PREFIX(move_blocks)(const kvl_emu_launch *l, const kvl_fi
     return kvl_emu_run(
         l, [&] { KVL_EMU_NS::kvl_move_blocks(*src, *dst, *p); }, err, err_len);
 }
+
+/* Reads the parameters of a kernel out of an argument block as a driver does: each at the
+ * next multiple of its C alignment, in order (kvlayout::kernels::arg_slots must agree). */
+struct kvl_emu_arg_reader {
+    const unsigned char *block;
+    size_t len;
+    size_t at;
+    int short_block;
+
+    template <class T> T next()
+    {
+        T v;
+        memset(&v, 0, sizeof v);
+        at = (at + alignof(T) - 1) / alignof(T) * alignof(T);
+        if (at + sizeof(T) > len)
+            short_block = 1;
+        else
+            memcpy(&v, block + at, sizeof v);
+        at += sizeof(T);
+        return v;
+    }
+};
+
+/* Launches kernel `kernel` (0 kvl_write_kv, 1 kvl_paged_decode, 2 kvl_paged_decode_reduce,
+ * 3 kvl_move_blocks: kvlayout::kernels::Kernel's order) with the parameters in the `len`
+ * bytes at `block`, which must be exactly the kernel's parameter block. */
+extern "C" int KVL_EMU_PREFIX(launch_block)(const kvl_emu_launch *l, int kernel,
+                                            const unsigned char *block, size_t len,
+                                            char *err, size_t err_len)
+{
+    kvl_emu_arg_reader r = {block, len, 0, 0};
+    int rc = -1;
+    switch (kernel) {
+    case 0: {
+        kvl_field_args k = r.next<kvl_field_args>(), v = r.next<kvl_field_args>();
+        kvl_field_args ks = r.next<kvl_field_args>(), vs = r.next<kvl_field_args>();
+        kvl_write_params p = r.next<kvl_write_params>();
+        if (!r.short_block && r.at == len)
+            rc = KVL_EMU_PREFIX(write_kv)(l, &k, &v, &ks, &vs, &p, err, err_len);
+        break;
+    }
+    case 1: {
+        kvl_field_args k = r.next<kvl_field_args>(), v = r.next<kvl_field_args>();
+        kvl_field_args ks = r.next<kvl_field_args>(), vs = r.next<kvl_field_args>();
+        kvl_decode_params p = r.next<kvl_decode_params>();
+        if (!r.short_block && r.at == len)
+            rc = KVL_EMU_PREFIX(paged_decode)(l, &k, &v, &ks, &vs, &p, err, err_len);
+        break;
+    }
+    case 2: {
+        kvl_field_args v = r.next<kvl_field_args>();
+        kvl_decode_params p = r.next<kvl_decode_params>();
+        if (!r.short_block && r.at == len)
+            rc = KVL_EMU_PREFIX(paged_decode_reduce)(l, &v, &p, err, err_len);
+        break;
+    }
+    case 3: {
+        kvl_field_args s = r.next<kvl_field_args>(), d = r.next<kvl_field_args>();
+        kvl_move_params p = r.next<kvl_move_params>();
+        if (!r.short_block && r.at == len)
+            rc = KVL_EMU_PREFIX(move_blocks)(l, &s, &d, &p, err, err_len);
+        break;
+    }
+    default:
+        snprintf(err, err_len, "no kernel %d", kernel);
+        return -1;
+    }
+    if (rc == -1 && (r.short_block || r.at != len))
+        snprintf(err, err_len, "kernel %d: an argument block of %zu bytes, its parameters take %zu",
+                 kernel, len, r.at);
+    return rc;
+}

@@ -3,8 +3,7 @@
 
 use std::ffi::{c_char, CStr};
 
-use kvlayout::kernels::{DecodeKernelParams, LaunchConfig, MoveParams, WriteParams};
-use kvlayout::KvFieldArgs;
+use kvlayout::kernels::{Kernel, LaunchConfig};
 
 /// Regions a launch may touch through the cache accessors (`KVL_EMU_MAX_REGIONS`).
 pub(crate) const MAX_REGIONS: usize = 8;
@@ -79,161 +78,48 @@ impl EmuLaunch {
     }
 }
 
-type Err = *mut c_char;
-type Args = *const KvFieldArgs;
-type WriteFn = unsafe extern "C" fn(
-    *const EmuLaunch,
-    Args,
-    Args,
-    Args,
-    Args,
-    *const WriteParams,
-    Err,
-    usize,
-) -> i32;
-type DecodeFn = unsafe extern "C" fn(
-    *const EmuLaunch,
-    Args,
-    Args,
-    Args,
-    Args,
-    *const DecodeKernelParams,
-    Err,
-    usize,
-) -> i32;
-type ReduceFn =
-    unsafe extern "C" fn(*const EmuLaunch, Args, *const DecodeKernelParams, Err, usize) -> i32;
-type MoveFn =
-    unsafe extern "C" fn(*const EmuLaunch, Args, Args, *const MoveParams, Err, usize) -> i32;
+/// `kvl_<build>_launch_block(launch, kernel, block, len, err, err_len)`.
+type BlockFn = unsafe extern "C" fn(*const EmuLaunch, i32, *const u8, usize, *mut c_char, usize) -> i32;
 
 /// The entry points of one build.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Kernels {
     warp_size: unsafe extern "C" fn() -> i32,
-    write_kv: WriteFn,
-    paged_decode: DecodeFn,
-    paged_decode_reduce: ReduceFn,
-    move_blocks: MoveFn,
+    launch_block: BlockFn,
 }
 
 macro_rules! build {
-    ($const:ident, $warp:ident, $write:ident, $decode:ident, $reduce:ident, $move:ident) => {
+    ($const:ident, $warp:ident, $block:ident) => {
         extern "C" {
             fn $warp() -> i32;
-            fn $write(
+            fn $block(
                 l: *const EmuLaunch,
-                k: Args,
-                v: Args,
-                ks: Args,
-                vs: Args,
-                p: *const WriteParams,
-                e: Err,
-                n: usize,
-            ) -> i32;
-            fn $decode(
-                l: *const EmuLaunch,
-                k: Args,
-                v: Args,
-                ks: Args,
-                vs: Args,
-                p: *const DecodeKernelParams,
-                e: Err,
-                n: usize,
-            ) -> i32;
-            fn $reduce(
-                l: *const EmuLaunch,
-                v: Args,
-                p: *const DecodeKernelParams,
-                e: Err,
-                n: usize,
-            ) -> i32;
-            fn $move(
-                l: *const EmuLaunch,
-                s: Args,
-                d: Args,
-                p: *const MoveParams,
-                e: Err,
-                n: usize,
+                kernel: i32,
+                block: *const u8,
+                len: usize,
+                err: *mut c_char,
+                err_len: usize,
             ) -> i32;
         }
         pub(crate) const $const: Kernels = Kernels {
             warp_size: $warp,
-            write_kv: $write,
-            paged_decode: $decode,
-            paged_decode_reduce: $reduce,
-            move_blocks: $move,
+            launch_block: $block,
         };
     };
 }
 
-build!(
-    CUDA,
-    kvl_cuda_emu_warp_size,
-    kvl_cuda_emu_write_kv,
-    kvl_cuda_emu_paged_decode,
-    kvl_cuda_emu_paged_decode_reduce,
-    kvl_cuda_emu_move_blocks
-);
-build!(
-    HIP,
-    kvl_hip_emu_warp_size,
-    kvl_hip_emu_write_kv,
-    kvl_hip_emu_paged_decode,
-    kvl_hip_emu_paged_decode_reduce,
-    kvl_hip_emu_move_blocks
-);
+build!(CUDA, kvl_cuda_emu_warp_size, kvl_cuda_emu_launch_block);
+build!(HIP, kvl_hip_emu_warp_size, kvl_hip_emu_launch_block);
 
 #[cfg(feature = "planted-bugs")]
 pub(crate) mod planted {
     use super::*;
-    build!(
-        PLANT1,
-        kvl_plant1_warp_size,
-        kvl_plant1_write_kv,
-        kvl_plant1_paged_decode,
-        kvl_plant1_paged_decode_reduce,
-        kvl_plant1_move_blocks
-    );
-    build!(
-        PLANT2,
-        kvl_plant2_warp_size,
-        kvl_plant2_write_kv,
-        kvl_plant2_paged_decode,
-        kvl_plant2_paged_decode_reduce,
-        kvl_plant2_move_blocks
-    );
-    build!(
-        PLANT3,
-        kvl_plant3_warp_size,
-        kvl_plant3_write_kv,
-        kvl_plant3_paged_decode,
-        kvl_plant3_paged_decode_reduce,
-        kvl_plant3_move_blocks
-    );
-    build!(
-        PLANT4,
-        kvl_plant4_warp_size,
-        kvl_plant4_write_kv,
-        kvl_plant4_paged_decode,
-        kvl_plant4_paged_decode_reduce,
-        kvl_plant4_move_blocks
-    );
-    build!(
-        PLANT5,
-        kvl_plant5_warp_size,
-        kvl_plant5_write_kv,
-        kvl_plant5_paged_decode,
-        kvl_plant5_paged_decode_reduce,
-        kvl_plant5_move_blocks
-    );
-    build!(
-        PLANT6,
-        kvl_plant6_warp_size,
-        kvl_plant6_write_kv,
-        kvl_plant6_paged_decode,
-        kvl_plant6_paged_decode_reduce,
-        kvl_plant6_move_blocks
-    );
+    build!(PLANT1, kvl_plant1_warp_size, kvl_plant1_launch_block);
+    build!(PLANT2, kvl_plant2_warp_size, kvl_plant2_launch_block);
+    build!(PLANT3, kvl_plant3_warp_size, kvl_plant3_launch_block);
+    build!(PLANT4, kvl_plant4_warp_size, kvl_plant4_launch_block);
+    build!(PLANT5, kvl_plant5_warp_size, kvl_plant5_launch_block);
+    build!(PLANT6, kvl_plant6_warp_size, kvl_plant6_launch_block);
     /// Build `n` (1-based) of `kernels-cuda/src/kvl_plant.cuh`.
     pub(crate) const PLANTS: [Kernels; 6] = [PLANT1, PLANT2, PLANT3, PLANT4, PLANT5, PLANT6];
 }
@@ -244,27 +130,13 @@ extern "C" {
     fn kvl_emu_param_layout(which: i32, member: i32) -> i64;
 }
 
-/// One kernel call with its arguments, all by reference.
-pub(crate) enum Call<'a> {
-    /// `kvl_write_kv(k, v, k_scale, v_scale, p)`.
-    Write(&'a [KvFieldArgs; 4], &'a WriteParams),
-    /// `kvl_paged_decode(k, v, k_scale, v_scale, p)`.
-    Decode(&'a [KvFieldArgs; 4], &'a DecodeKernelParams),
-    /// `kvl_paged_decode_reduce(v, p)`.
-    Reduce(&'a KvFieldArgs, &'a DecodeKernelParams),
-    /// `kvl_move_blocks(src, dst, p)`.
-    Move(&'a KvFieldArgs, &'a KvFieldArgs, &'a MoveParams),
-}
-
-impl Call<'_> {
-    /// The kernel's name.
-    pub(crate) fn kernel(&self) -> &'static str {
-        match self {
-            Call::Write(..) => "kvl_write_kv",
-            Call::Decode(..) => "kvl_paged_decode",
-            Call::Reduce(..) => "kvl_paged_decode_reduce",
-            Call::Move(..) => "kvl_move_blocks",
-        }
+/// The C side's number of a kernel (`launch_block`'s `kernel`).
+fn kernel_number(k: Kernel) -> i32 {
+    match k {
+        Kernel::WriteKv => 0,
+        Kernel::PagedDecode => 1,
+        Kernel::PagedDecodeReduce => 2,
+        Kernel::MoveBlocks => 3,
     }
 }
 
@@ -275,29 +147,24 @@ impl Kernels {
         unsafe { (self.warp_size)() as u32 }
     }
 
-    /// Runs `call` under the emulator; `Err` is the emulator's report (a kernel trap, a
-    /// divergent barrier, an access outside the launch's regions, a launch over a limit).
+    /// Runs `kernel` with the argument block `block` under the emulator, which reads the
+    /// parameters out of the block as a driver does; `Err` is the emulator's report (a block
+    /// of the wrong size, a kernel trap, a divergent barrier, an access outside the launch's
+    /// regions, a launch over a limit).
     ///
-    /// The caller guarantees what the kernel reads and writes: every address in the params
+    /// The caller guarantees what the kernel reads and writes: every address in the block
     /// points into memory that lives, unaliased by Rust references in use, for the call, and
     /// sized as the op's checks (`kvlayout::ops::check`) validated. Cache accesses are also
     /// confined by the emulator to the launch's regions.
-    pub(crate) fn run(&self, launch: &EmuLaunch, call: Call<'_>) -> Result<(), String> {
+    pub(crate) fn run(&self, launch: &EmuLaunch, kernel: Kernel, block: &[u8]) -> Result<(), String> {
         let mut err = [0 as c_char; 512];
         let (e, n) = (err.as_mut_ptr(), err.len());
-        // SAFETY: every pointer argument is a live reference for the duration of the call
-        // (the C side copies the structs it takes by value); the memory the params point to is
-        // the caller's guarantee above; `err` is writable for `n` bytes and the C side
-        // NUL-terminates what it writes within them.
+        // SAFETY: `launch` and `block` are live for the call and `block` is readable for its
+        // length (the C side reads only within it and copies what it reads); the memory the
+        // block's addresses point to is the caller's guarantee above; `err` is writable for
+        // `n` bytes and the C side NUL-terminates what it writes within them.
         let rc = unsafe {
-            match call {
-                Call::Write([k, v, ks, vs], p) => (self.write_kv)(launch, k, v, ks, vs, p, e, n),
-                Call::Decode([k, v, ks, vs], p) => {
-                    (self.paged_decode)(launch, k, v, ks, vs, p, e, n)
-                }
-                Call::Reduce(v, p) => (self.paged_decode_reduce)(launch, v, p, e, n),
-                Call::Move(s, d, p) => (self.move_blocks)(launch, s, d, p, e, n),
-            }
+            (self.launch_block)(launch, kernel_number(kernel), block.as_ptr(), block.len(), e, n)
         };
         if rc == 0 {
             return Ok(());

@@ -27,17 +27,22 @@
 
 #![warn(missing_docs)]
 
+mod device;
 mod ffi;
+mod mem;
 mod ops;
 
 pub use ffi::{kernel_decode, kernel_encode, kernel_param_layout};
+pub use device::{EmuBuffer, EmuDevice, EmuError};
 pub use ops::EmuOps;
 
+use kvlayout::ops::DeviceBackend;
 use kvlayout_cpu::Host;
 
-/// The CUDA kernel sources under the emulator (warps of 32) as a backend.
-pub fn cuda_emu() -> Host<EmuOps> {
-    Host::new("cuda-emu", EmuOps::cuda())
+/// The CUDA kernel sources under the emulator (warps of 32) as a device backend: the code
+/// path of the CUDA and HIP backends, from argument blocks to pinned host caches.
+pub fn cuda_emu() -> DeviceBackend<EmuDevice> {
+    DeviceBackend::new(EmuDevice::new("cuda-emu", EmuOps::cuda()))
 }
 
 /// The HIP kernel sources under the emulator (wavefronts of 64) as a backend.

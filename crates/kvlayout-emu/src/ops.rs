@@ -1,21 +1,21 @@
 //! The ops of the contract on host memory, each a launch (or a few) of the emulated kernels:
-//! arguments validated by the contract's checks, field arguments and launch configuration
-//! from the descriptor.
+//! arguments validated by the contract's checks, the launches and their argument blocks from
+//! `kvlayout::kernels::calls`.
 
 use std::ops::Range;
 
 use kvlayout::kernels::{
-    move_launch, paged_decode_launch, row_unit_bytes, write_kv_launch, DecodeKernelParams,
-    GpuTarget, LaunchConfig, MoveParams, WriteParams,
+    decode_calls, decode_plan, move_calls, move_pairs, write_kv_call, CacheAddrs, DecodeAddrs,
+    DecodeSite, GpuTarget, KernelCall, WriteAddrs,
 };
 use kvlayout::ops::{
     check_decode, check_write, convert_moves, copy_moves, gather_moves, scatter_moves, swap_moves,
     Moves, OpError,
 };
-use kvlayout::{Content, Field, KvCacheLayout, KvFieldArgs};
+use kvlayout::KvCacheLayout;
 use kvlayout_cpu::{Activations, CacheMut, CacheRef, Decode, HostOps, WriteKv};
 
-use crate::ffi::{Call, EmuLaunch, Kernels, Region, CUDA, HIP};
+use crate::ffi::{EmuLaunch, Kernels, Region, CUDA, HIP};
 
 /// The emulated kernels of one build (CUDA or HIP sources), as host ops.
 #[derive(Debug, Clone, Copy)]
@@ -72,62 +72,22 @@ impl EmuOps {
         self.kernels.warp_size()
     }
 
-    fn run(&self, cfg: &LaunchConfig, regions: &[Region], call: Call<'_>) -> Result<(), OpError> {
-        let kernel = call.kernel();
-        let fail = |detail| OpError::Kernel { kernel, detail };
-        let launch =
-            EmuLaunch::new(cfg, self.target.shared_bytes, self.seed, regions).map_err(fail)?;
-        self.kernels.run(&launch, call).map_err(fail)
+    /// Runs `call` with its cache accesses confined to `regions`; `Err` is the emulator's
+    /// report.
+    pub(crate) fn run(&self, call: &KernelCall, regions: &[Region]) -> Result<(), String> {
+        let launch = EmuLaunch::new(&call.config, self.target.shared_bytes, self.seed, regions)?;
+        self.kernels
+            .run(&launch, call.args.kernel(), &call.args.block())
     }
-}
 
-/// Kernel arguments of a field the validated layout has.
-fn args(layout: &KvCacheLayout, field: Field) -> Result<KvFieldArgs, OpError> {
-    layout.kernel_args(field).map_err(OpError::from)
-}
-
-/// Arguments of a field a kernel does not touch.
-fn unused() -> KvFieldArgs {
-    KvFieldArgs {
-        base_offset_bytes: 0,
-        layer_stride_bytes: 0,
-        block_stride_bytes: 0,
-        head_stride_bytes: 0,
-        slot_stride_bytes: 0,
-        dim_chunk_stride_bytes: 0,
-        dim_stride_bytes: 0,
-        num_layers: 0,
-        num_blocks: 0,
-        num_heads: 0,
-        num_slots: 0,
-        width: 0,
-        dim_split: 1,
-        block_size: 0,
-        tokens_per_state: 0,
-        buffer: 0,
-        dtype: 0,
-        elem_bytes: 0,
-        field: 0,
-        scale: 1.0,
-        reserved: 0,
+    fn run_all(&self, calls: &[KernelCall], regions: &[Region]) -> Result<(), OpError> {
+        calls.iter().try_for_each(|c| {
+            self.run(c, regions).map_err(|detail| OpError::Kernel {
+                kernel: c.args.kernel().name(),
+                detail,
+            })
+        })
     }
-}
-
-/// K, V, k_scale, v_scale of a layout, and whether rows carry inline scales (the scales'
-/// arguments are unused without). For MLA the descriptor's K is the whole latent and V its
-/// first `kv_lora_rank` elements, so writes (of the latent, as K, with no value) and decodes
-/// take the same arguments.
-fn kv_args(layout: &KvCacheLayout) -> Result<([KvFieldArgs; 4], bool), OpError> {
-    let inline = matches!(layout.content(), Content::KvScaled { .. });
-    let (ks, vs) = if inline {
-        (args(layout, Field::KScale)?, args(layout, Field::VScale)?)
-    } else {
-        (unused(), unused())
-    };
-    Ok((
-        [args(layout, Field::K)?, args(layout, Field::V)?, ks, vs],
-        inline,
-    ))
 }
 
 fn address(a: &Activations<'_>) -> u64 {
@@ -177,65 +137,50 @@ impl<'l> Mem<'l> {
             .collect();
         Mem::new(layout, regions)
     }
+
+    fn addrs(&self) -> CacheAddrs<'l> {
+        CacheAddrs {
+            layout: self.layout,
+            bases: self.bases,
+        }
+    }
 }
 
 impl EmuOps {
     /// Every stored field of `m` from `src` to `dst`, one launch per field.
     fn move_fields(&self, src: &Mem<'_>, dst: &Mem<'_>, m: &Moves) -> Result<(), OpError> {
-        let pairs: Vec<i64> = m
-            .pairs
-            .iter()
-            .flat_map(|&(s, d)| [s as i64, d as i64])
-            .collect();
-        let heads = m.heads.end - m.heads.start;
+        let pairs = move_pairs(m);
         let regions: Vec<Region> = src.regions.iter().chain(&dst.regions).copied().collect();
-        for f in src.layout.stored_fields() {
-            let g = dst.layout.field_map(f.field).map_err(OpError::from)?;
-            let Some(cfg) = move_launch(&self.target, f, heads, m.pairs.len())? else {
-                continue;
-            };
-            let (sa, da) = (args(src.layout, f.field)?, args(dst.layout, f.field)?);
-            let p = MoveParams {
-                src_buffers: src.bases,
-                dst_buffers: dst.bases,
-                pairs: pairs.as_ptr() as u64,
-                n_pairs: m.pairs.len() as i64,
-                head0: m.heads.start as i64,
-                heads: heads as i64,
-                dst_head0: m.dst_head0 as i64,
-                row_unit_bytes: row_unit_bytes(
-                    f,
-                    &g,
-                    src.bases[f.strides.buffer as usize],
-                    dst.bases[g.strides.buffer as usize],
-                ) as i32,
-                reserved: 0,
-            };
-            self.run(&cfg, &regions, Call::Move(&sa, &da, &p))?;
-        }
-        Ok(())
+        let calls = move_calls(
+            &self.target,
+            &src.addrs(),
+            &dst.addrs(),
+            m,
+            pairs.as_ptr() as u64,
+        )?;
+        self.run_all(&calls, &regions)
     }
 }
 
 impl HostOps for EmuOps {
     fn write_kv(&self, cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError> {
-        let layout = cache.layout();
-        let shape = check_write(layout, w)?;
-        let Some(cfg) = write_kv_launch(&self.target, &shape, w.slot_mapping.len())? else {
-            return Ok(());
-        };
-        let (fields, inline) = kv_args(layout)?;
+        let shape = check_write(cache.layout(), w)?;
         let mem = Mem::write(cache);
-        let p = WriteParams {
+        let at = WriteAddrs {
             key: address(&w.key),
             value: w.value.as_ref().map_or(0, address),
             slot_mapping: w.slot_mapping.as_ptr() as u64,
-            buffers: mem.bases,
-            layer: w.layer as i64,
-            act_dtype: w.key.dtype().abi_code(),
-            inline_scales: i32::from(inline),
         };
-        self.run(&cfg, &mem.regions, Call::Write(&fields, &p))
+        let call = write_kv_call(
+            &self.target,
+            &mem.addrs(),
+            &shape,
+            w.slot_mapping.len(),
+            w.layer,
+            w.key.dtype(),
+            &at,
+        )?;
+        self.run_all(call.as_slice(), &mem.regions)
     }
 
     fn paged_decode(
@@ -244,57 +189,29 @@ impl HostOps for EmuOps {
         d: &Decode<'_>,
         out: &mut [f32],
     ) -> Result<(), OpError> {
-        let layout = cache.layout();
-        let shape = check_decode(layout, d, out.len())?;
-        let window = d.params.sliding_window.unwrap_or(u64::MAX);
-        let max_attended = d
-            .seq_lens
-            .iter()
-            .map(|&n| u64::from(n).min(window))
-            .max()
-            .unwrap_or(0);
-        let Some(launch) = paged_decode_launch(&self.target, &shape, max_attended)? else {
+        let shape = check_decode(cache.layout(), d, out.len())?;
+        let Some(launch) = decode_plan(&self.target, &shape, d.seq_lens, &d.params)? else {
             return Ok(());
         };
-        let (fields, inline) = kv_args(layout)?;
         let mut partials = vec![0f32; launch.partials_len(&shape)];
         let mem = Mem::read(cache);
         let mut regions = mem.regions.clone();
         regions.push(Region::of(d.block_table));
-        let p = DecodeKernelParams {
+        let at = DecodeAddrs {
             query: address(&d.query),
             block_table: d.block_table.as_ptr() as u64,
             seq_lens: d.seq_lens.as_ptr() as u64,
-            buffers: mem.bases,
             out: out.as_mut_ptr() as u64,
-            partials: if partials.is_empty() {
-                0
-            } else {
-                partials.as_mut_ptr() as u64
-            },
-            layer: d.layer as i64,
-            blocks_per_seq: d.blocks_per_seq as i64,
-            q_heads: shape.q_heads as i64,
-            group: shape.group as i64,
-            window: d
-                .params
-                .sliding_window
-                .map_or(-1, |w| i64::try_from(w).unwrap_or(i64::MAX)),
-            partition_tokens: launch.partition_tokens as i64,
-            partitions: launch.partitions as i32,
-            act_dtype: d.query.dtype().abi_code(),
-            inline_scales: i32::from(inline),
-            scale: d.params.scale,
-            soft_cap: d.params.soft_cap.unwrap_or(0.0),
-            soft_capped: i32::from(d.params.soft_cap.is_some()),
-            group_tile: launch.group_tile as i32,
-            reserved: 0,
+            partials: partials.as_mut_ptr() as u64,
         };
-        self.run(&launch.main, &regions, Call::Decode(&fields, &p))?;
-        if let Some(reduce) = launch.reduce {
-            self.run(&reduce, &regions, Call::Reduce(&fields[1], &p))?;
-        }
-        Ok(())
+        let site = DecodeSite {
+            layer: d.layer,
+            blocks_per_seq: d.blocks_per_seq,
+            act_dtype: d.query.dtype(),
+            params: d.params,
+        };
+        let calls = decode_calls(&mem.addrs(), &shape, &launch, &site, &at)?;
+        self.run_all(&calls, &regions)
     }
 
     fn copy_blocks(&self, cache: &mut CacheMut<'_>, pairs: &[(u64, u64)]) -> Result<(), OpError> {

@@ -1,0 +1,198 @@
+//! The emulator as a [`Device`]: "device memory" is host memory the emulated kernels address,
+//! and a launch takes the argument block a GPU driver would take. So
+//! [`DeviceBackend<EmuDevice>`](kvlayout::ops::DeviceBackend) runs, on this machine, the
+//! code path of the CUDA and HIP backends: validation, staging of index metadata into device
+//! temporaries, argument blocks, copy runs between pinned host and device caches.
+//!
+//! Work runs when enqueued, so events are ready when recorded. Each launch's cache accesses
+//! are confined to the allocations its cache buffer addresses fall in.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use kvlayout::kernels::{GpuTarget, KernelArgs, KernelCall};
+use kvlayout::ops::{Device, Place};
+
+use crate::ffi::Region;
+use crate::mem::HostAlloc;
+use crate::ops::EmuOps;
+
+/// Live allocations: address of byte 0 -> length.
+type Live = Arc<Mutex<BTreeMap<u64, u64>>>;
+
+/// An emulated device running one kernel build.
+#[derive(Debug)]
+pub struct EmuDevice {
+    name: &'static str,
+    ops: EmuOps,
+    live: Live,
+}
+
+/// An allocation of an [`EmuDevice`].
+#[derive(Debug)]
+pub struct EmuBuffer {
+    mem: HostAlloc,
+    place: Place,
+    live: Live,
+}
+
+impl EmuBuffer {
+    /// Where it was allocated.
+    pub fn place(&self) -> Place {
+        self.place
+    }
+}
+
+impl Drop for EmuBuffer {
+    fn drop(&mut self) {
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        live.remove(&self.mem.address());
+    }
+}
+
+/// An emulator error: an access past an allocation, or the kernel's report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmuError(pub String);
+
+impl std::fmt::Display for EmuError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for EmuError {}
+
+impl EmuDevice {
+    /// `ops`' kernel build as a device named `name`.
+    pub fn new(name: &'static str, ops: EmuOps) -> Self {
+        EmuDevice {
+            name,
+            ops,
+            live: Arc::default(),
+        }
+    }
+
+    /// The allocation holding address `a`, as a region.
+    fn region_of(&self, a: u64) -> Option<Region> {
+        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        let (&base, &len) = live.range(..=a).next_back()?;
+        (a < base + len.max(1)).then_some(Region { base, len })
+    }
+
+    /// The regions of the cache buffers a call addresses.
+    fn regions(&self, call: &KernelCall) -> Vec<Region> {
+        let bases: Vec<u64> = match &call.args {
+            KernelArgs::Write { params, .. } => params.buffers.to_vec(),
+            KernelArgs::Decode { params, .. } => {
+                let mut b = params.buffers.to_vec();
+                b.push(params.block_table);
+                b
+            }
+            KernelArgs::Reduce { .. } => Vec::new(),
+            KernelArgs::Move { params, .. } => {
+                let mut b = params.src_buffers.to_vec();
+                b.extend(params.dst_buffers);
+                b
+            }
+        };
+        let mut regions: Vec<Region> = Vec::new();
+        for r in bases.into_iter().filter_map(|a| self.region_of(a)) {
+            if !regions.iter().any(|q| q.base == r.base) {
+                regions.push(r);
+            }
+        }
+        regions
+    }
+}
+
+fn in_range(what: &str, buf: &EmuBuffer, offset: u64, len: u64) -> Result<(), EmuError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= buf.mem.len() as u64 => Ok(()),
+        _ => Err(EmuError(format!(
+            "{what}: {len} bytes at {offset} past an allocation of {}",
+            buf.mem.len()
+        ))),
+    }
+}
+
+impl Device for EmuDevice {
+    type Buffer = EmuBuffer;
+    type Event = ();
+    type Error = EmuError;
+
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn target(&self) -> GpuTarget {
+        *self.ops.target()
+    }
+
+    fn alloc(&self, len: u64, misalign: u64, place: Place) -> Result<EmuBuffer, EmuError> {
+        let len = usize::try_from(len).map_err(|_| EmuError(format!("{len} bytes")))?;
+        let mem = HostAlloc::new(len, (misalign % 64) as usize);
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        live.insert(mem.address(), len as u64);
+        Ok(EmuBuffer {
+            mem,
+            place,
+            live: Arc::clone(&self.live),
+        })
+    }
+
+    fn address(&self, buf: &EmuBuffer) -> u64 {
+        buf.mem.address()
+    }
+
+    fn len(&self, buf: &EmuBuffer) -> u64 {
+        buf.mem.len() as u64
+    }
+
+    fn upload(&self, dst: &EmuBuffer, src: &[u8]) -> Result<(), EmuError> {
+        in_range("upload", dst, 0, src.len() as u64)?;
+        dst.mem.write(0, src);
+        Ok(())
+    }
+
+    fn download(&self, src: &EmuBuffer, dst: &mut [u8]) -> Result<(), EmuError> {
+        in_range("download", src, 0, dst.len() as u64)?;
+        src.mem.read(0, dst);
+        Ok(())
+    }
+
+    fn copy(
+        &self,
+        src: &EmuBuffer,
+        src_offset: u64,
+        dst: &EmuBuffer,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<(), EmuError> {
+        in_range("copy source", src, src_offset, len)?;
+        in_range("copy destination", dst, dst_offset, len)?;
+        HostAlloc::copy(
+            &src.mem,
+            src_offset as usize,
+            &dst.mem,
+            dst_offset as usize,
+            len as usize,
+        );
+        Ok(())
+    }
+
+    fn launch(&self, call: &KernelCall) -> Result<(), EmuError> {
+        self.ops.run(call, &self.regions(call)).map_err(EmuError)
+    }
+
+    fn record(&self) -> Result<(), EmuError> {
+        Ok(())
+    }
+
+    fn wait(&self, _: &()) -> Result<(), EmuError> {
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<(), EmuError> {
+        Ok(())
+    }
+}
