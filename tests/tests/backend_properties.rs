@@ -8,14 +8,15 @@ use std::cell::Cell;
 use std::sync::OnceLock;
 
 use kvlayout::ops::DecodeParams;
-use kvlayout::{Content, KvCacheLayout};
+use kvlayout::{AxisOrder, Content, KvCacheLayout, Paged, Placement};
 use kvlayout_conformance::cases::widths;
 use kvlayout_conformance::gen::any_layout;
 use kvlayout_cpu::tolerance::{decode_error, Tolerance};
 use kvlayout_cpu::{
     reference, Activations, CpuBackend, Decode, HostCache, HostOps, PrefetchLevel, WriteKv,
 };
-use kvlayout_emu::EmuOps;
+use kvlayout::ops::{Backend, BufferShape, DeviceBackend};
+use kvlayout_emu::{EmuDevice, EmuOps};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -59,6 +60,25 @@ proptest! {
         for (name, be) in backends() {
             movers(name, be.as_ref(), &a, &b, pick)?;
         }
+    }
+
+    /// swap_blocks between a device cache and a pinned host cache of the device backend
+    /// (`cuda-emu`: byte copies merged into runs, or the mover kernel where the moves have no
+    /// byte-run form), both ways == the reference; the runs cover the moved bytes once, never
+    /// overlap at the destination, and none continues the next.
+    #[test]
+    fn host_device_swaps_match_reference(a in any_layout(), pick in 0u64..1000) {
+        // The host pool: `a` itself, or its content in dense pages of one of the orders.
+        let orders = [AxisOrder::LBHNC, AxisOrder::LBNHC, AxisOrder::BLHNC, AxisOrder::BLNHC];
+        let b = match pick % 5 {
+            0 => a.clone(),
+            i => {
+                let mut spec = a.spec().clone();
+                spec.placement = Placement::Paged(Paged::new(orders[i as usize - 1]));
+                KvCacheLayout::new(spec).unwrap()
+            }
+        };
+        host_device_swaps(&a, &b, pick)?;
     }
 
     /// write_kv: fast == reference, byte for byte, and padding slots write nothing.
@@ -126,6 +146,65 @@ fn movers(
         reference::scatter_blocks(&slow.as_ref(), &blocks, h / 2..h, &mut slow_c.as_mut()).unwrap();
         prop_assert!(same(&fast_c, &slow_c), "{name}: scatter {a}");
     }
+    Ok(())
+}
+
+fn bytes_of(c: &HostCache) -> Vec<Vec<u8>> {
+    (0..c.layout().num_buffers())
+        .map(|i| c.bytes(i).to_vec())
+        .collect()
+}
+
+/// Device -> pinned host and back on the device backend, against the reference, and the
+/// post-conditions of the copy runs.
+fn host_device_swaps(a: &KvCacheLayout, b: &KvCacheLayout, pick: u64) -> Result<(), TestCaseError> {
+    static BE: OnceLock<DeviceBackend<EmuDevice>> = OnceLock::new();
+    let be = BE.get_or_init(kvlayout_emu::cuda_emu);
+    let (na, nb) = (a.geometry().num_blocks, b.geometry().num_blocks);
+    let pairs: Vec<(u64, u64)> = (0..na.min(nb).min(3))
+        .map(|i| ((pick + i) % na, (pick / 3 + i) % nb))
+        .collect();
+    let mut uniq: Vec<u64> = pairs.iter().map(|p| p.1).collect();
+    uniq.sort_unstable();
+    uniq.dedup();
+    if uniq.len() != pairs.len() {
+        return Ok(());
+    }
+    let m = kvlayout::ops::swap_moves(a, b, &pairs).unwrap();
+    if let Some(runs) = kvlayout::ops::copy_runs(a, b, &m, 1 << 20) {
+        let plan = m.plan(a, b).unwrap();
+        let total: u64 = runs.iter().map(|r| r.len).sum();
+        prop_assert_eq!(total, plan.bytes_per_pair() * pairs.len() as u64);
+        let mut dst: Vec<_> = runs.iter().map(|r| (r.dst_buffer, r.dst_offset, r.len)).collect();
+        dst.sort_unstable();
+        for w in dst.windows(2) {
+            prop_assert!(w[0].0 != w[1].0 || w[0].1 + w[0].2 <= w[1].1, "overlap in {a} -> {b}");
+        }
+        for w in runs.windows(2) {
+            let joined = w[0].src_buffer == w[1].src_buffer
+                && w[0].dst_buffer == w[1].dst_buffer
+                && w[0].src_offset + w[0].len == w[1].src_offset
+                && w[0].dst_offset + w[0].len == w[1].dst_offset;
+            prop_assert!(!joined, "unmerged runs in {a} -> {b}");
+        }
+    }
+    // Device `a` -> pinned host `b`.
+    let src = filled(a, 11);
+    let mut slow = filled(b, 12);
+    reference::swap_blocks(&src.as_ref(), &mut slow.as_mut(), &pairs).unwrap();
+    let mut dev = be.alloc_cache(a, &BufferShape::exact(a)).unwrap();
+    be.upload_cache(&mut dev, &bytes_of(&src)).unwrap();
+    let mut host = be.alloc_host_cache(b).unwrap();
+    be.upload_cache(&mut host, &bytes_of(&filled(b, 12))).unwrap();
+    be.wait(be.swap_blocks(&dev, &mut host, &pairs).unwrap()).unwrap();
+    prop_assert_eq!(be.download_cache(&host).unwrap(), bytes_of(&slow), "{} -> {}", a, b);
+    // And back: pinned host `b` -> device `a`, the pairs reversed.
+    let back: Vec<(u64, u64)> = pairs.iter().map(|&(s, d)| (d, s)).collect();
+    let mut slow_a = filled(a, 13);
+    reference::swap_blocks(&slow.as_ref(), &mut slow_a.as_mut(), &back).unwrap();
+    be.upload_cache(&mut dev, &bytes_of(&filled(a, 13))).unwrap();
+    be.wait(be.swap_blocks(&host, &mut dev, &back).unwrap()).unwrap();
+    prop_assert_eq!(be.download_cache(&dev).unwrap(), bytes_of(&slow_a), "{} <- {}", a, b);
     Ok(())
 }
 
