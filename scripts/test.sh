@@ -9,6 +9,11 @@ export CARGO_TERM_COLOR=never
 # here, not be skipped.
 export KVLAYOUT_REQUIRE_NUMPY=1
 export KVLAYOUT_REQUIRE_CLANG=1
+# NVRTC's libraries (setup.sh unpacks them): the CUDA backend's run-time compile is tested
+# here, without a GPU. The CUDA and HIP backends themselves skip visibly without a device
+# (scripts/gpu-check.sh runs them where there is one, with KVLAYOUT_REQUIRE_GPU).
+export KVLAYOUT_REQUIRE_NVRTC=1
+export LD_LIBRARY_PATH="$(./scripts/nvrtc-path.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

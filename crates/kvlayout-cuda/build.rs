@@ -139,8 +139,8 @@ fn inline(
     seen: &mut HashSet<PathBuf>,
     out: &mut String,
 ) {
-    let text = std::fs::read_to_string(file)
-        .unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
+    let text =
+        std::fs::read_to_string(file).unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
     let here = file.parent().map(Path::to_path_buf).unwrap_or_default();
     writeln!(out, "#line 1 \"{shown}\"").expect("write to a String");
     for (i, line) in text.lines().enumerate() {

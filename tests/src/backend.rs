@@ -4,18 +4,22 @@
 //! Implementations: the CPU backend and the scalar reference on host memory
 //! (`kvlayout_cpu::Host`), the CPU backend once more per other kernel build this machine runs
 //! and with the other prefetch arrangement ([`cpu_builds`]), the GPU kernel sources under the
-//! host emulator (`cuda-emu`, warps of 32; `hip-emu`, wavefronts of 64; `kvlayout_emu`);
-//! `cuda` and `hip` are listed as [`NotBuilt`]: their [`Backend::available`] says why, and
-//! the suite prints `skipped: <name>: <reason>`.
+//! host emulator (`cuda-emu`, warps of 32, behind the device backend; `hip-emu`, wavefronts
+//! of 64; `kvlayout_emu`), and the CUDA and HIP backends on device 0 ([`Gpu`]). A GPU backend
+//! that cannot open here is [`Unavailable`]: its [`Backend::available`] says why, and the
+//! suite prints `skipped: <name>: <reason>` (a failure where `KVLAYOUT_REQUIRE_GPU` asks for
+//! it).
 
 use std::ops::Range;
 
 pub use kvlayout::ops::{Backend, BufferShape, DecodeArgs, HostTensor, OpError, WriteArgs};
+pub use kvlayout::ops::{Device, DeviceBackend};
 use kvlayout::{DType, KvCacheLayout};
 use kvlayout_cpu::{CpuBackend, PrefetchLevel};
 pub use kvlayout_cpu::{Host, HostBuffers, HostOps, Ready, ScalarReference};
-pub use kvlayout::ops::DeviceBackend;
+pub use kvlayout_cuda::CudaDevice;
 pub use kvlayout_emu::{EmuDevice, EmuOps};
+pub use kvlayout_hip::HipDevice;
 
 /// The CPU backend forced to every other kernel build this machine runs than the one it
 /// picks (`cpu/avx2`, `cpu/scalar`, ...), so that each build meets every case; and the build
@@ -46,36 +50,51 @@ pub fn cpu_builds(threads: Option<usize>) -> Vec<Host<CpuBackend>> {
 }
 
 /// No value: the memory and completions of a backend that is not built.
+/// No value: the memory types of a backend that cannot run here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Never {}
 
-/// A backend the suite knows of that this workspace does not build yet: reported as
-/// skipped, by name, with the reason.
-#[derive(Debug, Clone, Copy)]
-pub struct NotBuilt {
+/// A backend that cannot run on this machine, and why (its ops are never reached: allocation
+/// fails with the reason).
+#[derive(Debug, Clone)]
+pub struct Unavailable {
     name: &'static str,
-    reason: &'static str,
+    reason: String,
 }
 
-impl NotBuilt {
-    /// The CUDA backend (cudarc, `kernels-cuda/`).
-    pub fn cuda() -> Self {
-        NotBuilt {
-            name: "cuda",
-            reason: "not built: no CUDA backend in this workspace yet",
-        }
-    }
-
-    /// The HIP backend (hip-sys, `kernels-hip/`).
-    pub fn hip() -> Self {
-        NotBuilt {
-            name: "hip",
-            reason: "not built: no HIP backend in this workspace yet",
+impl Unavailable {
+    /// Backend `name`, unavailable for `reason`.
+    pub fn new(name: &'static str, reason: impl Into<String>) -> Self {
+        Unavailable {
+            name,
+            reason: reason.into(),
         }
     }
 }
 
-impl Backend for NotBuilt {
+/// A device backend opened on this machine, or why it could not be.
+#[derive(Debug)]
+pub enum Gpu<D> {
+    /// Device 0, open.
+    Open(DeviceBackend<D>),
+    /// No device, no driver or no kernels for it.
+    Absent(Unavailable),
+}
+
+impl<D: Device> Gpu<D> {
+    fn visit(&self, v: &mut impl BackendVisitor) {
+        match self {
+            Gpu::Open(b) => v.visit(b),
+            Gpu::Absent(u) => v.visit(u),
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        matches!(self, Gpu::Open(_))
+    }
+}
+
+impl Backend for Unavailable {
     type Cache = Never;
     type Tensor = Never;
     type Completion = Never;
@@ -84,10 +103,10 @@ impl Backend for NotBuilt {
         self.name
     }
     fn available(&self) -> Result<(), String> {
-        Err(self.reason.to_string())
+        Err(self.reason.clone())
     }
     fn alloc_cache(&self, _: &KvCacheLayout, _: &[BufferShape]) -> Result<Never, String> {
-        Err(self.reason.to_string())
+        Err(self.reason.clone())
     }
     fn upload_cache(&self, cache: &mut Never, _: &[Vec<u8>]) -> Result<(), String> {
         match *cache {}
@@ -96,10 +115,10 @@ impl Backend for NotBuilt {
         match *cache {}
     }
     fn upload_tensor(&self, _: &HostTensor) -> Result<Never, String> {
-        Err(self.reason.to_string())
+        Err(self.reason.clone())
     }
     fn alloc_tensor(&self, _: DType, _: usize) -> Result<Never, String> {
-        Err(self.reason.to_string())
+        Err(self.reason.clone())
     }
     fn download_tensor(&self, t: &Never) -> Result<HostTensor, String> {
         match *t {}
@@ -146,7 +165,7 @@ impl Backend for NotBuilt {
         match c {}
     }
     fn synchronize(&self) -> Result<(), String> {
-        Err(self.reason.to_string())
+        Err(self.reason.clone())
     }
 }
 
@@ -173,8 +192,10 @@ pub struct Backends {
     /// The HIP kernels (wavefronts of 64) under the host emulator on host memory, fibers
     /// resumed in a seeded pseudo-random order, so both orders meet every case.
     pub hip_emu: Host<EmuOps>,
-    /// Listed, not built.
-    pub absent: Vec<NotBuilt>,
+    /// The CUDA backend on device 0, or why not.
+    pub cuda: Gpu<CudaDevice>,
+    /// The HIP backend on device 0, or why not.
+    pub hip: Gpu<HipDevice>,
 }
 
 impl Default for Backends {
@@ -185,7 +206,14 @@ impl Default for Backends {
             reference: Host::reference(),
             cuda_emu: kvlayout_emu::cuda_emu(),
             hip_emu: Host::new("hip-emu", EmuOps::hip().with_seed(0x5eed)),
-            absent: vec![NotBuilt::cuda(), NotBuilt::hip()],
+            cuda: match kvlayout_cuda::cuda(0) {
+                Ok(b) => Gpu::Open(b),
+                Err(e) => Gpu::Absent(Unavailable::new("cuda", e.to_string())),
+            },
+            hip: match kvlayout_hip::hip(0) {
+                Ok(b) => Gpu::Open(b),
+                Err(e) => Gpu::Absent(Unavailable::new("hip", e.to_string())),
+            },
         }
     }
 }
@@ -201,8 +229,22 @@ impl Backends {
         v.visit(&self.reference);
         v.visit(&self.cuda_emu);
         v.visit(&self.hip_emu);
-        for b in &self.absent {
-            v.visit(b);
-        }
+        self.cuda.visit(v);
+        self.hip.visit(v);
+    }
+}
+
+impl Backends {
+    /// The failure `KVLAYOUT_REQUIRE_GPU` asks for when its GPU backend cannot run here:
+    /// `cuda` or `hip` requires that one, any other non-empty value either of them.
+    pub fn missing_required_gpu(&self) -> Option<String> {
+        let want = std::env::var("KVLAYOUT_REQUIRE_GPU").unwrap_or_default();
+        let ok = match want.as_str() {
+            "" | "0" => return None,
+            "cuda" => self.cuda.is_open(),
+            "hip" => self.hip.is_open(),
+            _ => self.cuda.is_open() || self.hip.is_open(),
+        };
+        (!ok).then(|| format!("KVLAYOUT_REQUIRE_GPU={want}, but no such GPU backend runs here"))
     }
 }

@@ -13,6 +13,7 @@ pub mod backend;
 pub mod cases;
 pub mod domain;
 pub mod gen;
+pub mod gpu_bench;
 pub mod inputs;
 
 /// Writes one line of the suite's report to stderr, past the test harness's capture (which

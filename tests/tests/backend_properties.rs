@@ -8,6 +8,7 @@ use std::cell::Cell;
 use std::sync::OnceLock;
 
 use kvlayout::ops::DecodeParams;
+use kvlayout::ops::{Backend, BufferShape, DeviceBackend};
 use kvlayout::{AxisOrder, Content, KvCacheLayout, Paged, Placement};
 use kvlayout_conformance::cases::widths;
 use kvlayout_conformance::gen::any_layout;
@@ -15,7 +16,6 @@ use kvlayout_cpu::tolerance::{decode_error, Tolerance};
 use kvlayout_cpu::{
     reference, Activations, CpuBackend, Decode, HostCache, HostOps, PrefetchLevel, WriteKv,
 };
-use kvlayout::ops::{Backend, BufferShape, DeviceBackend};
 use kvlayout_emu::{EmuDevice, EmuOps};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -175,10 +175,16 @@ fn host_device_swaps(a: &KvCacheLayout, b: &KvCacheLayout, pick: u64) -> Result<
         let plan = m.plan(a, b).unwrap();
         let total: u64 = runs.iter().map(|r| r.len).sum();
         prop_assert_eq!(total, plan.bytes_per_pair() * pairs.len() as u64);
-        let mut dst: Vec<_> = runs.iter().map(|r| (r.dst_buffer, r.dst_offset, r.len)).collect();
+        let mut dst: Vec<_> = runs
+            .iter()
+            .map(|r| (r.dst_buffer, r.dst_offset, r.len))
+            .collect();
         dst.sort_unstable();
         for w in dst.windows(2) {
-            prop_assert!(w[0].0 != w[1].0 || w[0].1 + w[0].2 <= w[1].1, "overlap in {a} -> {b}");
+            prop_assert!(
+                w[0].0 != w[1].0 || w[0].1 + w[0].2 <= w[1].1,
+                "overlap in {a} -> {b}"
+            );
         }
         for w in runs.windows(2) {
             let joined = w[0].src_buffer == w[1].src_buffer
@@ -195,16 +201,32 @@ fn host_device_swaps(a: &KvCacheLayout, b: &KvCacheLayout, pick: u64) -> Result<
     let mut dev = be.alloc_cache(a, &BufferShape::exact(a)).unwrap();
     be.upload_cache(&mut dev, &bytes_of(&src)).unwrap();
     let mut host = be.alloc_host_cache(b).unwrap();
-    be.upload_cache(&mut host, &bytes_of(&filled(b, 12))).unwrap();
-    be.wait(be.swap_blocks(&dev, &mut host, &pairs).unwrap()).unwrap();
-    prop_assert_eq!(be.download_cache(&host).unwrap(), bytes_of(&slow), "{} -> {}", a, b);
+    be.upload_cache(&mut host, &bytes_of(&filled(b, 12)))
+        .unwrap();
+    be.wait(be.swap_blocks(&dev, &mut host, &pairs).unwrap())
+        .unwrap();
+    prop_assert_eq!(
+        be.download_cache(&host).unwrap(),
+        bytes_of(&slow),
+        "{} -> {}",
+        a,
+        b
+    );
     // And back: pinned host `b` -> device `a`, the pairs reversed.
     let back: Vec<(u64, u64)> = pairs.iter().map(|&(s, d)| (d, s)).collect();
     let mut slow_a = filled(a, 13);
     reference::swap_blocks(&slow.as_ref(), &mut slow_a.as_mut(), &back).unwrap();
-    be.upload_cache(&mut dev, &bytes_of(&filled(a, 13))).unwrap();
-    be.wait(be.swap_blocks(&host, &mut dev, &back).unwrap()).unwrap();
-    prop_assert_eq!(be.download_cache(&dev).unwrap(), bytes_of(&slow_a), "{} <- {}", a, b);
+    be.upload_cache(&mut dev, &bytes_of(&filled(a, 13)))
+        .unwrap();
+    be.wait(be.swap_blocks(&host, &mut dev, &back).unwrap())
+        .unwrap();
+    prop_assert_eq!(
+        be.download_cache(&dev).unwrap(),
+        bytes_of(&slow_a),
+        "{} <- {}",
+        a,
+        b
+    );
     Ok(())
 }
 

@@ -74,7 +74,7 @@ pub enum CudaError {
         result: String,
     },
     /// An NVRTC call failed.
-    #[error("{call} ({arch}): {result}{}", if log.is_empty() { String::new() } else { format!(":\n{log}") })]
+    #[error("{call} ({arch}): {result}{}", log_suffix(.log))]
     Nvrtc {
         /// The NVRTC function.
         call: &'static str,
@@ -115,6 +115,15 @@ pub enum CudaError {
     },
 }
 
+/// `log` on lines of its own after a colon, or nothing when empty.
+fn log_suffix(log: &str) -> String {
+    if log.is_empty() {
+        String::new()
+    } else {
+        format!(":\n{log}")
+    }
+}
+
 /// `Err` of a driver call `call`.
 pub(crate) fn driver(call: &'static str) -> impl Fn(DriverError) -> CudaError {
     move |e| CudaError::Driver {
@@ -129,7 +138,11 @@ pub(crate) fn result_name(e: DriverError) -> String {
 }
 
 /// `Err` of an NVRTC call `call` compiling for `arch`.
-pub(crate) fn nvrtc(call: &'static str, arch: &str, log: String) -> impl FnOnce(NvrtcError) -> CudaError {
+pub(crate) fn nvrtc(
+    call: &'static str,
+    arch: &str,
+    log: String,
+) -> impl FnOnce(NvrtcError) -> CudaError {
     let arch = arch.to_string();
     move |e| CudaError::Nvrtc {
         call,

@@ -79,7 +79,8 @@ impl EmuLaunch {
 }
 
 /// `kvl_<build>_launch_block(launch, kernel, block, len, err, err_len)`.
-type BlockFn = unsafe extern "C" fn(*const EmuLaunch, i32, *const u8, usize, *mut c_char, usize) -> i32;
+type BlockFn =
+    unsafe extern "C" fn(*const EmuLaunch, i32, *const u8, usize, *mut c_char, usize) -> i32;
 
 /// The entry points of one build.
 #[derive(Debug, Clone, Copy)]
@@ -156,7 +157,12 @@ impl Kernels {
     /// points into memory that lives, unaliased by Rust references in use, for the call, and
     /// sized as the op's checks (`kvlayout::ops::check`) validated. Cache accesses are also
     /// confined by the emulator to the launch's regions.
-    pub(crate) fn run(&self, launch: &EmuLaunch, kernel: Kernel, block: &[u8]) -> Result<(), String> {
+    pub(crate) fn run(
+        &self,
+        launch: &EmuLaunch,
+        kernel: Kernel,
+        block: &[u8],
+    ) -> Result<(), String> {
         let mut err = [0 as c_char; 512];
         let (e, n) = (err.as_mut_ptr(), err.len());
         // SAFETY: `launch` and `block` are live for the call and `block` is readable for its
@@ -164,7 +170,14 @@ impl Kernels {
         // block's addresses point to is the caller's guarantee above; `err` is writable for
         // `n` bytes and the C side NUL-terminates what it writes within them.
         let rc = unsafe {
-            (self.launch_block)(launch, kernel_number(kernel), block.as_ptr(), block.len(), e, n)
+            (self.launch_block)(
+                launch,
+                kernel_number(kernel),
+                block.as_ptr(),
+                block.len(),
+                e,
+                n,
+            )
         };
         if rc == 0 {
             return Ok(());

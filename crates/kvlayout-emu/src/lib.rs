@@ -4,10 +4,13 @@
 //! `kernels-hip/src`) on the CPU: `build.rs` compiles them with the host emulator
 //! (`kernels-cuda/emu/kvl_emu.h`: thread blocks run one after another, their threads as
 //! fibers, barriers and warp operations as rendezvous, errors returned), once as the CUDA
-//! build with warps of 32 and once as the HIP build with wavefronts of 64. [`EmuOps`] runs
-//! every op of the backend contract through them on host memory, with the launch
-//! configuration of `kvlayout::kernels` and arguments from the descriptor, so
-//! [`cuda_emu`] and [`hip_emu`] are backends the conformance suite drives like any other.
+//! build with warps of 32 and once as the HIP build with wavefronts of 64. Kernels are
+//! launched from the argument blocks of `kvlayout::kernels::calls`, which the C side reads as
+//! a driver does. [`EmuOps`] runs every op of the backend contract through them on host
+//! memory ([`hip_emu`]); [`EmuDevice`] is the emulator as a `kvlayout::ops::Device`, so
+//! [`cuda_emu`] is the `DeviceBackend` the CUDA and HIP crates use, on host memory. The
+//! conformance suite drives both like any other backend. Unsafe code is confined to `ffi`
+//! (the C entry points) and `mem` (memory the kernels write through raw addresses).
 //!
 //! It does not own the kernels' arguments or launch configuration (the `kvlayout` crate
 //! does), host memory or op validation (the `kvlayout-cpu` crate's `Host` and the contract's
@@ -32,8 +35,8 @@ mod ffi;
 mod mem;
 mod ops;
 
-pub use ffi::{kernel_decode, kernel_encode, kernel_param_layout};
 pub use device::{EmuBuffer, EmuDevice, EmuError};
+pub use ffi::{kernel_decode, kernel_encode, kernel_param_layout};
 pub use ops::EmuOps;
 
 use kvlayout::ops::DeviceBackend;

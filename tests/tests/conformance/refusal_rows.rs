@@ -548,7 +548,7 @@ impl Ctx<'_> {
         if align <= 1 {
             return Vec::new();
         }
-        let is_misaligned = move |e: &OpError| matches!(e, OpError::Misaligned { buffer, align: a, .. } if *buffer == i && *a as u64 == align);
+        let is_misaligned = move |e: &OpError| matches!(e, OpError::Misaligned { buffer, align: a, .. } if *buffer == i && *a == align);
         vec![
             row(
                 format!(

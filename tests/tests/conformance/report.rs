@@ -118,5 +118,10 @@ pub(crate) fn print_backend_reports(
     let mut names = Names(Vec::new());
     backends.for_each(&mut names);
     let order: Vec<&str> = names.0.iter().map(String::as_str).collect();
-    print_reports(title, reports, &order)
+    let mut failures = print_reports(title, reports, &order);
+    if let Some(why) = backends.missing_required_gpu() {
+        kvlayout_conformance::report(&format!("{title}: failed: {why}"));
+        failures += 1;
+    }
+    failures
 }

@@ -437,7 +437,10 @@ mod tests {
             arg_slots(Kernel::WriteKv),
             vec![(0, 144), (144, 144), (288, 144), (432, 144), (576, 56)]
         );
-        assert_eq!(arg_slots(Kernel::PagedDecodeReduce), vec![(0, 144), (144, 136)]);
+        assert_eq!(
+            arg_slots(Kernel::PagedDecodeReduce),
+            vec![(0, 144), (144, 136)]
+        );
         assert_eq!(
             arg_slots(Kernel::MoveBlocks),
             vec![(0, 144), (144, 144), (288, 80)]

@@ -422,4 +422,3 @@ pub fn check_buffers(layout: &KvCacheLayout, lens_addrs: &[(u64, u64)]) -> Resul
     }
     Ok(())
 }
-

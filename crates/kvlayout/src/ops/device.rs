@@ -366,7 +366,9 @@ impl<D: Device> Backend for DeviceBackend<D> {
             .device
             .alloc(bytes.len() as u64, 0, Place::Device)
             .map_err(|e| e.to_string())?;
-        self.device.upload(&buf, &bytes).map_err(|e| e.to_string())?;
+        self.device
+            .upload(&buf, &bytes)
+            .map_err(|e| e.to_string())?;
         Ok(DeviceTensor {
             dtype: t.dtype(),
             len: t.len(),

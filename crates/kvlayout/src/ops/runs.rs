@@ -1,4 +1,4 @@
-//! Block moves as plain byte copies: the units of a [`MovePlan`] for every block pair, merged
+//! Block moves as plain byte copies: the units of a [`MovePlan`](super::MovePlan) for every block pair, merged
 //! into maximal runs contiguous on both sides. A backend copies between memories its kernels
 //! should not address (device and pinned host memory, two devices) with one copy per run,
 //! not one per block.
