@@ -256,6 +256,31 @@ proptest! {
         prop_assert!(l.layer_range(0..n + 1).is_err());
     }
 
+    /// Slot range: `s.offset(.., slot, ..) == a.offset(.., start + slot, ..)`, blocks of
+    /// `end - start` tokens, same registered span; refused for an empty or too long range and
+    /// where slots are not tokens.
+    #[test]
+    fn slot_range_post_conditions(l in any_layout(), a in 0u64..64, b in 1u64..64) {
+        let g = *l.geometry();
+        match l.slot_range(a % g.block_size..(a % g.block_size + b).min(g.block_size)) {
+            Ok(s) => {
+                let start = a % g.block_size;
+                prop_assert!(g.tokens_per_state == 1 && !l.content().is_per_block_state());
+                prop_assert_eq!(s.geometry().block_size, (start + b).min(g.block_size) - start);
+                prop_assert_eq!(s.extents(), l.extents());
+                for c in coords(&s, false) {
+                    prop_assert_eq!(s.offset(&c).unwrap(), l.offset(&Coord { slot: c.slot + start, ..c }).unwrap());
+                }
+            }
+            Err(e) => {
+                let tokens = g.tokens_per_state == 1 && !l.content().is_per_block_state();
+                prop_assert!(!tokens, "slot range refused on {l}: {e}");
+            }
+        }
+        prop_assert!(l.slot_range(0..0).is_err());
+        prop_assert!(l.slot_range(0..g.block_size + 1).is_err());
+    }
+
     /// A layout agrees with its identity transforms, and `same_addressing` agrees with
     /// element-by-element comparison.
     #[test]

@@ -202,6 +202,47 @@ impl KvCacheLayout {
         })
     }
 
+    /// Token slots `tokens` of every block, as a view of the same memory with blocks of
+    /// `tokens.len()` tokens: how a block of one pool is paired with a smaller block of
+    /// another when its pages do not split into strided blocks ([`Self::split_blocks`]).
+    ///
+    /// ```
+    /// let l: kvlayout::KvCacheLayout = "kv B=3 N=32 H=4 D=8 dtype=f16 order=HND".parse()?;
+    /// assert!(l.split_blocks(2).is_err()); // head-major pages
+    /// let upper = l.slot_range(16..32)?;
+    /// let c = |slot| kvlayout::Coord { layer: 0, block: 2, head: 3, slot, field: kvlayout::Field::V, dim: 5 };
+    /// assert_eq!(upper.offset(&c(1))?, l.offset(&c(17))?);
+    /// # Ok::<(), kvlayout::LayoutError>(())
+    /// ```
+    pub fn slot_range(&self, tokens: Range<u64>) -> Result<KvCacheLayout> {
+        let g = *self.geometry();
+        let refuse = |reason: String| LayoutError::TransformRefused {
+            transform: "slot_range",
+            reason,
+        };
+        if g.tokens_per_state != 1 || self.content().is_per_block_state() {
+            return Err(refuse(format!(
+                "slots are not tokens (tokens_per_state {}, content {})",
+                g.tokens_per_state,
+                self.content().spec_name()
+            )));
+        }
+        if tokens.start >= tokens.end || tokens.end > g.block_size {
+            return Err(refuse(format!(
+                "{}..{} is not a non-empty range within 0..{}",
+                tokens.start, tokens.end, g.block_size
+            )));
+        }
+        let geometry = crate::Geometry {
+            block_size: tokens.end - tokens.start,
+            ..g
+        };
+        self.restride(geometry, |s| FieldStrides {
+            base_offset: s.base_offset + tokens.start * s.slot,
+            ..s
+        })
+    }
+
     /// Verifies what a framework hands over against this layout's view. It never infers
     /// anything from the tensor: it only says yes, or names the first difference. Strides of
     /// size-1 axes are not compared (they carry no information).

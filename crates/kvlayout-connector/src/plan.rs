@@ -1,0 +1,415 @@
+//! The transfer planner: which bytes of which remote rank go where in the local cache, for
+//! two caches that may differ in physical order, padding, TP size and block size.
+//!
+//! A local rank pulls the heads it holds (`tp_heads` of the model's KV heads) from the remote
+//! ranks that hold them: a head slice of each remote page when the local TP is larger, heads
+//! gathered from several remote ranks when it is smaller, each replicated head from its
+//! lowest remote holder (replicas hold the same values). Blocks are paired at the smaller of
+//! the two block sizes `g`: token slots `j*g..(j+1)*g` of a larger block are a layout of their
+//! own ([`KvCacheLayout::slot_range`]), in any order and padding. Every unit then comes from
+//! the two layouts' move plan ([`kvlayout::ops::MovePlan`]) and is merged into maximal runs
+//! contiguous on both sides ([`kvlayout::ops::copy_runs`]): bytes land directly in their
+//! final place, so no post-receive operation is needed.
+
+use std::collections::{BTreeMap, HashSet};
+use std::ops::Range;
+
+use kvlayout::ops::{copy_runs, CopyRun, Moves};
+use kvlayout::KvCacheLayout;
+
+use crate::handshake::CacheGroup;
+
+/// Units (before merging) a plan may enumerate per remote rank: 64 Mi, a few GB of plan.
+pub const MAX_PLAN_UNITS: usize = 64 << 20;
+
+/// A planner's refusal: what does not fit, with the values.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// A TP placement that names no heads.
+    #[error("{side} TP: {reason}")]
+    Tp {
+        /// `local` or `remote`.
+        side: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The two caches do not hold the same model's KV.
+    #[error("caches differ in {what}: local {local} vs remote {remote}")]
+    Incompatible {
+        /// The differing property.
+        what: &'static str,
+        /// Local value.
+        local: String,
+        /// Remote value.
+        remote: String,
+    },
+    /// Block sizes that cannot be paired.
+    #[error("block sizes: {0}")]
+    BlockSize(String),
+    /// A block mapping entry out of range or writing a block twice.
+    #[error("sequence {seq}: {reason}")]
+    Mapping {
+        /// Sequence index.
+        seq: usize,
+        /// Why.
+        reason: String,
+    },
+    /// A head no offered remote rank holds.
+    #[error("local head {head} is held by no remote rank offered (remote TP {tp_size})")]
+    NoHolder {
+        /// Model head index.
+        head: u64,
+        /// Remote TP size.
+        tp_size: u64,
+    },
+    /// A plan past [`MAX_PLAN_UNITS`], or one with no byte-run form.
+    #[error("remote rank {rank}: {reason}")]
+    TooLarge {
+        /// Remote rank.
+        rank: u64,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// One rank's cache: its layout and its place among the model's KV heads.
+#[derive(Debug, Clone, Copy)]
+pub struct Side<'a> {
+    /// The rank's cache layout (its heads only).
+    pub layout: &'a KvCacheLayout,
+    /// The model's KV heads before TP slicing.
+    pub total_kv_heads: u64,
+    /// TP size.
+    pub tp_size: u64,
+    /// TP rank.
+    pub tp_rank: u64,
+}
+
+/// The model heads TP rank `rank` of `size` holds, out of `total`: `total / size` contiguous
+/// heads, or one replicated head when `size > total`.
+pub fn rank_heads(total: u64, size: u64, rank: u64) -> Result<Range<u64>, String> {
+    if size == 0 || total == 0 {
+        return Err(format!("tp_size {size} with {total} KV heads"));
+    }
+    if rank >= size {
+        return Err(format!("tp_rank {rank} not below tp_size {size}"));
+    }
+    if size <= total {
+        if !total.is_multiple_of(size) {
+            return Err(format!("{total} KV heads do not split over tp_size {size}"));
+        }
+        let per = total / size;
+        Ok(rank * per..(rank + 1) * per)
+    } else {
+        if !size.is_multiple_of(total) {
+            return Err(format!(
+                "tp_size {size} exceeds {total} KV heads and is not a multiple of it"
+            ));
+        }
+        let h = rank / (size / total);
+        Ok(h..h + 1)
+    }
+}
+
+impl<'a> From<&'a CacheGroup> for Side<'a> {
+    /// The side a peer's (or this instance's) handshake group describes.
+    fn from(g: &'a CacheGroup) -> Self {
+        Side {
+            layout: &g.layout,
+            total_kv_heads: g.total_kv_heads,
+            tp_size: g.tp_size,
+            tp_rank: g.tp_rank,
+        }
+    }
+}
+
+impl Side<'_> {
+    /// The model heads this rank holds, checked against its layout.
+    pub fn heads(&self, side: &'static str) -> Result<Range<u64>, PlanError> {
+        let fail = |reason| PlanError::Tp { side, reason };
+        let heads = rank_heads(self.total_kv_heads, self.tp_size, self.tp_rank).map_err(fail)?;
+        let held = self.layout.geometry().num_kv_heads;
+        if heads.end - heads.start != held {
+            return Err(fail(format!(
+                "rank {} of {} holds {} of {} KV heads, its layout has {held}",
+                self.tp_rank,
+                self.tp_size,
+                heads.end - heads.start,
+                self.total_kv_heads
+            )));
+        }
+        Ok(heads)
+    }
+}
+
+/// A sequence's blocks on both sides: its first `tokens` tokens are in `remote` blocks of the
+/// remote block size and go to `local` blocks of the local block size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqBlocks {
+    /// Remote block ids, in token order.
+    pub remote: Vec<u64>,
+    /// Local block ids, in token order.
+    pub local: Vec<u64>,
+    /// Tokens to move.
+    pub tokens: u64,
+}
+
+/// What moves from one remote rank: runs of remote buffer bytes to local buffer bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankTransfer {
+    /// The remote rank read.
+    pub remote_rank: u64,
+    /// Its heads read (indices in its layout).
+    pub remote_heads: Range<u64>,
+    /// The local head of `remote_heads.start`.
+    pub local_head0: u64,
+    /// `src_*`: remote buffer and offset; `dst_*`: local buffer and offset. Sorted by remote
+    /// position; no two overlap at the destination.
+    pub runs: Vec<CopyRun>,
+}
+
+/// A plan: the transfers from each remote rank involved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransferPlan {
+    /// One per remote rank read, by rank.
+    pub transfers: Vec<RankTransfer>,
+}
+
+impl TransferPlan {
+    /// Bytes moved.
+    pub fn bytes(&self) -> u64 {
+        self.transfers
+            .iter()
+            .flat_map(|t| &t.runs)
+            .map(|r| r.len)
+            .sum()
+    }
+
+    /// Descriptors (runs) on each side.
+    pub fn descriptors(&self) -> usize {
+        self.transfers.iter().map(|t| t.runs.len()).sum()
+    }
+}
+
+/// The properties two caches must share (TP, block size and placement may differ).
+fn check_compatible(local: &KvCacheLayout, remote: &KvCacheLayout) -> Result<(), PlanError> {
+    let differ = |what, l: String, r: String| {
+        Err(PlanError::Incompatible {
+            what,
+            local: l,
+            remote: r,
+        })
+    };
+    if local.content() != remote.content() {
+        return differ(
+            "content",
+            format!("{:?}", local.content()),
+            format!("{:?}", remote.content()),
+        );
+    }
+    if local.dtype() != remote.dtype() {
+        return differ(
+            "dtype",
+            local.dtype().to_string(),
+            remote.dtype().to_string(),
+        );
+    }
+    if local.scales() != remote.scales() {
+        return differ(
+            "per-tensor scales",
+            format!("{:?}", local.scales()),
+            format!("{:?}", remote.scales()),
+        );
+    }
+    let (g, h) = (local.geometry(), remote.geometry());
+    if g.num_layers != h.num_layers {
+        return differ(
+            "num_layers",
+            g.num_layers.to_string(),
+            h.num_layers.to_string(),
+        );
+    }
+    if g.tokens_per_state != 1 || h.tokens_per_state != 1 {
+        return differ(
+            "tokens_per_state (only per-token caches transfer by token)",
+            g.tokens_per_state.to_string(),
+            h.tokens_per_state.to_string(),
+        );
+    }
+    Ok(())
+}
+
+/// Token slots `j*g..(j+1)*g` of every block of `layout`, as a layout of `g`-token blocks.
+fn sub_view(layout: &KvCacheLayout, j: u64, g: u64) -> Result<KvCacheLayout, PlanError> {
+    layout.slot_range(j * g..(j + 1) * g).map_err(|e| {
+        PlanError::BlockSize(format!(
+            "tokens {}..{} of {}-token blocks: {e}",
+            j * g,
+            (j + 1) * g,
+            layout.geometry().block_size
+        ))
+    })
+}
+
+/// Sorts `runs` by source position and merges each into the previous one it continues on both
+/// sides.
+fn merge(mut runs: Vec<CopyRun>) -> Vec<CopyRun> {
+    runs.sort_unstable_by_key(|r| (r.src_buffer, r.src_offset));
+    let mut out: Vec<CopyRun> = Vec::with_capacity(runs.len());
+    for r in runs {
+        match out.last_mut() {
+            Some(last)
+                if last.src_buffer == r.src_buffer
+                    && last.dst_buffer == r.dst_buffer
+                    && last.src_offset + last.len == r.src_offset
+                    && last.dst_offset + last.len == r.dst_offset =>
+            {
+                last.len += r.len
+            }
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
+/// `(j, j') -> [(remote block, local block)]`.
+type SubBlockGroups = BTreeMap<(u64, u64), Vec<(u64, u64)>>;
+
+/// Block pairs at `g` tokens per sub-block, grouped by the sub-blocks' places `(j, j')` in
+/// their blocks: `(j, j') -> [(remote block, local block)]`. Validated: blocks in range,
+/// enough blocks for the tokens, no local sub-block written twice.
+fn sub_block_pairs(
+    seqs: &[SeqBlocks],
+    (br, bl, g): (u64, u64, u64),
+    (nr, nl): (u64, u64),
+) -> Result<SubBlockGroups, PlanError> {
+    let mut pairs = SubBlockGroups::new();
+    let mut written = HashSet::new();
+    for (seq, s) in seqs.iter().enumerate() {
+        let fail = |reason: String| PlanError::Mapping { seq, reason };
+        for (what, blocks, size, limit) in
+            [("remote", &s.remote, br, nr), ("local", &s.local, bl, nl)]
+        {
+            let need = s.tokens.div_ceil(size);
+            if (blocks.len() as u64) < need {
+                return Err(fail(format!(
+                    "{} {what} blocks for {} tokens of {size}-token blocks (needs {need})",
+                    blocks.len(),
+                    s.tokens
+                )));
+            }
+            if let Some(&b) = blocks.iter().find(|&&b| b >= limit) {
+                return Err(fail(format!("{what} block {b} not below {limit}")));
+            }
+        }
+        for c in 0..s.tokens.div_ceil(g) {
+            let t = c * g;
+            let (remote, j) = (s.remote[(t / br) as usize], (t % br) / g);
+            let (local, jl) = (s.local[(t / bl) as usize], (t % bl) / g);
+            if !written.insert((local, jl)) {
+                return Err(fail(format!(
+                    "tokens {t}.. go to local block {local} twice"
+                )));
+            }
+            pairs.entry((j, jl)).or_default().push((remote, local));
+        }
+    }
+    Ok(pairs)
+}
+
+/// The plan for `local` to pull `seqs` from the remote ranks `remotes` (each rank of the
+/// remote TP group that may be read; all share one TP size and the model's heads).
+pub fn plan_pull(
+    local: &Side<'_>,
+    remotes: &[Side<'_>],
+    seqs: &[SeqBlocks],
+) -> Result<TransferPlan, PlanError> {
+    let want = local.heads("local")?;
+    let Some(first) = remotes.first() else {
+        return Err(PlanError::NoHolder {
+            head: want.start,
+            tp_size: 0,
+        });
+    };
+    if first.total_kv_heads != local.total_kv_heads {
+        return Err(PlanError::Incompatible {
+            what: "model KV heads",
+            local: local.total_kv_heads.to_string(),
+            remote: first.total_kv_heads.to_string(),
+        });
+    }
+    let (bl, br) = (
+        local.layout.geometry().block_size,
+        first.layout.geometry().block_size,
+    );
+    let g = bl.min(br);
+    if g == 0 || !bl.is_multiple_of(g) || !br.is_multiple_of(g) {
+        return Err(PlanError::BlockSize(format!(
+            "local {bl} and remote {br} tokens per block do not nest"
+        )));
+    }
+    let local_blocks = local.layout.geometry().num_blocks;
+    // Each wanted head from its lowest remote holder.
+    let mut transfers: Vec<RankTransfer> = Vec::new();
+    let mut head = want.start;
+    while head < want.end {
+        let holder = remotes
+            .iter()
+            .filter(|r| r.tp_size == first.tp_size && r.total_kv_heads == first.total_kv_heads)
+            .map(|r| r.heads("remote").map(|h| (r, h)))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .filter(|(_, h)| h.contains(&head))
+            .min_by_key(|(r, _)| r.tp_rank);
+        let Some((remote, held)) = holder else {
+            return Err(PlanError::NoHolder {
+                head,
+                tp_size: first.tp_size,
+            });
+        };
+        check_compatible(local.layout, remote.layout)?;
+        if remote.layout.geometry().block_size != br {
+            return Err(PlanError::BlockSize(format!(
+                "remote ranks differ: {br} and {} tokens per block",
+                remote.layout.geometry().block_size
+            )));
+        }
+        let end = held.end.min(want.end);
+        let groups = sub_block_pairs(
+            seqs,
+            (br, bl, g),
+            (remote.layout.geometry().num_blocks, local_blocks),
+        )?;
+        let (heads, dst_head0) = (head - held.start..end - held.start, head - want.start);
+        let mut runs = Vec::new();
+        for ((j, jl), pairs) in groups {
+            let (rv, lv) = (
+                sub_view(remote.layout, j, g)?,
+                sub_view(local.layout, jl, g)?,
+            );
+            let m = Moves {
+                pairs,
+                heads: heads.clone(),
+                dst_head0,
+            };
+            let budget = MAX_PLAN_UNITS.saturating_sub(runs.len());
+            runs.extend(
+                copy_runs(&rv, &lv, &m, budget).ok_or_else(|| PlanError::TooLarge {
+                    rank: remote.tp_rank,
+                    reason: format!(
+                        "more than {MAX_PLAN_UNITS} units, or no byte-run form between the \
+                     layouts (two different element splits of a legacy key)"
+                    ),
+                })?,
+            );
+        }
+        transfers.push(RankTransfer {
+            remote_rank: remote.tp_rank,
+            remote_heads: heads,
+            local_head0: dst_head0,
+            runs: merge(runs),
+        });
+        head = end;
+    }
+    Ok(TransferPlan { transfers })
+}
