@@ -9,13 +9,14 @@
 //! own ([`KvCacheLayout::slot_range`]), in any order and padding. Every unit then comes from
 //! the two layouts' move plan ([`kvlayout::ops::MovePlan`]) and is merged into maximal runs
 //! contiguous on both sides ([`kvlayout::ops::copy_runs`]): bytes land directly in their
-//! final place, so no post-receive operation is needed.
+//! final place, so no post-receive operation is needed. Per-block states (Mamba) move as
+//! whole blocks, paired in order, with equal block sizes.
 
 use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
 
 use kvlayout::ops::{copy_runs, CopyRun, Moves};
-use kvlayout::KvCacheLayout;
+use kvlayout::{Content, KvCacheLayout};
 
 use crate::handshake::CacheGroup;
 
@@ -127,6 +128,11 @@ impl Side<'_> {
     /// The model heads this rank holds, checked against its layout.
     pub fn heads(&self, side: &'static str) -> Result<Range<u64>, PlanError> {
         let fail = |reason| PlanError::Tp { side, reason };
+        if matches!(self.layout.content(), Content::MambaConv { .. }) && self.tp_size > 1 {
+            return Err(fail(
+                "a Mamba conv state is sharded along its channels, not heads".into(),
+            ));
+        }
         let heads = rank_heads(self.total_kv_heads, self.tp_size, self.tp_rank).map_err(fail)?;
         let held = self.layout.geometry().num_kv_heads;
         if heads.end - heads.start != held {
@@ -229,9 +235,16 @@ fn check_compatible(local: &KvCacheLayout, remote: &KvCacheLayout) -> Result<(),
             h.num_layers.to_string(),
         );
     }
-    if g.tokens_per_state != 1 || h.tokens_per_state != 1 {
+    if g.tokens_per_state != h.tokens_per_state {
         return differ(
-            "tokens_per_state (only per-token caches transfer by token)",
+            "tokens_per_state",
+            g.tokens_per_state.to_string(),
+            h.tokens_per_state.to_string(),
+        );
+    }
+    if g.tokens_per_state != 1 && !local.content().is_per_block_state() {
+        return differ(
+            "tokens_per_state (compressed states are not paired by token)",
             g.tokens_per_state.to_string(),
             h.tokens_per_state.to_string(),
         );
@@ -239,8 +252,12 @@ fn check_compatible(local: &KvCacheLayout, remote: &KvCacheLayout) -> Result<(),
     Ok(())
 }
 
-/// Token slots `j*g..(j+1)*g` of every block of `layout`, as a layout of `g`-token blocks.
+/// Token slots `j*g..(j+1)*g` of every block of `layout`, as a layout of `g`-token blocks
+/// (the layout itself when that is the whole block).
 fn sub_view(layout: &KvCacheLayout, j: u64, g: u64) -> Result<KvCacheLayout, PlanError> {
+    if j == 0 && g == layout.geometry().block_size {
+        return Ok(layout.clone());
+    }
     layout.slot_range(j * g..(j + 1) * g).map_err(|e| {
         PlanError::BlockSize(format!(
             "tokens {}..{} of {}-token blocks: {e}",
@@ -254,7 +271,9 @@ fn sub_view(layout: &KvCacheLayout, j: u64, g: u64) -> Result<KvCacheLayout, Pla
 /// Sorts `runs` by source position and merges each into the previous one it continues on both
 /// sides.
 fn merge(mut runs: Vec<CopyRun>) -> Vec<CopyRun> {
-    runs.sort_unstable_by_key(|r| (r.src_buffer, r.src_offset));
+    if !runs.is_sorted_by_key(|r| (r.src_buffer, r.src_offset)) {
+        runs.sort_unstable_by_key(|r| (r.src_buffer, r.src_offset));
+    }
     let mut out: Vec<CopyRun> = Vec::with_capacity(runs.len());
     for r in runs {
         match out.last_mut() {
@@ -343,6 +362,11 @@ pub fn plan_pull(
         first.layout.geometry().block_size,
     );
     let g = bl.min(br);
+    if local.layout.content().is_per_block_state() && bl != br {
+        return Err(PlanError::BlockSize(format!(
+            "local {bl} and remote {br} tokens per block: a per-block state moves whole blocks"
+        )));
+    }
     if g == 0 || !bl.is_multiple_of(g) || !br.is_multiple_of(g) {
         return Err(PlanError::BlockSize(format!(
             "local {bl} and remote {br} tokens per block do not nest"
@@ -381,6 +405,7 @@ pub fn plan_pull(
             (remote.layout.geometry().num_blocks, local_blocks),
         )?;
         let (heads, dst_head0) = (head - held.start..end - held.start, head - want.start);
+        let several = groups.len() > 1;
         let mut runs = Vec::new();
         for ((j, jl), pairs) in groups {
             let (rv, lv) = (
@@ -393,21 +418,24 @@ pub fn plan_pull(
                 dst_head0,
             };
             let budget = MAX_PLAN_UNITS.saturating_sub(runs.len());
-            runs.extend(
-                copy_runs(&rv, &lv, &m, budget).ok_or_else(|| PlanError::TooLarge {
-                    rank: remote.tp_rank,
-                    reason: format!(
-                        "more than {MAX_PLAN_UNITS} units, or no byte-run form between the \
+            let group = copy_runs(&rv, &lv, &m, budget).ok_or_else(|| PlanError::TooLarge {
+                rank: remote.tp_rank,
+                reason: format!(
+                    "more than {MAX_PLAN_UNITS} units, or no byte-run form between the \
                      layouts (two different element splits of a legacy key)"
-                    ),
-                })?,
-            );
+                ),
+            })?;
+            if runs.is_empty() {
+                runs = group;
+            } else {
+                runs.extend(group);
+            }
         }
         transfers.push(RankTransfer {
             remote_rank: remote.tp_rank,
             remote_heads: heads,
             local_head0: dst_head0,
-            runs: merge(runs),
+            runs: if several { merge(runs) } else { runs },
         });
         head = end;
     }

@@ -409,3 +409,64 @@ fn refusals_say_why() {
     let e = plan_pull(&side(&nhd16, 1, 0), &[side(&nhd16, 1, 0)], &past).unwrap_err();
     assert!(e.to_string().contains("remote block 8 not below 8"), "{e}");
 }
+
+#[test]
+fn mamba_states_move_whole_blocks_and_gather_heads() {
+    // Prefill TP 2 (2 heads each) -> decode TP 1 (4 heads), one state per block.
+    let spec = |h: u64, order: &str| -> KvCacheLayout {
+        format!("mamba-ssm L=2 B=4 N=16 H={h} head_dim=4 state=8 dtype=f32 order={order}")
+            .parse()
+            .unwrap()
+    };
+    let remote: Vec<KvCacheLayout> = (0..2).map(|_| spec(2, "LBHNC")).collect();
+    let local = spec(4, "BLHNC");
+    let remotes: Vec<Side> = remote
+        .iter()
+        .enumerate()
+        .map(|(r, l)| side(l, 4, 2, r as u64))
+        .collect();
+    let seqs = [SeqBlocks {
+        remote: vec![3, 1],
+        local: vec![0, 2],
+        tokens: 20,
+    }];
+    let plan = plan_pull(&side(&local, 4, 1, 0), &remotes, &seqs).unwrap();
+    assert_eq!(plan.transfers.len(), 2);
+    let remote_bytes: Vec<Vec<Vec<u8>>> = remote
+        .iter()
+        .enumerate()
+        .map(|(r, l)| fill(l, r as u64 + 5))
+        .collect();
+    let mut local_bytes = fill(&local, 1);
+    execute(&plan, &remote_bytes, &mut local_bytes).unwrap();
+    for (rb, lb) in [(3u64, 0u64), (1, 2)] {
+        for h in 0..4u64 {
+            for layer in 0..2 {
+                for f in local.stored_fields() {
+                    for d in 0..f.width {
+                        let c = |block, head| Coord {
+                            layer,
+                            block,
+                            head,
+                            slot: 0,
+                            field: f.field,
+                            dim: d,
+                        };
+                        let r = (h / 2) as usize;
+                        assert_eq!(
+                            elem(&local_bytes, &local, &c(lb, h)),
+                            elem(&remote_bytes[r], &remote[r], &c(rb, h % 2))
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // A conv state is sharded by channels: TP 2 is refused, with the reason.
+    let conv: KvCacheLayout =
+        "mamba-conv L=1 B=4 N=16 conv_dim=8 conv_width=3 dtype=bf16 order=LBHNC"
+            .parse()
+            .unwrap();
+    let e = plan_pull(&side(&conv, 1, 2, 0), &[side(&conv, 1, 1, 0)], &seqs).unwrap_err();
+    assert!(e.to_string().contains("channels"), "{e}");
+}

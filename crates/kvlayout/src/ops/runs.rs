@@ -20,22 +20,22 @@
 
 use crate::layout::KvCacheLayout;
 
-use super::moves::{MovePiece, Moves};
+use super::moves::{MoveDim, MovePiece, MovePlan, Moves};
 
 /// `len` bytes from `src_offset` of source buffer `src_buffer` to `dst_offset` of destination
 /// buffer `dst_buffer`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CopyRun {
-    /// Source buffer index.
-    pub src_buffer: u32,
     /// Byte offset in the source buffer.
     pub src_offset: u64,
-    /// Destination buffer index.
-    pub dst_buffer: u32,
     /// Byte offset in the destination buffer.
     pub dst_offset: u64,
     /// Bytes.
     pub len: u64,
+    /// Source buffer index.
+    pub src_buffer: u32,
+    /// Destination buffer index.
+    pub dst_buffer: u32,
 }
 
 impl CopyRun {
@@ -78,6 +78,74 @@ fn push_units(piece: &MovePiece, pairs: &[(u64, u64)], max: usize, out: &mut Vec
     true
 }
 
+/// Appends `u` to `runs`, merged into the last run when it continues it on both sides.
+fn push_merged(runs: &mut Vec<CopyRun>, u: CopyRun) {
+    match runs.last_mut() {
+        Some(last) if last.continued_by(&u) => last.len += u.len,
+        _ => runs.push(u),
+    }
+}
+
+/// The units of every piece in source order, merged as they come, when that order can be
+/// generated directly: pairs sorted by source block, each piece's dims with source strides
+/// above its block stride outside the pairs and the rest inside, each group outermost
+/// (largest stride) first. `None` when a unit comes out of order (or past `max` units); the
+/// caller then sorts.
+fn runs_in_source_order(plan: &MovePlan, pairs: &[(u64, u64)], max: usize) -> Option<Vec<CopyRun>> {
+    let mut sorted = pairs.to_vec();
+    sorted.sort_unstable();
+    let units: u64 = plan.pieces.iter().map(|p| p.units()).sum::<u64>() * pairs.len() as u64;
+    let mut runs: Vec<CopyRun> = Vec::with_capacity(units.min(max as u64) as usize);
+    let mut last: Option<(u32, u64)> = None;
+    let mut count = 0usize;
+    for piece in &plan.pieces {
+        let mut dims: Vec<MoveDim> = piece.dims.clone();
+        dims.sort_by_key(|d| std::cmp::Reverse(d.src_stride));
+        let split = dims.partition_point(|d| d.src_stride > piece.src_block && piece.src_block > 0);
+        let (outer, inner) = dims.split_at(split);
+        let total = |ds: &[MoveDim]| ds.iter().map(|d| d.extent).product::<u64>();
+        let (n_outer, n_inner) = (total(outer), total(inner));
+        // Offsets of the mixed-radix index `i` of `ds` (the last dim fastest).
+        let at = |ds: &[MoveDim], mut i: u64| {
+            let (mut s, mut d) = (0u64, 0u64);
+            for dim in ds.iter().rev() {
+                let k = i % dim.extent;
+                i /= dim.extent;
+                s += k * dim.src_stride;
+                d += k * dim.dst_stride;
+            }
+            (s, d)
+        };
+        let inner_at: Vec<(u64, u64)> = (0..n_inner).map(|i| at(inner, i)).collect();
+        for o in 0..n_outer {
+            let (os, od) = at(outer, o);
+            for &(sb, db) in &sorted {
+                let base_s = piece.src_base + sb * piece.src_block + os;
+                let base_d = piece.dst_base + db * piece.dst_block + od;
+                for &(is, id) in &inner_at {
+                    count += 1;
+                    if count > max {
+                        return None;
+                    }
+                    let u = CopyRun {
+                        src_buffer: piece.src_buffer,
+                        src_offset: base_s + is,
+                        dst_buffer: piece.dst_buffer,
+                        dst_offset: base_d + id,
+                        len: piece.unit,
+                    };
+                    if last.is_some_and(|l| (u.src_buffer, u.src_offset) < l) {
+                        return None;
+                    }
+                    last = Some((u.src_buffer, u.src_offset + u.len));
+                    push_merged(&mut runs, u);
+                }
+            }
+        }
+    }
+    Some(runs)
+}
+
 /// The byte copies executing validated moves `m` from `src` to `dst` (the layouts `m` was
 /// validated for): every unit of their [`MovePlan`](super::MovePlan) for every pair, sorted
 /// by source position and merged where one continues the previous on both sides.
@@ -93,6 +161,9 @@ pub fn copy_runs(
     max_units: usize,
 ) -> Option<Vec<CopyRun>> {
     let plan = m.plan(src, dst)?;
+    if let Some(runs) = runs_in_source_order(&plan, &m.pairs, max_units) {
+        return Some(runs);
+    }
     let mut units = Vec::new();
     for piece in &plan.pieces {
         if !push_units(piece, &m.pairs, max_units, &mut units) {
@@ -102,10 +173,7 @@ pub fn copy_runs(
     units.sort_unstable_by_key(|r| (r.src_buffer, r.src_offset));
     let mut runs: Vec<CopyRun> = Vec::with_capacity(units.len());
     for u in units {
-        match runs.last_mut() {
-            Some(last) if last.continued_by(&u) => last.len += u.len,
-            _ => runs.push(u),
-        }
+        push_merged(&mut runs, u);
     }
     Some(runs)
 }

@@ -1,0 +1,131 @@
+//! `cargo run --release -p kvlayout-connector --bin connector_bench`: the planner's figures.
+//!
+//! - Descriptors per transferred block for every preset and a few layout and TP pairs, beside
+//!   what vLLM's NIXL connector registers (one descriptor per block, layer and K/V tensor).
+//! - Planning time for 100k blocks x 80 layers (Llama-3-70B), target under 100 ms.
+//!
+//! Not a test: figures depend on the machine, which it names.
+
+use std::time::Instant;
+
+use kvlayout::{KvCacheLayout, PRESETS};
+use kvlayout_connector::plan::{plan_pull, SeqBlocks, Side};
+
+fn layout(spec: &str) -> KvCacheLayout {
+    spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"))
+}
+
+/// `n` distinct block ids below `limit` in a pseudo-random order (a seeded shuffle).
+fn scattered(n: u64, limit: u64, seed: u64) -> Vec<u64> {
+    let mut ids: Vec<u64> = (0..limit).collect();
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for i in (1..ids.len()).rev() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ids.swap(i, (s % (i as u64 + 1)) as usize);
+    }
+    ids.truncate(n as usize);
+    ids
+}
+
+fn side(layout: &KvCacheLayout, heads: u64, tp: u64, rank: u64) -> Side<'_> {
+    Side {
+        layout,
+        total_kv_heads: heads,
+        tp_size: tp,
+        tp_rank: rank,
+    }
+}
+
+/// Descriptors per block of pulling 64 scattered blocks from `remote` (TP `tp_r`) into
+/// `local` (TP `tp_l`, rank 0).
+fn per_block(remote: &str, local: &str, heads: u64, tp_r: u64, tp_l: u64) -> Result<f64, String> {
+    let (r, l) = (layout(remote), layout(local));
+    let blocks = 64u64;
+    let tokens = blocks * r.geometry().block_size;
+    let seqs = [SeqBlocks {
+        remote: scattered(blocks, r.geometry().num_blocks, 3),
+        local: scattered(
+            tokens.div_ceil(l.geometry().block_size),
+            l.geometry().num_blocks,
+            5,
+        ),
+        tokens,
+    }];
+    let remotes: Vec<Side> = (0..tp_r).map(|k| side(&r, heads, tp_r, k)).collect();
+    let plan = plan_pull(&side(&l, heads, tp_l, 0), &remotes, &seqs).map_err(|e| e.to_string())?;
+    Ok(plan.descriptors() as f64 / blocks as f64)
+}
+
+fn main() {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    println!("connector_bench on {cpu}");
+    println!("descriptors per transferred block (64 scattered blocks), ours vs vLLM's per block x layer x K/V:");
+    for (name, spec, _) in PRESETS {
+        let l = layout(spec);
+        let g = l.geometry();
+        let heads = g.num_kv_heads;
+        let tensors = match l.content() {
+            kvlayout::Content::Kv { .. } | kvlayout::Content::KvScaled { .. } => 2,
+            _ => 1,
+        };
+        let vllm = (g.num_layers * tensors) as f64;
+        match per_block(spec, spec, heads, 1, 1) {
+            Ok(d) => println!("  {name:18} TP1->TP1 same layout: {d:8.2} vs {vllm:5.0}"),
+            Err(e) => println!("  {name:18} refused: {e}"),
+        }
+    }
+    let nhd = "kv L=32 B=1024 N=16 H=8 D=128 dtype=bf16 order=NHD";
+    let hnd = "kv L=32 B=1024 N=16 H=8 D=128 dtype=bf16 order=HND";
+    let blhnc = "kv L=32 B=1024 N=16 H=8 D=128 dtype=bf16 order=BLHNC";
+    let hnd4 = "kv L=32 B=1024 N=16 H=4 D=128 dtype=bf16 order=HND";
+    let nhd4 = "kv L=32 B=1024 N=16 H=4 D=128 dtype=bf16 order=NHD";
+    let hnd32 = "kv L=32 B=512 N=32 H=8 D=128 dtype=bf16 order=HND";
+    for (what, r, l, tp_l) in [
+        ("llama-3-8b NHD -> HND", nhd, hnd, 1),
+        (
+            "llama-3-8b BLHNC -> BLHNC (all layers per block)",
+            blhnc,
+            blhnc,
+            1,
+        ),
+        ("llama-3-8b HND TP1 -> TP2 (head slice)", hnd, hnd4, 2),
+        ("llama-3-8b NHD TP1 -> TP2 (head slice)", nhd, nhd4, 2),
+        ("llama-3-8b HND block 16 -> block 32", hnd, hnd32, 1),
+    ] {
+        match per_block(r, l, 8, 1, tp_l) {
+            Ok(d) => println!("  {what}: {d:.2} vs 64"),
+            Err(e) => println!("  {what}: refused: {e}"),
+        }
+    }
+    println!("planning 100k blocks x 80 layers (Llama-3-70B, scattered blocks), target < 100 ms:");
+    for order in ["NHD", "HND", "BLHNC"] {
+        let spec = format!("kv L=80 B=131072 N=16 H=8 D=128 dtype=bf16 order={order}");
+        let l = layout(&spec);
+        let blocks = 100_000u64;
+        let seqs = [SeqBlocks {
+            remote: scattered(blocks, 131_072, 1),
+            local: scattered(blocks, 131_072, 7),
+            tokens: blocks * 16,
+        }];
+        let t = Instant::now();
+        let plan = plan_pull(&side(&l, 8, 1, 0), &[side(&l, 8, 1, 0)], &seqs);
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        match plan {
+            Ok(p) => println!(
+                "  {order:6}: {ms:8.1} ms, {} descriptors ({:.1} per block)",
+                p.descriptors(),
+                p.descriptors() as f64 / blocks as f64
+            ),
+            Err(e) => println!("  {order:6}: refused after {ms:.1} ms: {e}"),
+        }
+    }
+}
