@@ -151,7 +151,7 @@ pub enum HandshakeError {
         /// TP size given.
         tp_size: u64,
         /// Why.
-        reason: &'static str,
+        reason: String,
     },
     /// The rank's layout holds another number of heads than TP gives it.
     #[error(

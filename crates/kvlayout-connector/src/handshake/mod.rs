@@ -107,28 +107,6 @@ pub struct PeerMetadata {
     pub groups: Vec<CacheGroup>,
 }
 
-/// The heads rank `tp_rank` of `tp_size` holds out of `total` KV heads: `total / tp_size`
-/// contiguous heads when `tp_size` divides `total`, the one replicated head
-/// `tp_rank / (tp_size / total)` when `total` divides a larger `tp_size`, else a reason.
-fn rank_heads(total: u64, tp_size: u64, tp_rank: u64) -> Result<Range<u64>, &'static str> {
-    if total == 0 || tp_size == 0 || tp_rank >= tp_size {
-        return Err("no heads, no ranks, or a rank past the TP size");
-    }
-    if tp_size <= total {
-        if !total.is_multiple_of(tp_size) {
-            return Err("tp_size does not divide the heads");
-        }
-        let per = total / tp_size;
-        Ok(tp_rank * per..(tp_rank + 1) * per)
-    } else {
-        if !tp_size.is_multiple_of(total) {
-            return Err("tp_size exceeds the heads and is not a multiple of them");
-        }
-        let head = tp_rank / (tp_size / total);
-        Ok(head..head + 1)
-    }
-}
-
 /// Checks a name is non-empty and within the limit.
 fn check_name(what: impl Fn() -> String, name: &str, limit: usize) -> Result<(), HandshakeError> {
     if name.is_empty() {
@@ -159,7 +137,7 @@ impl CacheGroup {
     /// exceeds the heads); `None` where the TP placement names no heads. Always `Some` for a
     /// group that decoded or validated.
     pub fn head_range(&self) -> Option<Range<u64>> {
-        rank_heads(self.total_kv_heads, self.tp_size, self.tp_rank).ok()
+        crate::plan::rank_heads(self.total_kv_heads, self.tp_size, self.tp_rank).ok()
     }
 
     /// The absolute address of bytes `[offset, offset + len)` of buffer `buffer`, refused
@@ -237,10 +215,10 @@ impl CacheGroup {
         };
         if matches!(self.layout.content(), Content::MambaConv { .. }) && tp_size > 1 {
             return Err(refused(
-                "Mamba conv state is sharded along its channels, not head slots",
+                "Mamba conv state is sharded along its channels, not head slots".into(),
             ));
         }
-        let heads = rank_heads(total_kv_heads, tp_size, tp_rank).map_err(refused)?;
+        let heads = crate::plan::rank_heads(total_kv_heads, tp_size, tp_rank).map_err(refused)?;
         let (expected, held) = (heads.end - heads.start, self.layout.geometry().num_kv_heads);
         if held != expected {
             return Err(HandshakeError::HeadsMismatch {
