@@ -264,35 +264,31 @@ impl TransferEngine for MemcpyEngine {
                 "an engine reading from itself".into(),
             ));
         }
-        let local_lens: Vec<u64> = {
-            let dst = self.local.read().unwrap_or_else(PoisonError::into_inner);
-            dst.iter().map(|b| b.len() as u64).collect()
-        };
-        // Read under the peer's lock, write under ours, never both at once (two engines may
-        // read from each other).
-        let chunks: Vec<Vec<u8>> = {
+        // Two engines may read from each other: take the two locks in address order.
+        let (src, mut dst) = if Arc::as_ptr(pool) < Arc::as_ptr(&self.local) {
             let src = pool.read().unwrap_or_else(PoisonError::into_inner);
-            // The peer's registered lengths bound the runs, and so do its actual buffers.
-            let bound: Vec<u64> = remote_lens
-                .iter()
-                .zip(src.iter())
-                .map(|(a, b)| (*a).min(b.len() as u64))
-                .collect();
-            check_runs(runs, peer, &bound, &local_lens)?;
-            runs.iter()
-                .map(|r| {
-                    let (s, n) = (r.src_offset as usize, r.len as usize);
-                    src[r.src_buffer as usize][s..s + n].to_vec()
-                })
-                .collect()
+            (
+                src,
+                self.local.write().unwrap_or_else(PoisonError::into_inner),
+            )
+        } else {
+            let dst = self.local.write().unwrap_or_else(PoisonError::into_inner);
+            (pool.read().unwrap_or_else(PoisonError::into_inner), dst)
         };
-        {
-            let mut dst = self.local.write().unwrap_or_else(PoisonError::into_inner);
-            for (r, chunk) in runs.iter().zip(chunks) {
-                let d = r.dst_offset as usize;
-                dst[r.dst_buffer as usize][d..d + chunk.len()].copy_from_slice(&chunk);
-            }
+        // The peer's registered lengths bound the runs, and so do its actual buffers.
+        let bound: Vec<u64> = remote_lens
+            .iter()
+            .zip(src.iter())
+            .map(|(a, b)| (*a).min(b.len() as u64))
+            .collect();
+        let local_lens: Vec<u64> = dst.iter().map(|b| b.len() as u64).collect();
+        check_runs(runs, peer, &bound, &local_lens)?;
+        for r in runs {
+            let (s, d, n) = (r.src_offset as usize, r.dst_offset as usize, r.len as usize);
+            dst[r.dst_buffer as usize][d..d + n]
+                .copy_from_slice(&src[r.src_buffer as usize][s..s + n]);
         }
+        drop((src, dst));
         let reg = registry().lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((_, inbox)) = reg.get(peer) {
             inbox

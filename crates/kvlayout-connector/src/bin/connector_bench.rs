@@ -3,12 +3,16 @@
 //! - Descriptors per transferred block for every preset and a few layout and TP pairs, beside
 //!   what vLLM's NIXL connector registers (one descriptor per block, layer and K/V tensor).
 //! - Planning time for 100k blocks x 80 layers (Llama-3-70B), target under 100 ms.
+//! - The memcpy engine: a planned transfer beside one contiguous region of the same bytes
+//!   through the same engine, in the same run (target: at least 0.8 of it).
 //!
 //! Not a test: figures depend on the machine, which it names.
 
 use std::time::Instant;
 
+use kvlayout::ops::CopyRun;
 use kvlayout::{KvCacheLayout, PRESETS};
+use kvlayout_connector::engine::{MemcpyEngine, TransferEngine};
 use kvlayout_connector::plan::{plan_pull, SeqBlocks, Side};
 
 fn layout(spec: &str) -> KvCacheLayout {
@@ -128,4 +132,69 @@ fn main() {
             Err(e) => println!("  {order:6}: refused after {ms:.1} ms: {e}"),
         }
     }
+    println!("memcpy engine: planned transfer vs one contiguous region of the same bytes, target >= 0.8:");
+    for (what, r, l, tp_l) in [
+        ("NHD -> NHD", nhd, nhd, 1),
+        ("NHD -> HND", nhd, hnd, 1),
+        ("HND TP1 -> TP2", hnd, hnd4, 2),
+    ] {
+        match engine_ratio(r, l, tp_l) {
+            Ok((planned, one, bytes)) => println!(
+                "  {what}: {:.1} MB, planned {:.2} GB/s, one region {:.2} GB/s, ratio {:.2}",
+                bytes as f64 / 1e6,
+                planned,
+                one,
+                planned / one
+            ),
+            Err(e) => println!("  {what}: {e}"),
+        }
+    }
+}
+
+/// GB/s of pulling 256 scattered blocks from `remote` into `local` (TP `tp_l`, rank 0) over the
+/// memcpy engine, and of one run of the same bytes; best of 5 each.
+fn engine_ratio(remote: &str, local: &str, tp_l: u64) -> Result<(f64, f64, u64), String> {
+    let (r, l) = (layout(remote), layout(local));
+    let blocks = 256u64;
+    let seqs = [SeqBlocks {
+        remote: scattered(blocks, r.geometry().num_blocks, 11),
+        local: scattered(blocks, l.geometry().num_blocks, 13),
+        tokens: blocks * 16,
+    }];
+    let plan =
+        plan_pull(&side(&l, 8, tp_l, 0), &[side(&r, 8, 1, 0)], &seqs).map_err(|e| e.to_string())?;
+    let zeros = |x: &KvCacheLayout| {
+        x.extents()
+            .iter()
+            .map(|e| vec![1u8; e.end as usize])
+            .collect()
+    };
+    let src =
+        MemcpyEngine::new(&format!("bench-src-{local}"), zeros(&r)).map_err(|e| e.to_string())?;
+    let mut dst =
+        MemcpyEngine::new(&format!("bench-dst-{local}"), zeros(&l)).map_err(|e| e.to_string())?;
+    dst.add_peer(src.name(), src.name().as_bytes(), &src.regions())
+        .map_err(|e| e.to_string())?;
+    let bytes = plan.bytes();
+    let one = [CopyRun {
+        src_offset: 0,
+        dst_offset: 0,
+        len: bytes,
+        src_buffer: 0,
+        dst_buffer: 0,
+    }];
+    let runs = &plan.transfers[0].runs;
+    let mut best = |runs: &[CopyRun]| -> Result<f64, String> {
+        let mut t = f64::MAX;
+        for _ in 0..5 {
+            let start = Instant::now();
+            dst.post_read(src.name(), runs, b"")
+                .map_err(|e| e.to_string())?;
+            t = t.min(start.elapsed().as_secs_f64());
+        }
+        Ok(bytes as f64 / t / 1e9)
+    };
+    let planned = best(runs)?;
+    let single = best(&one)?;
+    Ok((planned, single, bytes))
 }
