@@ -85,7 +85,38 @@ if [ ! -e "$nvrtc_dir/libnvrtc.so.12" ]; then
     fi
 fi
 
+# --- NIXL (PyPI wheel nixl-cu12): the runtime of kvlayout-connector's NIXL engine ----------
+# nixl-sys (feature stub-api) runs bindgen at build time, which needs libclang; its stubs load
+# libnixl_capi.so at run time. The wheel's two library folders are unpacked side by side, names
+# kept (the libraries' RPATHs name the sibling nixl_cu12.libs), into a cache outside the
+# repository; scripts/nixl-path.sh prints both (scripts/test.sh puts them on LD_LIBRARY_PATH).
+# The wheel loads without a GPU; its Python dependencies (torch, CUDA) are not needed, hence
+# --no-deps. A failed download is a warning: the NIXL tests then fail under test.sh
+# (KVLAYOUT_REQUIRE_NIXL=1) and skip visibly elsewhere.
+compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || apt_install libclang-dev
+NIXL_VERSION=1.5.1
+nixl_dir="${KVLAYOUT_CACHE:-${HOME}/.cache/kvlayout}/nixl-cu12-${NIXL_VERSION}"
+if [ ! -e "$nixl_dir/.nixl_cu12.mesonpy.libs/libnixl_capi.so" ] \
+    || [ ! -d "$nixl_dir/nixl_cu12.libs" ]; then
+    if python3 -m pip --version >/dev/null 2>&1; then
+        log "pip download nixl-cu12==${NIXL_VERSION}"
+        tmp="$(mktemp -d)"
+        rm -rf "$nixl_dir"
+        if timeout 600 python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+            -d "$tmp" "nixl-cu12==${NIXL_VERSION}" \
+            && python3 -m zipfile -e "$tmp"/nixl_cu12-*.whl "$tmp/x" \
+            && mkdir -p "$nixl_dir" \
+            && cp -a "$tmp/x/.nixl_cu12.mesonpy.libs" "$tmp/x/nixl_cu12.libs" "$nixl_dir/"; then
+            :
+        else
+            rm -rf "$nixl_dir"
+            log "warning: could not download or unpack nixl-cu12; the NIXL engine's tests will fail"
+        fi
+        rm -rf "$tmp"
+    else
+        log "warning: no pip to download nixl-cu12 with; the NIXL engine's tests will fail"
+    fi
+fi
+
 # --- Later issues add here ------------------------------------------------------------------
 # - libamdhip64-dev (hip-sys), libclang-dev if bindgen is used: `command -v X || apt_install Y`.
-# - the NIXL wheel (`nixl-cu12`, PyPI) for nixl-sys: pip install only when its libraries are
-#   missing, then export the library path for the NIXL test binary.

@@ -27,7 +27,10 @@ echo "== cargo test"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 # stderr too: the suites report what they skipped, and why, past the harness's capture.
-cargo test --workspace 2>&1 | tee "$log"
+# The NIXL engine's tests (tests/nixl.rs in kvlayout-connector, every one named nixl_*) are
+# filtered out here (the binary is built, and runs with 0 tests) and run once, on their own,
+# below.
+cargo test --workspace -- --skip nixl_ 2>&1 | tee "$log"
 # The CPU backend's tests again under AddressSanitizer (its unsafe blocks: kernels, movers,
 # writers), and the property tests, which also run the GPU kernels under the emulator (its
 # build script instruments them with clang-19 there), where the image's nightly toolchain is
@@ -48,8 +51,16 @@ else
     echo "skipped: asan: no nightly toolchain for $host (rustup toolchain install nightly)" \
         | tee -a "$log"
 fi
-# Later issues: the NIXL test binary runs here, on its own, with --test-threads=1 (one agent
-# per process); pipe it through `tee -a "$log"` so the total below counts it.
+# The NIXL engine's tests, on their own: NIXL's runtime libraries (setup.sh unpacks them) go
+# on LD_LIBRARY_PATH for this binary only, as the loader reads it when a process starts; UCX on
+# loopback; a missing library fails instead of skipping. One test at a time
+# (--test-threads=1): each test starts NIXL agents, whose progress threads keep a core busy
+# each, and the two-process tests start a peer process; in parallel they would starve one
+# another's bounded waits.
+echo "== NIXL engine (kvlayout-connector tests/nixl.rs)"
+LD_LIBRARY_PATH="$(./scripts/nixl-path.sh):${LD_LIBRARY_PATH}" UCX_NET_DEVICES=lo \
+    KVLAYOUT_REQUIRE_NIXL=1 cargo test --workspace --test nixl -- --test-threads=1 2>&1 \
+    | tee -a "$log"
 
 # cargo test's last summary is a crate with no doc tests ("0 passed"); close with the total of
 # every summary above, in the plain form CI reads. Skipped: ignored tests plus every

@@ -63,6 +63,9 @@ pub enum PlanError {
         /// Remote TP size.
         tp_size: u64,
     },
+    /// A staged pull that cannot stage (see [`crate::staged`]).
+    #[error("staging: {0}")]
+    Staging(String),
     /// A plan past [`MAX_PLAN_UNITS`], or one with no byte-run form.
     #[error("remote rank {rank}: {reason}")]
     TooLarge {
@@ -336,13 +339,27 @@ fn sub_block_pairs(
     Ok(pairs)
 }
 
-/// The plan for `local` to pull `seqs` from the remote ranks `remotes` (each rank of the
-/// remote TP group that may be read; all share one TP size and the model's heads).
-pub fn plan_pull(
+/// Heads of one remote rank to pull: its heads `heads` (indices in its layout) go to local
+/// heads from `dst_head0`.
+#[derive(Debug, Clone)]
+pub(crate) struct Pull<'r> {
+    /// The remote rank.
+    pub(crate) remote: &'r Side<'r>,
+    /// Its heads read.
+    pub(crate) heads: Range<u64>,
+    /// The local head of `heads.start`.
+    pub(crate) dst_head0: u64,
+}
+
+/// Block sizes of a pull: `(remote, local, paired)`, the paired size dividing both.
+pub(crate) type BlockSizes = (u64, u64, u64);
+
+/// Which remote rank serves which of the local heads (each from its lowest holder), after
+/// checking the two sides agree on the model and their block sizes nest.
+pub(crate) fn pulls<'r>(
     local: &Side<'_>,
-    remotes: &[Side<'_>],
-    seqs: &[SeqBlocks],
-) -> Result<TransferPlan, PlanError> {
+    remotes: &'r [Side<'r>],
+) -> Result<(Vec<Pull<'r>>, BlockSizes), PlanError> {
     let want = local.heads("local")?;
     let Some(first) = remotes.first() else {
         return Err(PlanError::NoHolder {
@@ -372,20 +389,19 @@ pub fn plan_pull(
             "local {bl} and remote {br} tokens per block do not nest"
         )));
     }
-    let local_blocks = local.layout.geometry().num_blocks;
-    // Each wanted head from its lowest remote holder.
-    let mut transfers: Vec<RankTransfer> = Vec::new();
+    let holders = remotes
+        .iter()
+        .filter(|r| r.tp_size == first.tp_size && r.total_kv_heads == first.total_kv_heads)
+        .map(|r| r.heads("remote").map(|h| (r, h)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut out = Vec::new();
     let mut head = want.start;
     while head < want.end {
-        let holder = remotes
+        let Some((remote, held)) = holders
             .iter()
-            .filter(|r| r.tp_size == first.tp_size && r.total_kv_heads == first.total_kv_heads)
-            .map(|r| r.heads("remote").map(|h| (r, h)))
-            .collect::<Result<Vec<_>, _>>()?
-            .into_iter()
             .filter(|(_, h)| h.contains(&head))
-            .min_by_key(|(r, _)| r.tp_rank);
-        let Some((remote, held)) = holder else {
+            .min_by_key(|(r, _)| r.tp_rank)
+        else {
             return Err(PlanError::NoHolder {
                 head,
                 tp_size: first.tp_size,
@@ -399,45 +415,75 @@ pub fn plan_pull(
             )));
         }
         let end = held.end.min(want.end);
-        let groups = sub_block_pairs(
-            seqs,
-            (br, bl, g),
-            (remote.layout.geometry().num_blocks, local_blocks),
-        )?;
-        let (heads, dst_head0) = (head - held.start..end - held.start, head - want.start);
-        let several = groups.len() > 1;
-        let mut runs = Vec::new();
-        for ((j, jl), pairs) in groups {
-            let (rv, lv) = (
-                sub_view(remote.layout, j, g)?,
-                sub_view(local.layout, jl, g)?,
-            );
-            let m = Moves {
-                pairs,
-                heads: heads.clone(),
-                dst_head0,
-            };
-            let budget = MAX_PLAN_UNITS.saturating_sub(runs.len());
-            let group = copy_runs(&rv, &lv, &m, budget).ok_or_else(|| PlanError::TooLarge {
-                rank: remote.tp_rank,
-                reason: format!(
-                    "more than {MAX_PLAN_UNITS} units, or no byte-run form between the \
-                     layouts (two different element splits of a legacy key)"
-                ),
-            })?;
-            if runs.is_empty() {
-                runs = group;
-            } else {
-                runs.extend(group);
-            }
-        }
-        transfers.push(RankTransfer {
-            remote_rank: remote.tp_rank,
-            remote_heads: heads,
-            local_head0: dst_head0,
-            runs: if several { merge(runs) } else { runs },
+        out.push(Pull {
+            remote,
+            heads: head - held.start..end - held.start,
+            dst_head0: head - want.start,
         });
         head = end;
     }
+    Ok((out, (br, bl, g)))
+}
+
+/// The merged runs moving `p`'s heads of `seqs` from `remote` into `local` (either a rank's
+/// cache or a staging cache).
+pub(crate) fn pull_runs(
+    p: &Pull<'_>,
+    local: &KvCacheLayout,
+    seqs: &[SeqBlocks],
+    (br, bl, g): BlockSizes,
+) -> Result<Vec<CopyRun>, PlanError> {
+    let remote = p.remote.layout;
+    let groups = sub_block_pairs(
+        seqs,
+        (br, bl, g),
+        (remote.geometry().num_blocks, local.geometry().num_blocks),
+    )?;
+    let several = groups.len() > 1;
+    let mut runs = Vec::new();
+    for ((j, jl), pairs) in groups {
+        let (rv, lv) = (sub_view(remote, j, g)?, sub_view(local, jl, g)?);
+        let m = Moves {
+            pairs,
+            heads: p.heads.clone(),
+            dst_head0: p.dst_head0,
+        };
+        let budget = MAX_PLAN_UNITS.saturating_sub(runs.len());
+        let group = copy_runs(&rv, &lv, &m, budget).ok_or_else(|| PlanError::TooLarge {
+            rank: p.remote.tp_rank,
+            reason: format!(
+                "more than {MAX_PLAN_UNITS} units, or no byte-run form between the \
+                 layouts (two different element splits of a legacy key)"
+            ),
+        })?;
+        if runs.is_empty() {
+            runs = group;
+        } else {
+            runs.extend(group);
+        }
+    }
+    Ok(if several { merge(runs) } else { runs })
+}
+
+/// The plan for `local` to pull `seqs` from the remote ranks `remotes` (each rank of the
+/// remote TP group that may be read; all share one TP size and the model's heads), every
+/// byte directly into its place in the local cache.
+pub fn plan_pull(
+    local: &Side<'_>,
+    remotes: &[Side<'_>],
+    seqs: &[SeqBlocks],
+) -> Result<TransferPlan, PlanError> {
+    let (pulls, sizes) = pulls(local, remotes)?;
+    let transfers = pulls
+        .iter()
+        .map(|p| {
+            Ok(RankTransfer {
+                remote_rank: p.remote.tp_rank,
+                remote_heads: p.heads.clone(),
+                local_head0: p.dst_head0,
+                runs: pull_runs(p, local.layout, seqs, sizes)?,
+            })
+        })
+        .collect::<Result<_, PlanError>>()?;
     Ok(TransferPlan { transfers })
 }

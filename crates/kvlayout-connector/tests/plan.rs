@@ -5,8 +5,11 @@
 //! two layouts' address maps; runs stay inside the buffers, destinations never overlap, and
 //! the bytes moved are the logical payload.
 
+use kvlayout::ops::{Backend, BufferShape};
 use kvlayout::{Coord, KvCacheLayout};
 use kvlayout_connector::plan::{plan_pull, rank_heads, PlanError, SeqBlocks, Side, TransferPlan};
+use kvlayout_connector::staged::{plan_pull_staged, receive};
+use kvlayout_cpu::Host;
 use proptest::prelude::*;
 
 const ORDERS: [&str; 6] = ["NHD", "HND", "LBHNC", "BLHNC", "BLNHC", "BHLNC"];
@@ -250,7 +253,68 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
     let sub_blocks = t0.div_ceil(g) + t1.div_ceil(g);
     let heads = local_heads.end - local_heads.start;
     prop_assert_eq!(plan.bytes(), sub_blocks * g * 2 * heads * row);
-    // Every element of every moved token, through both address maps.
+    same_elements(
+        c,
+        &seqs,
+        &local_heads,
+        &remote_layouts,
+        &remote_bytes,
+        &local_layout,
+        &local_bytes,
+    )?;
+    // The staged pull: remote -> staging, then scatter_blocks on the reference backend.
+    let staged = plan_pull_staged(&local, &remotes, &seqs)
+        .map_err(|e| TestCaseError::fail(format!("staged {c:?}: {e}")))?;
+    let be = Host::reference();
+    let mut local_cache = be
+        .alloc_cache(&local_layout, &BufferShape::exact(&local_layout))
+        .unwrap();
+    be.upload_cache(&mut local_cache, &fill(&local_layout, 99))
+        .unwrap();
+    for t in &staged.transfers {
+        let mut staging_bytes = fill(&t.staging, 7);
+        let one = TransferPlan {
+            transfers: vec![kvlayout_connector::plan::RankTransfer {
+                remote_rank: t.remote_rank,
+                remote_heads: t.remote_heads.clone(),
+                local_head0: 0,
+                runs: t.runs.clone(),
+            }],
+        };
+        execute(&one, &remote_bytes, &mut staging_bytes)?;
+        let mut staging = be
+            .alloc_cache(&t.staging, &BufferShape::exact(&t.staging))
+            .unwrap();
+        be.upload_cache(&mut staging, &staging_bytes).unwrap();
+        be.wait(receive(&be, t, &staging, &mut local_cache).unwrap())
+            .unwrap();
+    }
+    let staged_bytes = be.download_cache(&local_cache).unwrap();
+    same_elements(
+        c,
+        &seqs,
+        &local_heads,
+        &remote_layouts,
+        &remote_bytes,
+        &local_layout,
+        &staged_bytes,
+    )?;
+    Ok(())
+}
+
+/// Every element of every moved token of `local_bytes` equals its remote element, through
+/// both address maps.
+#[allow(clippy::too_many_arguments)]
+fn same_elements(
+    c: &Case,
+    seqs: &[SeqBlocks],
+    local_heads: &std::ops::Range<u64>,
+    remote_layouts: &[KvCacheLayout],
+    remote_bytes: &[Vec<Vec<u8>>],
+    local_layout: &KvCacheLayout,
+    local_bytes: &[Vec<u8>],
+) -> Result<(), TestCaseError> {
+    let heads_of = |tp: u64, rank: u64| rank_heads(c.total_heads, tp, rank);
     for (s, seq) in seqs.iter().enumerate() {
         for t in 0..seq.tokens {
             for h in local_heads.clone() {
@@ -280,8 +344,8 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
                                 ),
                             );
                             let got = elem(
-                                &local_bytes,
-                                &local_layout,
+                                local_bytes,
+                                local_layout,
                                 &at(
                                     seq.local[(t / c.n_local) as usize],
                                     t % c.n_local,

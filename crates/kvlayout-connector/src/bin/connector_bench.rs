@@ -14,6 +14,7 @@ use kvlayout::ops::CopyRun;
 use kvlayout::{KvCacheLayout, PRESETS};
 use kvlayout_connector::engine::{MemcpyEngine, TransferEngine};
 use kvlayout_connector::plan::{plan_pull, SeqBlocks, Side};
+use kvlayout_connector::staged::plan_pull_staged;
 
 fn layout(spec: &str) -> KvCacheLayout {
     spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"))
@@ -43,8 +44,18 @@ fn side(layout: &KvCacheLayout, heads: u64, tp: u64, rank: u64) -> Side<'_> {
 }
 
 /// Descriptors per block of pulling 64 scattered blocks from `remote` (TP `tp_r`) into
-/// `local` (TP `tp_l`, rank 0).
+/// `local` (TP `tp_l`, rank 0): directly, and through a staging cache.
 fn per_block(remote: &str, local: &str, heads: u64, tp_r: u64, tp_l: u64) -> Result<f64, String> {
+    per_block_both(remote, local, heads, tp_r, tp_l).map(|(d, _)| d)
+}
+
+fn per_block_both(
+    remote: &str,
+    local: &str,
+    heads: u64,
+    tp_r: u64,
+    tp_l: u64,
+) -> Result<(f64, f64), String> {
     let (r, l) = (layout(remote), layout(local));
     let blocks = 64u64;
     let tokens = blocks * r.geometry().block_size;
@@ -59,7 +70,12 @@ fn per_block(remote: &str, local: &str, heads: u64, tp_r: u64, tp_l: u64) -> Res
     }];
     let remotes: Vec<Side> = (0..tp_r).map(|k| side(&r, heads, tp_r, k)).collect();
     let plan = plan_pull(&side(&l, heads, tp_l, 0), &remotes, &seqs).map_err(|e| e.to_string())?;
-    Ok(plan.descriptors() as f64 / blocks as f64)
+    let staged =
+        plan_pull_staged(&side(&l, heads, tp_l, 0), &remotes, &seqs).map_err(|e| e.to_string())?;
+    Ok((
+        plan.descriptors() as f64 / blocks as f64,
+        staged.descriptors() as f64 / blocks as f64,
+    ))
 }
 
 fn main() {
@@ -105,8 +121,8 @@ fn main() {
         ("llama-3-8b NHD TP1 -> TP2 (head slice)", nhd, nhd4, 2),
         ("llama-3-8b HND block 16 -> block 32", hnd, hnd32, 1),
     ] {
-        match per_block(r, l, 8, 1, tp_l) {
-            Ok(d) => println!("  {what}: {d:.2} vs 64"),
+        match per_block_both(r, l, 8, 1, tp_l) {
+            Ok((d, st)) => println!("  {what}: {d:.2} direct, {st:.2} staged, vs 64"),
             Err(e) => println!("  {what}: refused: {e}"),
         }
     }
@@ -133,12 +149,13 @@ fn main() {
         }
     }
     println!("memcpy engine: planned transfer vs one contiguous region of the same bytes, target >= 0.8:");
-    for (what, r, l, tp_l) in [
-        ("NHD -> NHD", nhd, nhd, 1),
-        ("NHD -> HND", nhd, hnd, 1),
-        ("HND TP1 -> TP2", hnd, hnd4, 2),
+    for (what, r, l, tp_l, staged) in [
+        ("NHD -> NHD", nhd, nhd, 1, false),
+        ("NHD -> HND", nhd, hnd, 1, false),
+        ("NHD -> HND staged (the wire only)", nhd, hnd, 1, true),
+        ("HND TP1 -> TP2", hnd, hnd4, 2, false),
     ] {
-        match engine_ratio(r, l, tp_l) {
+        match engine_ratio(r, l, tp_l, staged) {
             Ok((planned, one, bytes)) => println!(
                 "  {what}: {:.1} MB, planned {:.2} GB/s, one region {:.2} GB/s, ratio {:.2}",
                 bytes as f64 / 1e6,
@@ -152,8 +169,14 @@ fn main() {
 }
 
 /// GB/s of pulling 256 scattered blocks from `remote` into `local` (TP `tp_l`, rank 0) over the
-/// memcpy engine, and of one run of the same bytes; best of 5 each.
-fn engine_ratio(remote: &str, local: &str, tp_l: u64) -> Result<(f64, f64, u64), String> {
+/// memcpy engine (into the staging cache when `staged`), and of one run of the same bytes;
+/// best of 5 each.
+fn engine_ratio(
+    remote: &str,
+    local: &str,
+    tp_l: u64,
+    staged: bool,
+) -> Result<(f64, f64, u64), String> {
     let (r, l) = (layout(remote), layout(local));
     let blocks = 256u64;
     let seqs = [SeqBlocks {
@@ -161,21 +184,31 @@ fn engine_ratio(remote: &str, local: &str, tp_l: u64) -> Result<(f64, f64, u64),
         local: scattered(blocks, l.geometry().num_blocks, 13),
         tokens: blocks * 16,
     }];
-    let plan =
-        plan_pull(&side(&l, 8, tp_l, 0), &[side(&r, 8, 1, 0)], &seqs).map_err(|e| e.to_string())?;
+    let remotes = [side(&r, 8, 1, 0)];
+    let (runs, l) = if staged {
+        let p =
+            plan_pull_staged(&side(&l, 8, tp_l, 0), &remotes, &seqs).map_err(|e| e.to_string())?;
+        let t = p.transfers.into_iter().next().ok_or("no transfer")?;
+        (t.runs, t.staging)
+    } else {
+        let p = plan_pull(&side(&l, 8, tp_l, 0), &remotes, &seqs).map_err(|e| e.to_string())?;
+        let t = p.transfers.into_iter().next().ok_or("no transfer")?;
+        (t.runs, l)
+    };
     let zeros = |x: &KvCacheLayout| {
         x.extents()
             .iter()
             .map(|e| vec![1u8; e.end as usize])
             .collect()
     };
+    let tag = format!("{local} {staged}");
     let src =
-        MemcpyEngine::new(&format!("bench-src-{local}"), zeros(&r)).map_err(|e| e.to_string())?;
+        MemcpyEngine::new(&format!("bench-src-{tag}"), zeros(&r)).map_err(|e| e.to_string())?;
     let mut dst =
-        MemcpyEngine::new(&format!("bench-dst-{local}"), zeros(&l)).map_err(|e| e.to_string())?;
+        MemcpyEngine::new(&format!("bench-dst-{tag}"), zeros(&l)).map_err(|e| e.to_string())?;
     dst.add_peer(src.name(), src.name().as_bytes(), &src.regions())
         .map_err(|e| e.to_string())?;
-    let bytes = plan.bytes();
+    let bytes: u64 = runs.iter().map(|r| r.len).sum();
     let one = [CopyRun {
         src_offset: 0,
         dst_offset: 0,
@@ -183,7 +216,6 @@ fn engine_ratio(remote: &str, local: &str, tp_l: u64) -> Result<(f64, f64, u64),
         src_buffer: 0,
         dst_buffer: 0,
     }];
-    let runs = &plan.transfers[0].runs;
     let mut best = |runs: &[CopyRun]| -> Result<f64, String> {
         let mut t = f64::MAX;
         for _ in 0..5 {
@@ -194,7 +226,7 @@ fn engine_ratio(remote: &str, local: &str, tp_l: u64) -> Result<(f64, f64, u64),
         }
         Ok(bytes as f64 / t / 1e9)
     };
-    let planned = best(runs)?;
+    let planned = best(&runs)?;
     let single = best(&one)?;
     Ok((planned, single, bytes))
 }
