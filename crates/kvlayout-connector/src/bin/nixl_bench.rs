@@ -20,26 +20,38 @@ use kvlayout_connector::engine::{wait, TransferEngine};
 use kvlayout_connector::handshake::{CacheGroup, Limits, MemRegion, PeerMetadata};
 use kvlayout_connector::nixl::{self, Hello, NixlEngine};
 use kvlayout_connector::plan::{plan_pull, SeqBlocks, Side};
+use kvlayout_connector::staged::plan_pull_staged;
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
 const PREFILL: &str = "kv L=8 B=512 N=16 H=8 D=128 dtype=bf16 order=NHD";
-/// `(name, decode layout, decode TP size)`; the decode side is rank 0.
-const CASES: [(&str, &str, u64); 3] = [
+/// `(name, decode layout, decode TP size, staged)`; the decode side is rank 0. A staged case
+/// reads into the staging cache of `kvlayout_connector::staged` (the wire only; the
+/// post-receive scatter is a local pass).
+const CASES: [(&str, &str, u64, bool); 4] = [
     (
         "NHD -> NHD, TP 1 -> 1",
         "kv L=8 B=512 N=16 H=8 D=128 dtype=bf16 order=NHD",
         1,
+        false,
     ),
     (
         "NHD -> HND, TP 1 -> 1",
         "kv L=8 B=512 N=16 H=8 D=128 dtype=bf16 order=HND",
         1,
+        false,
+    ),
+    (
+        "NHD -> HND, TP 1 -> 1, staged",
+        "kv L=8 B=512 N=16 H=8 D=128 dtype=bf16 order=HND",
+        1,
+        true,
     ),
     (
         "NHD -> NHD, TP 1 -> 2",
         "kv L=8 B=512 N=16 H=4 D=128 dtype=bf16 order=NHD",
         2,
+        false,
     ),
 ];
 const BLOCKS: u64 = 256;
@@ -194,7 +206,7 @@ fn run(iters: usize) -> Res<()> {
     );
     let p = layout(PREFILL)?;
     let p_bytes = pattern(&p);
-    for (case, (name, spec, tp)) in CASES.iter().enumerate() {
+    for (case, &(name, spec, tp, staged)) in CASES.iter().enumerate() {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let port = listener.local_addr()?.port();
         let _child = Guard(
@@ -209,22 +221,33 @@ fn run(iters: usize) -> Res<()> {
         let hello = Hello::decode(&recv_frame(&mut s)?, &Limits::default())?;
         let remote = &hello.peer.groups[0];
         let d = layout(spec)?;
-        let zeros: Vec<Vec<u8>> = d
-            .extents()
-            .iter()
-            .map(|x| vec![0; x.end as usize])
-            .collect();
-        let mut engine = NixlEngine::new(&format!("nixl-bench-decode-{case}"), zeros)?;
-        let mine = group(&d, *tp, engine.regions());
         let seqs = [SeqBlocks {
             remote: scattered(BLOCKS, p.geometry().num_blocks, 3),
             local: scattered(BLOCKS, d.geometry().num_blocks, 5),
             tokens: BLOCKS * p.geometry().block_size,
         }];
+        // Plan against the decode layout; a staged case receives into the staging cache.
+        let planned_side = group(&d, tp, Vec::new());
         let t = Instant::now();
-        let plan = plan_pull(&Side::from(&mine), &[Side::from(remote)], &seqs)?;
+        let (runs, target) = if staged {
+            let plan = plan_pull_staged(&Side::from(&planned_side), &[Side::from(remote)], &seqs)?;
+            let t = plan.transfers.into_iter().next().ok_or("no transfer")?;
+            (t.runs, t.staging)
+        } else {
+            let plan = plan_pull(&Side::from(&planned_side), &[Side::from(remote)], &seqs)?;
+            let t = plan.transfers.into_iter().next().ok_or("no transfer")?;
+            (t.runs, d)
+        };
         let planning = t.elapsed();
-        let runs = &plan.transfers[0].runs;
+        let zeros: Vec<Vec<u8>> = target
+            .extents()
+            .iter()
+            .map(|x| vec![0; x.end as usize])
+            .collect();
+        let mut engine = NixlEngine::new(&format!("nixl-bench-decode-{case}"), zeros)?;
+        let mine = group(&target, tp, engine.regions());
+        let runs = &runs;
+        let bytes: u64 = runs.iter().map(|r| r.len).sum();
         engine.add_peer(
             &hello.peer.engine_id,
             &hello.agent_metadata,
@@ -241,14 +264,14 @@ fn run(iters: usize) -> Res<()> {
         if let Some(r) = bad.clone().next() {
             return Err(format!("{name}: {} runs differ, e.g. {r:?}", bad.count()).into());
         }
-        let flat = contiguous(plan.bytes(), &remote.regions, &mine.regions);
+        let flat = contiguous(bytes, &remote.regions, &mine.regions);
         let (cb, cm) = time_reads(&mut engine, peer, &flat, iters)?;
-        let gbs = |t: Duration| plan.bytes() as f64 / t.as_secs_f64() / 1e9;
+        let gbs = |t: Duration| bytes as f64 / t.as_secs_f64() / 1e9;
         println!(
             "{name}: {} MiB; planned {} descriptors (planning {planning:.1?}): best {pb:.1?} \
              ({:.2} GB/s), median {pm:.1?} ({:.2} GB/s); contiguous {} descriptor(s): best \
              {cb:.1?} ({:.2} GB/s), median {cm:.1?} ({:.2} GB/s); planned/contiguous median {:.2}x",
-            plan.bytes() >> 20,
+            bytes >> 20,
             runs.len(),
             gbs(pb),
             gbs(pm),

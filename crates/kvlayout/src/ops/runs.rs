@@ -1,4 +1,4 @@
-//! Block moves as plain byte copies: the units of a [`MovePlan`](super::MovePlan) for every block pair, merged
+//! Block moves as plain byte copies: the units of a [`MovePlan`] for every block pair, merged
 //! into maximal runs contiguous on both sides. A backend copies between memories its kernels
 //! should not address (device and pinned host memory, two devices) with one copy per run,
 //! not one per block.
@@ -147,7 +147,7 @@ fn runs_in_source_order(plan: &MovePlan, pairs: &[(u64, u64)], max: usize) -> Op
 }
 
 /// The byte copies executing validated moves `m` from `src` to `dst` (the layouts `m` was
-/// validated for): every unit of their [`MovePlan`](super::MovePlan) for every pair, sorted
+/// validated for): every unit of their [`MovePlan`] for every pair, sorted
 /// by source position and merged where one continues the previous on both sides.
 ///
 /// Post-conditions: the runs cover exactly the bytes of every moved element on each side, no
