@@ -1,0 +1,296 @@
+//! [`NixlEngine`]'s own methods: creating the agent, its UCX backend and the registrations,
+//! the local buffers, peers, and posting, cancelling and releasing transfers.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use kvlayout::ops::CopyRun;
+use nixl_sys::{
+    Agent, AgentConfig, MemType, OptArgs, ThreadSync, XferDescList, XferOp, XferStatus,
+};
+
+use crate::engine::{check_runs, EngineError};
+use crate::handshake::MemRegion;
+
+use super::memory::{HostBuffer, HostMemory, InFlight};
+use super::{available, nixl_error, NixlEngine, NixlOptions, NixlPending, XferKind, BACKEND};
+
+impl NixlEngine {
+    /// An engine named `name` (its NIXL agent name, unique among the peers) owning `buffers`
+    /// as its registered cache, with the default [`NixlOptions`]. Refused with an error, never
+    /// an abort, when the NIXL library is not loaded ([`available`]).
+    pub fn new(name: &str, buffers: Vec<Vec<u8>>) -> Result<Self, EngineError> {
+        Self::with_options(name, buffers, &NixlOptions::default())
+    }
+
+    /// [`NixlEngine::new`] with `options`.
+    pub fn with_options(
+        name: &str,
+        buffers: Vec<Vec<u8>>,
+        options: &NixlOptions,
+    ) -> Result<Self, EngineError> {
+        available().map_err(|why| EngineError::Transport(format!("nixl: {why}")))?;
+        if let Some(i) = buffers.iter().position(Vec::is_empty) {
+            return Err(EngineError::Transport(format!(
+                "nixl: buffer {i} is empty; NIXL registers no empty region"
+            )));
+        }
+        let memory = Arc::new(HostMemory {
+            buffers: buffers.into_iter().map(HostBuffer::new).collect(),
+        });
+        let config = AgentConfig {
+            enable_prog_thread: options.progress_thread,
+            enable_listen_thread: false,
+            pthr_delay_us: options.progress_delay_us,
+            // Requests may be released (dropped) on another thread than the engine's.
+            thread_sync: ThreadSync::Strict,
+            ..AgentConfig::default()
+        };
+        let agent =
+            Agent::new_configured(name, &config).map_err(|e| nixl_error("create agent", e))?;
+        let (_, params) = agent
+            .get_plugin_params(BACKEND)
+            .map_err(|e| nixl_error("get_plugin_params(UCX)", e))?;
+        let backend = agent
+            .create_backend(BACKEND, &params)
+            .map_err(|e| nixl_error("create_backend(UCX)", e))?;
+        let mut regs = Vec::with_capacity(memory.buffers.len());
+        for (i, buffer) in memory.buffers.iter().enumerate() {
+            let mut opt = OptArgs::new().map_err(|e| nixl_error("opt args", e))?;
+            opt.add_backend(&backend)
+                .map_err(|e| nixl_error("opt args", e))?;
+            let reg = agent
+                .register_memory(buffer, Some(&opt))
+                .map_err(|e| nixl_error(&format!("register_memory(buffer {i})"), e))?;
+            regs.push(reg);
+        }
+        Ok(NixlEngine {
+            name: name.to_string(),
+            peers: HashMap::new(),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            _regs: regs,
+            backend,
+            agent,
+            memory,
+        })
+    }
+
+    /// The regions a handshake publishes for this engine's buffers: each buffer's host address
+    /// and registered length.
+    pub fn regions(&self) -> Vec<MemRegion> {
+        self.memory
+            .buffers
+            .iter()
+            .map(|b| MemRegion {
+                base: b.addr(),
+                len: b.len as u64,
+            })
+            .collect()
+    }
+
+    /// Transfers this engine posted that have not finished.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    fn idle(&self, what: &str) -> Result<(), EngineError> {
+        match self.in_flight() {
+            0 => Ok(()),
+            n => Err(EngineError::Transport(format!(
+                "nixl: {what} refused: {n} transfer(s) in flight (wait for, cancel or drop them)"
+            ))),
+        }
+    }
+
+    /// A copy of the local buffers; refused while a transfer this engine posted is in flight.
+    pub fn buffers(&self) -> Result<Vec<Vec<u8>>, EngineError> {
+        self.idle("reading the buffers")?;
+        Ok(self.memory.read())
+    }
+
+    /// Replaces the local buffers' contents (each of the same length); refused while a
+    /// transfer this engine posted is in flight.
+    pub fn set_buffers(&self, bytes: &[Vec<u8>]) -> Result<(), EngineError> {
+        self.idle("replacing the buffers")?;
+        let bufs = &self.memory.buffers;
+        if bytes.len() != bufs.len() || bytes.iter().zip(bufs).any(|(a, b)| a.len() != b.len) {
+            return Err(EngineError::Transport("buffer shapes differ".into()));
+        }
+        self.memory.write(bytes);
+        Ok(())
+    }
+
+    /// Posts writing `runs` (`src_*` in the local buffers, `dst_*` in the peer's); the peer
+    /// receives `notify` once the data is in its memory.
+    pub fn post_write(
+        &mut self,
+        peer: &str,
+        runs: &[CopyRun],
+        notify: &[u8],
+    ) -> Result<NixlPending, EngineError> {
+        self.post(XferKind::Write, peer, runs, notify)
+    }
+
+    /// Releases `pending` and returns the runs whose destination is now undefined: none if it
+    /// had completed, all of them otherwise. NIXL has no abort: bytes already handed to the
+    /// transport may still land after this returns (the memory stays allocated until the
+    /// engine is dropped), and the peer gets no notification. Treat those destinations as not
+    /// received, and do not make them the destination of a new transfer from the same peer
+    /// until it is removed ([`NixlEngine::remove_peer`]).
+    pub fn cancel(&mut self, mut pending: NixlPending) -> Vec<CopyRun> {
+        // A transfer of another engine is released unasked (its request is not this agent's).
+        if pending.outcome.is_none() && Arc::ptr_eq(&pending.memory, &self.memory) {
+            if let Some(req) = &pending.req {
+                if let Ok(XferStatus::Success) = self.agent.get_xfer_status(req) {
+                    pending.finish(Ok(()));
+                }
+            }
+        }
+        match pending.outcome {
+            Some(Ok(())) => Vec::new(),
+            _ => std::mem::take(&mut pending.runs),
+        }
+    }
+
+    /// Forgets peer `name`: its metadata is invalidated (its connection closed) and its regions
+    /// dropped. Needed after a peer died, before it can be added again.
+    pub fn remove_peer(&mut self, name: &str) -> Result<(), EngineError> {
+        if self.peers.remove(name).is_none() {
+            return Err(EngineError::UnknownPeer(name.to_string()));
+        }
+        self.agent
+            .invalidate_remote_md(name)
+            .map_err(|e| nixl_error("invalidate_remote_md", e))
+    }
+
+    pub(super) fn post(
+        &mut self,
+        kind: XferKind,
+        peer: &str,
+        runs: &[CopyRun],
+        notify: &[u8],
+    ) -> Result<NixlPending, EngineError> {
+        let regions = self
+            .peers
+            .get(peer)
+            .ok_or_else(|| EngineError::UnknownPeer(peer.to_string()))?;
+        let remote_lens: Vec<u64> = regions.iter().map(|r| r.len).collect();
+        let local_lens = self.memory.lens();
+        // (local buffer, local offset, remote buffer, remote offset, len) of each run.
+        let sides: Vec<(u32, u64, u32, u64, u64)> = match kind {
+            XferKind::Read => {
+                check_runs(runs, peer, &remote_lens, &local_lens)?;
+                runs.iter()
+                    .map(|r| {
+                        (
+                            r.dst_buffer,
+                            r.dst_offset,
+                            r.src_buffer,
+                            r.src_offset,
+                            r.len,
+                        )
+                    })
+                    .collect()
+            }
+            XferKind::Write => {
+                // `check_runs` checks `src_*` against the peer: swap the sides.
+                let swapped: Vec<CopyRun> = runs
+                    .iter()
+                    .map(|r| CopyRun {
+                        src_buffer: r.dst_buffer,
+                        src_offset: r.dst_offset,
+                        dst_buffer: r.src_buffer,
+                        dst_offset: r.src_offset,
+                        len: r.len,
+                    })
+                    .collect();
+                check_runs(&swapped, peer, &remote_lens, &local_lens)?;
+                runs.iter()
+                    .map(|r| {
+                        (
+                            r.src_buffer,
+                            r.src_offset,
+                            r.dst_buffer,
+                            r.dst_offset,
+                            r.len,
+                        )
+                    })
+                    .collect()
+            }
+        };
+        let mut local = XferDescList::new(MemType::Dram).map_err(|e| nixl_error("dlist", e))?;
+        let mut remote = XferDescList::new(MemType::Dram).map_err(|e| nixl_error("dlist", e))?;
+        let mut descriptors = 0usize;
+        for &(lb, lo, rb, ro, len) in sides.iter().filter(|s| s.4 > 0) {
+            // Inside both registered regions (checked above), so the buffers exist and the
+            // sums do not overflow; still computed checked, as an address must also fit this
+            // machine's usize.
+            let l = self.memory.buffers.get(lb as usize);
+            let l = l.and_then(|b| b.addr().checked_add(lo));
+            let r = regions
+                .get(rb as usize)
+                .and_then(|g| g.base.checked_add(ro));
+            let (Some(l), Some(r), Ok(n)) = (
+                l.and_then(|a| usize::try_from(a).ok()),
+                r.and_then(|a| usize::try_from(a).ok()),
+                usize::try_from(len),
+            ) else {
+                return Err(EngineError::Transport(format!(
+                    "nixl: run of {len} bytes at remote buffer {rb} offset {ro} has no address \
+                     on this machine"
+                )));
+            };
+            local.add_desc(l, n, 0);
+            remote.add_desc(r, n, 0);
+            descriptors += 1;
+        }
+        let memory = Arc::clone(&self.memory);
+        let mut pending = NixlPending {
+            req: None,
+            in_flight: None,
+            outcome: None,
+            memory,
+            kind,
+            peer: peer.to_string(),
+            runs: runs.to_vec(),
+        };
+        if descriptors == 0 {
+            // Nothing to move: the notification alone.
+            self.agent
+                .send_notification(peer, notify, Some(&self.backend))
+                .map_err(|e| nixl_error("send_notification", e))?;
+            pending.finish(Ok(()));
+            return Ok(pending);
+        }
+        let mut opt = OptArgs::new().map_err(|e| nixl_error("opt args", e))?;
+        opt.add_backend(&self.backend)
+            .and_then(|()| opt.set_notification_message(notify))
+            .and_then(|()| opt.set_has_notification(true))
+            .map_err(|e| nixl_error("opt args", e))?;
+        let op = match kind {
+            XferKind::Read => XferOp::Read,
+            XferKind::Write => XferOp::Write,
+        };
+        let req = self
+            .agent
+            .create_xfer_req(op, &local, &remote, peer, Some(&opt))
+            .map_err(|e| nixl_error("create_xfer_req", e))?;
+        pending.in_flight = Some(InFlight::new(&self.in_flight));
+        let posted = self.agent.post_xfer_req(&req, None);
+        pending.req = Some(req);
+        match posted {
+            // Posted and in flight.
+            Ok(true) => {}
+            // Complete already (a synchronous transport); the notification is sent.
+            Ok(false) => pending.finish(Ok(())),
+            Err(e) => {
+                // Released here; the destination is undefined.
+                let err = nixl_error("post_xfer_req", e);
+                pending.finish(Err(err.clone()));
+                return Err(err);
+            }
+        }
+        Ok(pending)
+    }
+}
