@@ -64,6 +64,8 @@ command -v llvm-readelf-19 >/dev/null 2>&1 || apt_install llvm-19
 # --- NVRTC (PyPI wheel nvidia-cuda-nvrtc-cu12): the CUDA backend's run-time compile of the ---
 # kernel sources, tested here without a GPU. Unpacked into a cache outside the repository;
 # scripts/nvrtc-path.sh prints its library folder (scripts/test.sh puts it on LD_LIBRARY_PATH).
+# pip downloads the wheels (nothing is installed into Python).
+python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
 NVRTC_VERSION=12.9.86
 nvrtc_dir="$("$(dirname "$0")/nvrtc-path.sh")"
 if [ ! -e "$nvrtc_dir/libnvrtc.so.12" ]; then
@@ -119,4 +121,3 @@ if [ ! -e "$nixl_dir/.nixl_cu12.mesonpy.libs/libnixl_capi.so" ] \
 fi
 
 # --- Later issues add here ------------------------------------------------------------------
-# - libamdhip64-dev (hip-sys), libclang-dev if bindgen is used: `command -v X || apt_install Y`.

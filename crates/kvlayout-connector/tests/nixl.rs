@@ -23,6 +23,8 @@ mod common;
 mod one_process;
 #[path = "nixl/process.rs"]
 mod process;
+#[path = "shared/scenario.rs"]
+mod scenario;
 #[path = "nixl/socket.rs"]
 mod socket;
 #[path = "nixl/two_processes.rs"]
