@@ -13,7 +13,7 @@ use crate::error::{CodeObjectRefusal, HipCallError, HipError};
 use crate::ffi::{self, Allocation, Event, Function, Module, Stream};
 
 /// The backend of HIP device `ordinal`: [`HipDevice::open`] under [`DeviceBackend`].
-pub fn hip(ordinal: u32) -> Result<DeviceBackend<HipDevice>, HipError> {
+pub fn hip(ordinal: usize) -> Result<DeviceBackend<HipDevice>, HipError> {
     HipDevice::open(ordinal).map(DeviceBackend::new)
 }
 
@@ -52,7 +52,7 @@ impl Functions {
 /// holds is (see `ffi.rs`).
 #[derive(Debug)]
 pub struct HipDevice {
-    ordinal: u32,
+    ordinal: usize,
     raw_ordinal: c_int,
     code_object: &'static CodeObject,
     // Dropped before `stream`; each function keeps its module loaded.
@@ -99,7 +99,7 @@ impl HipDevice {
     /// [`HipError::NoDevice`] when the runtime does not start, finds no device or fewer than
     /// `ordinal + 1`; [`HipError::NoCodeObjects`] for a build without clang-19;
     /// [`HipError::NoLoadableCodeObject`] with each object's refusal when none loads.
-    pub fn open(ordinal: u32) -> Result<HipDevice, HipError> {
+    pub fn open(ordinal: usize) -> Result<HipDevice, HipError> {
         let init = ffi::init().err();
         let counted = ffi::device_count();
         let count = counted
@@ -107,7 +107,7 @@ impl HipDevice {
             .map_or(0, |&n| u32::try_from(n).unwrap_or(0));
         let raw_ordinal = c_int::try_from(ordinal)
             .ok()
-            .filter(|_| init.is_none() && counted.is_ok() && ordinal < count);
+            .filter(|_| init.is_none() && counted.is_ok() && ordinal < count as usize);
         let Some(raw_ordinal) = raw_ordinal else {
             let mut why: Vec<String> = init
                 .into_iter()
@@ -158,7 +158,7 @@ impl HipDevice {
     }
 
     /// The device's ordinal.
-    pub fn ordinal(&self) -> u32 {
+    pub fn ordinal(&self) -> usize {
         self.ordinal
     }
 

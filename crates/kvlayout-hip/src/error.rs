@@ -32,7 +32,7 @@ pub enum HipError {
     #[error("no HIP device {ordinal} ({count} visible): {why}")]
     NoDevice {
         /// The ordinal asked for.
-        ordinal: u32,
+        ordinal: usize,
         /// Devices the runtime reported (0 when it could not count them).
         count: u32,
         /// The runtime's reason: the failed calls with their errors, or the count.
@@ -48,7 +48,7 @@ pub enum HipError {
     #[error("no embedded code object loads on HIP device {ordinal}: {}", refusal_list(.refusals))]
     NoLoadableCodeObject {
         /// The device.
-        ordinal: u32,
+        ordinal: usize,
         /// Each code object tried, with the runtime's refusal.
         refusals: Vec<CodeObjectRefusal>,
     },

@@ -70,9 +70,9 @@ fn open_without_a_device_is_a_typed_error() {
 
 #[test]
 fn an_ordinal_past_the_devices_is_no_device() {
-    match HipDevice::open(u32::MAX) {
+    match HipDevice::open(usize::MAX) {
         Err(HipError::NoDevice { ordinal, why, .. }) => {
-            assert_eq!(ordinal, u32::MAX);
+            assert_eq!(ordinal, usize::MAX);
             assert!(!why.is_empty());
         }
         other => panic!("expected NoDevice, got {other:?}"),
