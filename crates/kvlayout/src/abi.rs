@@ -60,9 +60,10 @@ pub struct KvFieldArgs {
 }
 
 impl KvFieldArgs {
-    /// The struct's C image (144 bytes): its members' little-endian bytes in order.
-    pub fn to_le_bytes(&self) -> Vec<u8> {
-        crate::kernels::params::LeBytes::default()
+    /// Appends the struct's C image (144 bytes) to `out`: its members' little-endian bytes in
+    /// order.
+    pub fn write_le(&self, out: &mut Vec<u8>) {
+        crate::kernels::params::LeBytes(out)
             .i64s(&[
                 self.base_offset_bytes,
                 self.layer_stride_bytes,
@@ -82,8 +83,7 @@ impl KvFieldArgs {
             ])
             .i32s(&[self.buffer, self.dtype, self.elem_bytes, self.field])
             .f32s(&[self.scale])
-            .i32s(&[self.reserved])
-            .0
+            .i32s(&[self.reserved]);
     }
 }
 

@@ -132,30 +132,32 @@ impl KernelArgs {
     /// The argument block: each parameter's little-endian bytes at its slot
     /// ([`arg_slots`]), zeros between.
     pub fn block(&self) -> Vec<u8> {
-        let mut parts: Vec<Vec<u8>> = Vec::with_capacity(5);
+        let slots = arg_slots(self.kernel());
+        let mut block = Vec::with_capacity(slots.last().map_or(0, |&(at, len)| at + len));
+        let mut next = 0;
+        let mut put = |write: &dyn Fn(&mut Vec<u8>)| {
+            block.resize(slots[next].0, 0);
+            write(&mut block);
+            next += 1;
+        };
         match self {
             KernelArgs::Write { fields, params } => {
-                parts.extend(fields.iter().map(KvFieldArgs::to_le_bytes));
-                parts.push(params.to_le_bytes());
+                fields.iter().for_each(|f| put(&|o| f.write_le(o)));
+                put(&|o| params.write_le(o));
             }
             KernelArgs::Decode { fields, params } => {
-                parts.extend(fields.iter().map(KvFieldArgs::to_le_bytes));
-                parts.push(params.to_le_bytes());
+                fields.iter().for_each(|f| put(&|o| f.write_le(o)));
+                put(&|o| params.write_le(o));
             }
             KernelArgs::Reduce { v, params } => {
-                parts.push(v.to_le_bytes());
-                parts.push(params.to_le_bytes());
+                put(&|o| v.write_le(o));
+                put(&|o| params.write_le(o));
             }
             KernelArgs::Move { src, dst, params } => {
-                parts.push(src.to_le_bytes());
-                parts.push(dst.to_le_bytes());
-                parts.push(params.to_le_bytes());
+                put(&|o| src.write_le(o));
+                put(&|o| dst.write_le(o));
+                put(&|o| params.write_le(o));
             }
-        }
-        let mut block = Vec::new();
-        for ((offset, _), part) in arg_slots(self.kernel()).into_iter().zip(parts) {
-            block.resize(offset, 0);
-            block.extend_from_slice(&part);
         }
         block
     }

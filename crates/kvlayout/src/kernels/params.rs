@@ -94,46 +94,45 @@ pub struct MoveParams {
     pub reserved: i32,
 }
 
-/// Little-endian bytes of a `#[repr(C)]` struct's members, in declaration order (every
-/// struct here has no implicit padding, so they are its C image).
-#[derive(Debug, Default)]
-pub(crate) struct LeBytes(pub(crate) Vec<u8>);
+/// Appends little-endian bytes of a `#[repr(C)]` struct's members, in declaration order
+/// (every struct here has no implicit padding, so they are its C image).
+#[derive(Debug)]
+pub(crate) struct LeBytes<'a>(pub(crate) &'a mut Vec<u8>);
 
-impl LeBytes {
-    pub(crate) fn u64s(mut self, xs: &[u64]) -> Self {
+impl LeBytes<'_> {
+    pub(crate) fn u64s(self, xs: &[u64]) -> Self {
         xs.iter().for_each(|x| self.0.extend(x.to_le_bytes()));
         self
     }
-    pub(crate) fn i64s(mut self, xs: &[i64]) -> Self {
+    pub(crate) fn i64s(self, xs: &[i64]) -> Self {
         xs.iter().for_each(|x| self.0.extend(x.to_le_bytes()));
         self
     }
-    pub(crate) fn i32s(mut self, xs: &[i32]) -> Self {
+    pub(crate) fn i32s(self, xs: &[i32]) -> Self {
         xs.iter().for_each(|x| self.0.extend(x.to_le_bytes()));
         self
     }
-    pub(crate) fn f32s(mut self, xs: &[f32]) -> Self {
+    pub(crate) fn f32s(self, xs: &[f32]) -> Self {
         xs.iter().for_each(|x| self.0.extend(x.to_le_bytes()));
         self
     }
 }
 
 impl WriteParams {
-    /// The struct's C image: its members' little-endian bytes in order.
-    pub fn to_le_bytes(&self) -> Vec<u8> {
-        LeBytes::default()
+    /// Appends the struct's C image to `out`: its members' little-endian bytes in order.
+    pub fn write_le(&self, out: &mut Vec<u8>) {
+        LeBytes(out)
             .u64s(&[self.key, self.value, self.slot_mapping])
             .u64s(&self.buffers)
             .i64s(&[self.layer])
-            .i32s(&[self.act_dtype, self.inline_scales])
-            .0
+            .i32s(&[self.act_dtype, self.inline_scales]);
     }
 }
 
 impl DecodeKernelParams {
-    /// The struct's C image: its members' little-endian bytes in order.
-    pub fn to_le_bytes(&self) -> Vec<u8> {
-        LeBytes::default()
+    /// Appends the struct's C image to `out`: its members' little-endian bytes in order.
+    pub fn write_le(&self, out: &mut Vec<u8>) {
+        LeBytes(out)
             .u64s(&[self.query, self.block_table, self.seq_lens])
             .u64s(&self.buffers)
             .u64s(&[self.out, self.partials])
@@ -147,21 +146,19 @@ impl DecodeKernelParams {
             ])
             .i32s(&[self.partitions, self.act_dtype, self.inline_scales])
             .f32s(&[self.scale, self.soft_cap])
-            .i32s(&[self.soft_capped, self.group_tile, self.reserved])
-            .0
+            .i32s(&[self.soft_capped, self.group_tile, self.reserved]);
     }
 }
 
 impl MoveParams {
-    /// The struct's C image: its members' little-endian bytes in order.
-    pub fn to_le_bytes(&self) -> Vec<u8> {
-        LeBytes::default()
+    /// Appends the struct's C image to `out`: its members' little-endian bytes in order.
+    pub fn write_le(&self, out: &mut Vec<u8>) {
+        LeBytes(out)
             .u64s(&self.src_buffers)
             .u64s(&self.dst_buffers)
             .u64s(&[self.pairs])
             .i64s(&[self.n_pairs, self.head0, self.heads, self.dst_head0])
-            .i32s(&[self.row_unit_bytes, self.reserved])
-            .0
+            .i32s(&[self.row_unit_bytes, self.reserved]);
     }
 }
 
@@ -179,9 +176,14 @@ mod tests {
 
     #[test]
     fn images_are_as_long_as_the_structs() {
+        let image = |write: &dyn Fn(&mut Vec<u8>)| {
+            let mut out = Vec::new();
+            write(&mut out);
+            out
+        };
         let d = DecodeKernelParams::default();
-        assert_eq!(WriteParams::default().to_le_bytes().len(), 56);
-        assert_eq!(d.to_le_bytes().len(), 136);
-        assert_eq!(MoveParams::default().to_le_bytes().len(), 80);
+        assert_eq!(image(&|o| WriteParams::default().write_le(o)).len(), 56);
+        assert_eq!(image(&|o| d.write_le(o)).len(), 136);
+        assert_eq!(image(&|o| MoveParams::default().write_le(o)).len(), 80);
     }
 }
