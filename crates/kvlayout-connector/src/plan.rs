@@ -15,8 +15,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
 
-use kvlayout::ops::{copy_runs, CopyRun, Moves};
-use kvlayout::{Content, KvCacheLayout};
+use kvlayout::ops::{check_same_model, copy_runs, merge_runs, CopyRun, Moves, OpError};
+use kvlayout::{tp_head_range, Content, KvCacheLayout};
 
 use crate::handshake::CacheGroup;
 
@@ -24,7 +24,7 @@ use crate::handshake::CacheGroup;
 pub const MAX_PLAN_UNITS: usize = 64 << 20;
 
 /// A planner's refusal: what does not fit, with the values.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PlanError {
     /// A TP placement that names no heads.
     #[error("{side} TP: {reason}")]
@@ -34,7 +34,10 @@ pub enum PlanError {
         /// Why.
         reason: String,
     },
-    /// The two caches do not hold the same model's KV.
+    /// The two caches do not hold the same model's KV ([`check_same_model`]).
+    #[error("caches differ: {0}")]
+    Model(OpError),
+    /// A property the planner cannot reconcile.
     #[error("caches differ in {what}: local {local} vs remote {remote}")]
     Incompatible {
         /// The differing property.
@@ -89,32 +92,6 @@ pub struct Side<'a> {
     pub tp_rank: u64,
 }
 
-/// The model heads TP rank `rank` of `size` holds, out of `total`: `total / size` contiguous
-/// heads, or one replicated head when `size > total`.
-pub fn rank_heads(total: u64, size: u64, rank: u64) -> Result<Range<u64>, String> {
-    if size == 0 || total == 0 {
-        return Err(format!("tp_size {size} with {total} KV heads"));
-    }
-    if rank >= size {
-        return Err(format!("tp_rank {rank} not below tp_size {size}"));
-    }
-    if size <= total {
-        if !total.is_multiple_of(size) {
-            return Err(format!("{total} KV heads do not split over tp_size {size}"));
-        }
-        let per = total / size;
-        Ok(rank * per..(rank + 1) * per)
-    } else {
-        if !size.is_multiple_of(total) {
-            return Err(format!(
-                "tp_size {size} exceeds {total} KV heads and is not a multiple of it"
-            ));
-        }
-        let h = rank / (size / total);
-        Ok(h..h + 1)
-    }
-}
-
 impl<'a> From<&'a CacheGroup> for Side<'a> {
     /// The side a peer's (or this instance's) handshake group describes.
     fn from(g: &'a CacheGroup) -> Self {
@@ -136,7 +113,8 @@ impl Side<'_> {
                 "a Mamba conv state is sharded along its channels, not heads".into(),
             ));
         }
-        let heads = rank_heads(self.total_kv_heads, self.tp_size, self.tp_rank).map_err(fail)?;
+        let heads = tp_head_range(self.total_kv_heads, self.tp_size, self.tp_rank)
+            .map_err(|e| fail(e.to_string()))?;
         let held = self.layout.geometry().num_kv_heads;
         if heads.end - heads.start != held {
             return Err(fail(format!(
@@ -200,57 +178,17 @@ impl TransferPlan {
     }
 }
 
-/// The properties two caches must share (TP, block size and placement may differ).
+/// The properties two caches must share (TP, block size and placement may differ): the same
+/// model ([`check_same_model`]), per-token or per-block states (not compressed ones).
 fn check_compatible(local: &KvCacheLayout, remote: &KvCacheLayout) -> Result<(), PlanError> {
-    let differ = |what, l: String, r: String| {
-        Err(PlanError::Incompatible {
-            what,
-            local: l,
-            remote: r,
-        })
-    };
-    if local.content() != remote.content() {
-        return differ(
-            "content",
-            format!("{:?}", local.content()),
-            format!("{:?}", remote.content()),
-        );
-    }
-    if local.dtype() != remote.dtype() {
-        return differ(
-            "dtype",
-            local.dtype().to_string(),
-            remote.dtype().to_string(),
-        );
-    }
-    if local.scales() != remote.scales() {
-        return differ(
-            "per-tensor scales",
-            format!("{:?}", local.scales()),
-            format!("{:?}", remote.scales()),
-        );
-    }
-    let (g, h) = (local.geometry(), remote.geometry());
-    if g.num_layers != h.num_layers {
-        return differ(
-            "num_layers",
-            g.num_layers.to_string(),
-            h.num_layers.to_string(),
-        );
-    }
-    if g.tokens_per_state != h.tokens_per_state {
-        return differ(
-            "tokens_per_state",
-            g.tokens_per_state.to_string(),
-            h.tokens_per_state.to_string(),
-        );
-    }
-    if g.tokens_per_state != 1 && !local.content().is_per_block_state() {
-        return differ(
-            "tokens_per_state (compressed states are not paired by token)",
-            g.tokens_per_state.to_string(),
-            h.tokens_per_state.to_string(),
-        );
+    check_same_model(local, remote).map_err(PlanError::Model)?;
+    let tps = local.geometry().tokens_per_state;
+    if tps != 1 && !local.content().is_per_block_state() {
+        return Err(PlanError::Incompatible {
+            what: "tokens_per_state (compressed states are not paired by token)",
+            local: tps.to_string(),
+            remote: remote.geometry().tokens_per_state.to_string(),
+        });
     }
     Ok(())
 }
@@ -269,29 +207,6 @@ fn sub_view(layout: &KvCacheLayout, j: u64, g: u64) -> Result<KvCacheLayout, Pla
             layout.geometry().block_size
         ))
     })
-}
-
-/// Sorts `runs` by source position and merges each into the previous one it continues on both
-/// sides.
-fn merge(mut runs: Vec<CopyRun>) -> Vec<CopyRun> {
-    if !runs.is_sorted_by_key(|r| (r.src_buffer, r.src_offset)) {
-        runs.sort_unstable_by_key(|r| (r.src_buffer, r.src_offset));
-    }
-    let mut out: Vec<CopyRun> = Vec::with_capacity(runs.len());
-    for r in runs {
-        match out.last_mut() {
-            Some(last)
-                if last.src_buffer == r.src_buffer
-                    && last.dst_buffer == r.dst_buffer
-                    && last.src_offset + last.len == r.src_offset
-                    && last.dst_offset + last.len == r.dst_offset =>
-            {
-                last.len += r.len
-            }
-            _ => out.push(r),
-        }
-    }
-    out
 }
 
 /// `(j, j') -> [(remote block, local block)]`.
@@ -462,7 +377,7 @@ pub(crate) fn pull_runs(
             runs.extend(group);
         }
     }
-    Ok(if several { merge(runs) } else { runs })
+    Ok(if several { merge_runs(runs) } else { runs })
 }
 
 /// The plan for `local` to pull `seqs` from the remote ranks `remotes` (each rank of the

@@ -6,8 +6,9 @@
 //! the bytes moved are the logical payload.
 
 use kvlayout::ops::{Backend, BufferShape};
+use kvlayout::tp_head_range;
 use kvlayout::{Coord, KvCacheLayout};
-use kvlayout_connector::plan::{plan_pull, rank_heads, PlanError, SeqBlocks, Side, TransferPlan};
+use kvlayout_connector::plan::{plan_pull, PlanError, SeqBlocks, Side, TransferPlan};
 use kvlayout_connector::staged::{plan_pull_staged, receive};
 use kvlayout_cpu::Host;
 use proptest::prelude::*;
@@ -162,7 +163,7 @@ fn elem(bufs: &[Vec<u8>], l: &KvCacheLayout, c: &Coord) -> Vec<u8> {
 }
 
 fn check(c: &Case) -> Result<(), TestCaseError> {
-    let heads_of = |tp: u64, rank: u64| rank_heads(c.total_heads, tp, rank);
+    let heads_of = |tp: u64, rank: u64| tp_head_range(c.total_heads, tp, rank);
     let (Ok(_), Ok(local_heads)) = (heads_of(c.tp_remote, 0), heads_of(c.tp_local, c.local_rank))
     else {
         return Ok(()); // TP sizes the heads do not split over
@@ -253,15 +254,15 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
     let sub_blocks = t0.div_ceil(g) + t1.div_ceil(g);
     let heads = local_heads.end - local_heads.start;
     prop_assert_eq!(plan.bytes(), sub_blocks * g * 2 * heads * row);
-    same_elements(
-        c,
-        &seqs,
-        &local_heads,
-        &remote_layouts,
-        &remote_bytes,
-        &local_layout,
-        &local_bytes,
-    )?;
+    let moved = Moved {
+        case: c,
+        seqs: &seqs,
+        local_heads: &local_heads,
+        remote_layouts: &remote_layouts,
+        remote_bytes: &remote_bytes,
+        local_layout: &local_layout,
+    };
+    moved.check(&local_bytes)?;
     // The staged pull: remote -> staging, then scatter_blocks on the reference backend.
     let staged = plan_pull_staged(&local, &remotes, &seqs)
         .map_err(|e| TestCaseError::fail(format!("staged {c:?}: {e}")))?;
@@ -290,84 +291,87 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
             .unwrap();
     }
     let staged_bytes = be.download_cache(&local_cache).unwrap();
-    same_elements(
-        c,
-        &seqs,
-        &local_heads,
-        &remote_layouts,
-        &remote_bytes,
-        &local_layout,
-        &staged_bytes,
-    )?;
+    moved.check(&staged_bytes)?;
     Ok(())
 }
 
-/// Every element of every moved token of `local_bytes` equals its remote element, through
-/// both address maps.
-#[allow(clippy::too_many_arguments)]
-fn same_elements(
-    c: &Case,
-    seqs: &[SeqBlocks],
-    local_heads: &std::ops::Range<u64>,
-    remote_layouts: &[KvCacheLayout],
-    remote_bytes: &[Vec<Vec<u8>>],
-    local_layout: &KvCacheLayout,
-    local_bytes: &[Vec<u8>],
-) -> Result<(), TestCaseError> {
-    let heads_of = |tp: u64, rank: u64| rank_heads(c.total_heads, tp, rank);
-    for (s, seq) in seqs.iter().enumerate() {
-        for t in 0..seq.tokens {
-            for h in local_heads.clone() {
-                let holder = (0..c.tp_remote)
-                    .find(|&r| heads_of(c.tp_remote, r).unwrap().contains(&h))
-                    .unwrap();
-                let held = heads_of(c.tp_remote, holder).unwrap();
-                let rl = &remote_layouts[holder as usize];
-                for layer in 0..2 {
-                    for f in local_layout.stored_fields() {
-                        for d in 0..f.width {
-                            let at = |block: u64, n: u64, head: u64| Coord {
-                                layer,
-                                block,
-                                head,
-                                slot: n,
-                                field: f.field,
-                                dim: d,
-                            };
-                            let want = elem(
-                                &remote_bytes[holder as usize],
-                                rl,
-                                &at(
-                                    seq.remote[(t / c.n_remote) as usize],
-                                    t % c.n_remote,
-                                    h - held.start,
-                                ),
-                            );
-                            let got = elem(
-                                local_bytes,
-                                local_layout,
-                                &at(
-                                    seq.local[(t / c.n_local) as usize],
-                                    t % c.n_local,
-                                    h - local_heads.start,
-                                ),
-                            );
-                            prop_assert_eq!(
-                                got,
-                                want,
-                                "seq {} token {} head {} {:?}",
-                                s,
-                                t,
-                                h,
-                                f.field
-                            );
+/// What a plan moved: the case, its sequences and heads, and the remote caches.
+struct Moved<'a> {
+    case: &'a Case,
+    seqs: &'a [SeqBlocks],
+    local_heads: &'a std::ops::Range<u64>,
+    remote_layouts: &'a [KvCacheLayout],
+    remote_bytes: &'a [Vec<Vec<u8>>],
+    local_layout: &'a KvCacheLayout,
+}
+
+impl Moved<'_> {
+    /// Every element of every moved token of `local_bytes` equals its remote element, through
+    /// both address maps.
+    fn check(&self, local_bytes: &[Vec<u8>]) -> Result<(), TestCaseError> {
+        let Moved {
+            case: c,
+            seqs,
+            local_heads,
+            remote_layouts,
+            remote_bytes,
+            local_layout,
+        } = *self;
+        let heads_of = |tp: u64, rank: u64| tp_head_range(c.total_heads, tp, rank);
+        for (s, seq) in seqs.iter().enumerate() {
+            for t in 0..seq.tokens {
+                for h in local_heads.clone() {
+                    let holder = (0..c.tp_remote)
+                        .find(|&r| heads_of(c.tp_remote, r).unwrap().contains(&h))
+                        .unwrap();
+                    let held = heads_of(c.tp_remote, holder).unwrap();
+                    let rl = &remote_layouts[holder as usize];
+                    for layer in 0..2 {
+                        for f in local_layout.stored_fields() {
+                            for d in 0..f.width {
+                                let at = |block: u64, n: u64, head: u64| Coord {
+                                    layer,
+                                    block,
+                                    head,
+                                    slot: n,
+                                    field: f.field,
+                                    dim: d,
+                                };
+                                let want = elem(
+                                    &remote_bytes[holder as usize],
+                                    rl,
+                                    &at(
+                                        seq.remote[(t / c.n_remote) as usize],
+                                        t % c.n_remote,
+                                        h - held.start,
+                                    ),
+                                );
+                                let got = elem(
+                                    local_bytes,
+                                    local_layout,
+                                    &at(
+                                        seq.local[(t / c.n_local) as usize],
+                                        t % c.n_local,
+                                        h - local_heads.start,
+                                    ),
+                                );
+                                prop_assert_eq!(
+                                    got,
+                                    want,
+                                    "seq {} token {} head {} {:?}",
+                                    s,
+                                    t,
+                                    h,
+                                    f.field
+                                );
+                            }
                         }
                     }
                 }
             }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 proptest! {

@@ -60,5 +60,5 @@ pub use spec::{
     LegacyKind, Paged, Placement, StridedField,
 };
 pub use spec_string::parse_spec;
-pub use transform::TensorClaim;
+pub use transform::{tp_head_range, TensorClaim};
 pub use view::{Convention, TensorView, ViewTarget, CONVENTION_NAMES};

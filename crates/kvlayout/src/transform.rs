@@ -68,39 +68,13 @@ impl KvCacheLayout {
             transform: "tp_slice",
             reason,
         };
-        if tp_size == 0 {
-            return Err(LayoutError::ZeroSize { what: "tp_size" });
-        }
-        if tp_rank >= tp_size {
-            return Err(LayoutError::OutOfRange {
-                axis: "tp_rank",
-                value: tp_rank,
-                limit: tp_size,
-            });
-        }
+        let heads = tp_head_range(self.geometry().num_kv_heads, tp_size, tp_rank)?;
         if matches!(self.content(), Content::MambaConv { .. }) && tp_size > 1 {
             return Err(refuse(
                 "Mamba conv state is sharded along its channels, not head slots".into(),
             ));
         }
-        let h = self.geometry().num_kv_heads;
-        if tp_size <= h {
-            if !h.is_multiple_of(tp_size) {
-                return Err(refuse(format!(
-                    "{h} head slots do not split over tp_size {tp_size}"
-                )));
-            }
-            let per = h / tp_size;
-            Ok(tp_rank * per..(tp_rank + 1) * per)
-        } else {
-            if !tp_size.is_multiple_of(h) {
-                return Err(refuse(format!(
-                    "tp_size {tp_size} exceeds {h} head slots and is not a multiple of it"
-                )));
-            }
-            let head = tp_rank / (tp_size / h);
-            Ok(head..head + 1)
-        }
+        Ok(heads)
     }
 
     /// The part of this layout that TP rank `tp_rank` of `tp_size` holds, as a view of the
@@ -367,5 +341,49 @@ impl KvCacheLayout {
             }
         }
         Ok(())
+    }
+}
+
+/// Head slots TP rank `tp_rank` of `tp_size` holds out of `total_heads`: a contiguous range of
+/// `total_heads / tp_size` heads, or, when `tp_size > total_heads`, the one replicated head
+/// `tp_rank / (tp_size / total_heads)`. [`KvCacheLayout::tp_heads`] for a layout; the KV
+/// connector for a peer it knows by its head count.
+pub fn tp_head_range(total_heads: u64, tp_size: u64, tp_rank: u64) -> Result<Range<u64>> {
+    let refuse = |reason: String| LayoutError::TransformRefused {
+        transform: "tp_slice",
+        reason,
+    };
+    if total_heads == 0 {
+        return Err(LayoutError::ZeroSize {
+            what: "num_kv_heads",
+        });
+    }
+    if tp_size == 0 {
+        return Err(LayoutError::ZeroSize { what: "tp_size" });
+    }
+    if tp_rank >= tp_size {
+        return Err(LayoutError::OutOfRange {
+            axis: "tp_rank",
+            value: tp_rank,
+            limit: tp_size,
+        });
+    }
+    let h = total_heads;
+    if tp_size <= h {
+        if !h.is_multiple_of(tp_size) {
+            return Err(refuse(format!(
+                "{h} head slots do not split over tp_size {tp_size}"
+            )));
+        }
+        let per = h / tp_size;
+        Ok(tp_rank * per..(tp_rank + 1) * per)
+    } else {
+        if !tp_size.is_multiple_of(h) {
+            return Err(refuse(format!(
+                "tp_size {tp_size} exceeds {h} head slots and is not a multiple of it"
+            )));
+        }
+        let head = tp_rank / (tp_size / h);
+        Ok(head..head + 1)
     }
 }

@@ -137,7 +137,7 @@ impl CacheGroup {
     /// exceeds the heads); `None` where the TP placement names no heads. Always `Some` for a
     /// group that decoded or validated.
     pub fn head_range(&self) -> Option<Range<u64>> {
-        crate::plan::rank_heads(self.total_kv_heads, self.tp_size, self.tp_rank).ok()
+        kvlayout::tp_head_range(self.total_kv_heads, self.tp_size, self.tp_rank).ok()
     }
 
     /// The absolute address of bytes `[offset, offset + len)` of buffer `buffer`, refused
@@ -218,7 +218,8 @@ impl CacheGroup {
                 "Mamba conv state is sharded along its channels, not head slots".into(),
             ));
         }
-        let heads = crate::plan::rank_heads(total_kv_heads, tp_size, tp_rank).map_err(refused)?;
+        let heads = kvlayout::tp_head_range(total_kv_heads, tp_size, tp_rank)
+            .map_err(|e| refused(e.to_string()))?;
         let (expected, held) = (heads.end - heads.start, self.layout.geometry().num_kv_heads);
         if held != expected {
             return Err(HandshakeError::HeadsMismatch {

@@ -165,6 +165,23 @@ pub fn check_block_pairs(
 /// same content, dtype, scales, layers, block size, tokens per state and heads (blocks may
 /// differ in number).
 pub fn check_same_content(a: &KvCacheLayout, b: &KvCacheLayout) -> Result<(), OpError> {
+    check_same_model(a, b)?;
+    let (ga, gb) = (a.geometry(), b.geometry());
+    for (what, x, y) in [
+        ("block_size", ga.block_size, gb.block_size),
+        ("num_kv_heads", ga.num_kv_heads, gb.num_kv_heads),
+    ] {
+        if x != y {
+            return Err(OpError::Incompatible(format!("{what} {x} vs {y}")));
+        }
+    }
+    Ok(())
+}
+
+/// Whether two caches hold the same model's KV, whatever their block size, head slice and
+/// placement: content, dtype, per-tensor scales, layers and tokens per state. The KV
+/// connector pairs two such caches across TP and block sizes.
+pub fn check_same_model(a: &KvCacheLayout, b: &KvCacheLayout) -> Result<(), OpError> {
     let (ga, gb) = (a.geometry(), b.geometry());
     let differ =
         |what: &str, x: String, y: String| Err(OpError::Incompatible(format!("{what} {x} vs {y}")));
@@ -187,9 +204,7 @@ pub fn check_same_content(a: &KvCacheLayout, b: &KvCacheLayout) -> Result<(), Op
     }
     for (what, x, y) in [
         ("num_layers", ga.num_layers, gb.num_layers),
-        ("block_size", ga.block_size, gb.block_size),
         ("tokens_per_state", ga.tokens_per_state, gb.tokens_per_state),
-        ("num_kv_heads", ga.num_kv_heads, gb.num_kv_heads),
     ] {
         if x != y {
             return differ(what, x.to_string(), y.to_string());

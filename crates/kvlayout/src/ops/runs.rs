@@ -170,12 +170,20 @@ pub fn copy_runs(
             return None;
         }
     }
-    units.sort_unstable_by_key(|r| (r.src_buffer, r.src_offset));
-    let mut runs: Vec<CopyRun> = Vec::with_capacity(units.len());
-    for u in units {
-        push_merged(&mut runs, u);
+    Some(merge_runs(units))
+}
+
+/// `runs` sorted by source position (when they are not already), each merged into the
+/// previous one it continues on both sides.
+pub fn merge_runs(mut runs: Vec<CopyRun>) -> Vec<CopyRun> {
+    if !runs.is_sorted_by_key(|r| (r.src_buffer, r.src_offset)) {
+        runs.sort_unstable_by_key(|r| (r.src_buffer, r.src_offset));
     }
-    Some(runs)
+    let mut out: Vec<CopyRun> = Vec::with_capacity(runs.len());
+    for r in runs {
+        push_merged(&mut out, r);
+    }
+    out
 }
 
 #[cfg(test)]
