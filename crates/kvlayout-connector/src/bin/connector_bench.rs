@@ -8,6 +8,10 @@
 //!
 //! Not a test: figures depend on the machine, which it names.
 
+#[path = "shared/mod.rs"]
+mod shared;
+use shared::scattered;
+
 use std::time::Instant;
 
 use kvlayout::ops::CopyRun;
@@ -18,20 +22,6 @@ use kvlayout_connector::staged::plan_pull_staged;
 
 fn layout(spec: &str) -> KvCacheLayout {
     spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"))
-}
-
-/// `n` distinct block ids below `limit` in a pseudo-random order (a seeded shuffle).
-fn scattered(n: u64, limit: u64, seed: u64) -> Vec<u64> {
-    let mut ids: Vec<u64> = (0..limit).collect();
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for i in (1..ids.len()).rev() {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        ids.swap(i, (s % (i as u64 + 1)) as usize);
-    }
-    ids.truncate(n as usize);
-    ids
 }
 
 fn side(layout: &KvCacheLayout, heads: u64, tp: u64, rank: u64) -> Side<'_> {
@@ -79,14 +69,7 @@ fn per_block_both(
 }
 
 fn main() {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
+    let cpu = shared::cpu_name();
     println!("connector_bench on {cpu}");
     println!("descriptors per transferred block (64 scattered blocks), ours vs vLLM's per block x layer x K/V:");
     for (name, spec, _) in PRESETS {

@@ -2,11 +2,15 @@
 //! libraries on the path (`LD_LIBRARY_PATH=$(scripts/nixl-path.sh) UCX_NET_DEVICES=lo`):
 //! one planned transfer against one contiguous region of the same bytes, over the same NIXL
 //! engine in the same run, between two processes on this host (this binary re-runs itself as
-//! the prefill peer). Cases: NHD to NHD, NHD to HND, and TP 1 to TP 2 (rank 0's head slice),
-//! 256 scattered blocks of an 8-layer, 8-head, 128-dim bf16 cache.
+//! the prefill peer). Cases: NHD to NHD, NHD to HND (direct and staged), and TP 1 to TP 2 (rank
+//! 0's head slice), 256 scattered blocks of an 8-layer, 8-head, 128-dim bf16 cache.
 //!
 //! Not a test: figures depend on the machine and on UCX's transport (`cma` by default between
 //! processes of one host; `UCX_TLS=tcp` for the network path), which it names.
+
+#[path = "shared/mod.rs"]
+mod shared;
+use shared::scattered;
 
 use std::error::Error;
 use std::io::{Read, Write};
@@ -71,20 +75,6 @@ fn group(layout: &KvCacheLayout, tp: u64, regions: Vec<MemRegion>) -> CacheGroup
         tp_rank: 0,
         regions,
     }
-}
-
-/// `n` distinct block ids below `limit`, scattered.
-fn scattered(n: u64, limit: u64, seed: u64) -> Vec<u64> {
-    let mut ids: Vec<u64> = (0..limit).collect();
-    let mut s = seed | 1;
-    for i in (1..ids.len()).rev() {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        ids.swap(i, (s % (i as u64 + 1)) as usize);
-    }
-    ids.truncate(n as usize);
-    ids
 }
 
 fn pattern(layout: &KvCacheLayout) -> Vec<Vec<u8>> {
@@ -190,14 +180,7 @@ fn contiguous(bytes: u64, src: &[MemRegion], dst: &[MemRegion]) -> Vec<CopyRun> 
 
 fn run(iters: usize) -> Res<()> {
     let exe = std::env::current_exe()?;
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
+    let cpu = shared::cpu_name();
     let tls = std::env::var("UCX_TLS").unwrap_or_else(|_| "default (cma between processes)".into());
     println!(
         "nixl_bench on {cpu}, {} CPUs; UCX_TLS {tls}; {BLOCKS} scattered blocks of {PREFILL}; \

@@ -1,0 +1,27 @@
+//! What the connector's bench binaries share: the CPU they run on and scattered block ids.
+
+/// The CPU's model name (`/proc/cpuinfo`), for the figures' heading.
+pub fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+/// `n` distinct block ids below `limit` in a pseudo-random order (a seeded shuffle).
+pub fn scattered(n: u64, limit: u64, seed: u64) -> Vec<u64> {
+    let mut ids: Vec<u64> = (0..limit).collect();
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for i in (1..ids.len()).rev() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ids.swap(i, (s % (i as u64 + 1)) as usize);
+    }
+    ids.truncate(n as usize);
+    ids
+}
