@@ -26,11 +26,14 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 echo "== cargo test"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
+# Every section below runs even when one before it failed (cargo test --no-fail-fast runs
+# every test binary); the command fails at the end, after the total.
+failed=0
 # stderr too: the suites report what they skipped, and why, past the harness's capture.
 # The NIXL engine's tests (tests/nixl.rs in kvlayout-connector, every one named nixl_*) are
-# filtered out here (the binary is built, and runs with 0 tests) and run once, on their own,
-# below.
-cargo test --workspace -- --skip nixl_ 2>&1 | tee "$log"
+# filtered out here (the binary's other test checks the refusal without the library) and run
+# once, on their own, below.
+cargo test --workspace --no-fail-fast -- --skip nixl_ 2>&1 | tee "$log" || failed=1
 # The CPU backend's tests again under AddressSanitizer (its unsafe blocks: kernels, movers,
 # writers), and the property tests, which also run the GPU kernels under the emulator (its
 # build script instruments them with clang-19 there), where the image's nightly toolchain is
@@ -40,13 +43,13 @@ host="$(rustc -vV | sed -n 's/^host: //p')"
 if [ "$host" = x86_64-unknown-linux-gnu ] && cargo +nightly --version >/dev/null 2>&1; then
     asan() {
         RUSTFLAGS="-Zsanitizer=address" CARGO_TARGET_DIR=target/asan \
-            cargo +nightly test --target "$host" "$@" 2>&1 | tee -a "$log"
+            cargo +nightly test --no-fail-fast --target "$host" "$@" 2>&1 | tee -a "$log"
     }
-    asan -p kvlayout-cpu --lib --tests
+    asan -p kvlayout-cpu --lib --tests || failed=1
     # Without use-after-return detection there: it maps a fake stack for every fiber (GPU
     # thread) the emulator starts, which takes minutes instead of seconds.
     ASAN_OPTIONS=detect_stack_use_after_return=0 \
-        asan -p kvlayout-conformance --test backend_properties
+        asan -p kvlayout-conformance --test backend_properties || failed=1
 else
     echo "skipped: asan: no nightly toolchain for $host (rustup toolchain install nightly)" \
         | tee -a "$log"
@@ -59,12 +62,17 @@ fi
 # another's bounded waits.
 echo "== NIXL engine (kvlayout-connector tests/nixl.rs)"
 LD_LIBRARY_PATH="$(./scripts/nixl-path.sh):${LD_LIBRARY_PATH}" UCX_NET_DEVICES=lo \
-    KVLAYOUT_REQUIRE_NIXL=1 cargo test --workspace --test nixl -- --test-threads=1 2>&1 \
-    | tee -a "$log"
+    KVLAYOUT_REQUIRE_NIXL=1 cargo test --workspace --no-fail-fast --test nixl -- nixl_ \
+    --test-threads=1 2>&1 | tee -a "$log" || failed=1
+# The CPU-dependent tests once more per host class this machine can imitate by hiding CPU
+# features (AVX-512 without BF16, AVX2 only, no SIMD); each pass says what it hid.
+./scripts/host-classes.sh 2>&1 | tee -a "$log" || failed=1
 
 # cargo test's last summary is a crate with no doc tests ("0 passed"); close with the total of
 # every summary above, in the plain form CI reads. Skipped: ignored tests plus every
-# `skipped: <what>: <why>` line (a backend, kernel build or reference that could not run here).
+# `skipped: <what>: <why>` line (a backend, kernel build, host class or reference that could
+# not run here).
 awk '/^test result:/ { p += $4; f += $6; s += $8 }
      /^skipped: / { s += 1 }
      END { printf "total: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
+exit "$failed"

@@ -218,10 +218,77 @@ impl Default for Backends {
     }
 }
 
+/// The environment variable that narrows the suite to some backends: comma-separated names,
+/// where `cpu` also takes every `cpu/<build>` variant (`cpu,reference` is the CPU-dependent part
+/// the test command runs again per host class it imitates). Unset or empty, every backend runs.
+pub const BACKENDS_VAR: &str = "KVLAYOUT_SUITE_BACKENDS";
+
+/// The names `KVLAYOUT_SUITE_BACKENDS` selects (`None`: every backend).
+fn selection() -> Option<Vec<String>> {
+    let v = std::env::var(BACKENDS_VAR).unwrap_or_default();
+    let names: Vec<String> = v
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(String::from)
+        .collect();
+    (!names.is_empty()).then_some(names)
+}
+
+/// Whether the selection takes the backend `name`.
+fn selects(selection: &Option<Vec<String>>, name: &str) -> bool {
+    selection.as_ref().is_none_or(|names| {
+        names.iter().any(|n| {
+            name == n
+                || name
+                    .strip_prefix(n.as_str())
+                    .is_some_and(|r| r.starts_with('/'))
+        })
+    })
+}
+
+/// A visitor passed on only the backends the selection takes.
+struct Selected<'a, V> {
+    inner: &'a mut V,
+    selection: Option<Vec<String>>,
+}
+
+impl<V: BackendVisitor> BackendVisitor for Selected<'_, V> {
+    fn visit<B: Backend>(&mut self, backend: &B) {
+        if selects(&self.selection, backend.name()) {
+            self.inner.visit(backend);
+        }
+    }
+}
+
+/// Collects the backends' names.
+struct Names(Vec<String>);
+
+impl BackendVisitor for Names {
+    fn visit<B: Backend>(&mut self, b: &B) {
+        self.0.push(b.name().to_string());
+    }
+}
+
 impl Backends {
-    /// Visits every backend, in report order: cpu, its other kernel builds, reference,
-    /// cuda-emu, hip-emu, cuda, hip.
+    /// Visits every backend `KVLAYOUT_SUITE_BACKENDS` selects (every one where it is unset),
+    /// in report order: cpu, its other kernel builds, reference, cuda-emu, hip-emu, cuda, hip.
     pub fn for_each(&self, v: &mut impl BackendVisitor) {
+        self.visit_all(&mut Selected {
+            inner: v,
+            selection: selection(),
+        });
+    }
+
+    /// The names of the backends [`Backends::for_each`] visits, in its order.
+    pub fn names(&self) -> Vec<String> {
+        let mut names = Names(Vec::new());
+        self.for_each(&mut names);
+        names.0
+    }
+
+    /// Visits every backend, selected or not.
+    fn visit_all(&self, v: &mut impl BackendVisitor) {
         v.visit(&self.cpu);
         for b in &self.cpu_builds {
             v.visit(b);
@@ -231,6 +298,39 @@ impl Backends {
         v.visit(&self.hip_emu);
         self.cuda.visit(v);
         self.hip.visit(v);
+    }
+
+    /// What `KVLAYOUT_SUITE_BACKENDS` leaves out, as a report line (`None` where it is unset);
+    /// `Err` where it names a backend the suite does not have.
+    pub fn left_out(&self) -> Result<Option<String>, String> {
+        let Some(names) = selection() else {
+            return Ok(None);
+        };
+        let mut all = Names(Vec::new());
+        self.visit_all(&mut all);
+        for n in &names {
+            if !all.0.iter().any(|b| selects(&Some(vec![n.clone()]), b)) {
+                return Err(format!(
+                    "{BACKENDS_VAR} names {n:?}, which is no backend here (backends: {})",
+                    all.0.join(", ")
+                ));
+            }
+        }
+        let out: Vec<&str> = all
+            .0
+            .iter()
+            .filter(|b| !selects(&Some(names.clone()), b))
+            .map(String::as_str)
+            .collect();
+        Ok(Some(format!(
+            "{BACKENDS_VAR}={} leaves out {}",
+            names.join(","),
+            if out.is_empty() {
+                "nothing".to_string()
+            } else {
+                out.join(", ")
+            }
+        )))
     }
 }
 

@@ -83,6 +83,9 @@ pub(crate) struct StepReport {
     pub kv_heads: u64,
     pub blocks_used: usize,
     pub seed: u64,
+    /// The CPU: the features the kernel builds check that it has, and those
+    /// `KVLAYOUT_CPU_HIDE` hid from the backend.
+    pub cpu: crate::cpu::CpuReport,
     pub kernels: &'static str,
     /// Why this build ran (chosen with `--kernels`, named by `KVLAYOUT_KERNELS`, the first
     /// the CPU runs, or timed against the other AVX-512 build).
@@ -163,7 +166,8 @@ impl StepReport {
              {} runs, each right after a read pass\n\
              \x20        {:.2} x the paged bound (the decode's page pattern with no compute \
              reads {:.2} of the sequential read)\n\
-             kernels  {}: {}\n",
+             kernels  {}: {}\n\
+             cpu      {}\n",
             self.layout,
             self.layer,
             self.seqs,
@@ -199,6 +203,7 @@ impl StepReport {
             self.paged_bound,
             self.kernels,
             self.kernels_why,
+            self.cpu.summary,
         )
     }
 }
@@ -433,11 +438,13 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
     let kv_heads = g.num_kv_heads;
     let is_mla = matches!(layout.content(), Content::Mla { .. });
     let q_heads = a.q_heads.unwrap_or(if is_mla { 16 } else { 4 * kv_heads });
-    let (per_seq, blocks, cache_bytes) = check_sizes(&layout, a)?;
+    // The build first: a build this machine cannot run is named before any size is checked.
+    let cpu = crate::cpu::features()?;
     let be = match &a.kernels {
         Some(k) => CpuBackend::with_kernels(a.threads, k)?,
         None => CpuBackend::new(a.threads),
     };
+    let (per_seq, blocks, cache_bytes) = check_sizes(&layout, a)?;
     let sizes = Footprint::of(a, q_heads, kv_heads, qk, vw, be.threads())?;
     sizes.fits(available_memory())?;
     let mut rng = Rng(a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
@@ -493,6 +500,7 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
         kv_heads,
         blocks_used: blocks as usize,
         seed: a.seed,
+        cpu: crate::cpu::CpuReport::of(cpu),
         kernels: be.kernel_build(),
         kernels_why: be.kernel_choice().to_string(),
         threads: be.threads(),

@@ -3,8 +3,8 @@
 //! This crate owns the `kvlayout` binary and nothing else: it turns a SPEC argument (a preset
 //! name, a compact spec string, or a path to a layout JSON file) into a
 //! [`kvlayout::KvCacheLayout`], asks the core crate a question (`explain`, `offset`, `view`,
-//! `presets`) or runs one decode step of the layout on the CPU backend (`decode`, see
-//! [`decode`]), and prints the answer as text or JSON. It owns the reading of files, the
+//! `presets`), says what the CPU backend runs on this machine (`cpu`, see [`cpu`]) or runs one
+//! decode step of the layout on the CPU backend (`decode`, see [`decode`]), and prints the answer as text or JSON. It owns the reading of files, the
 //! argument syntax, the output formats and the exit codes: 0 on success, 2 with exactly one
 //! `error: ...` line on stderr for any user error (clap's own usage errors aside, which clap
 //! prints and which also exit 2), 1 when a decode step disagrees with the reference.
@@ -24,6 +24,7 @@ use clap::{Parser, Subcommand};
 use kvlayout::ops::OpError;
 use kvlayout::{Convention, Coord, Field, KvCacheLayout, LayoutError, ViewTarget, PRESETS};
 
+mod cpu;
 mod decode;
 
 /// Exit status of every user error (the same as clap's usage errors).
@@ -109,6 +110,13 @@ enum Command {
         spec: String,
         #[command(flatten)]
         step: decode::StepArgs,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The CPU as the backend sees it: the features it uses and those `KVLAYOUT_CPU_HIDE`
+    /// hides, the kernel builds it runs (the one it picks, and why) and those it cannot.
+    Cpu {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -267,6 +275,7 @@ fn run(command: Command) -> Result<String, CliError> {
             step,
             json: as_json,
         } => decode_cmd(&spec, &step, as_json),
+        Command::Cpu { json: as_json } => cpu::run(as_json),
         Command::Presets { json: as_json } => presets_cmd(as_json),
     }
 }

@@ -2,6 +2,8 @@
 
 use std::process::{Command, Output};
 
+#[path = "cli/cpu.rs"]
+mod cpu;
 #[path = "cli/decode.rs"]
 mod decode;
 
@@ -22,9 +24,24 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// `kvlayout` with `KVLAYOUT_CPU_HIDE` set to `hide`, or unset where `None` (whatever the test
+/// process has).
+fn kvlayout_hiding(hide: Option<&str>, args: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kvlayout"));
+    match hide {
+        Some(h) => c.env(kvlayout_cpu::CPU_HIDE_VAR, h),
+        None => c.env_remove(kvlayout_cpu::CPU_HIDE_VAR),
+    };
+    c.args(args).output().expect("the kvlayout binary runs")
+}
+
 /// Succeeds with nothing on stderr; returns stdout.
 fn ok(args: &[&str]) -> String {
-    let o = kvlayout(args);
+    expect_ok(args, kvlayout(args))
+}
+
+/// What [`ok`] checks, of a run `o` of `args`.
+fn expect_ok(args: &[&str], o: Output) -> String {
     assert!(
         o.status.success(),
         "{args:?} failed: {:?}\n{}",
@@ -38,7 +55,11 @@ fn ok(args: &[&str]) -> String {
 /// Fails with status 2, nothing on stdout, and exactly one `error: ...` line on stderr;
 /// returns that line.
 fn user_error(args: &[&str]) -> String {
-    let o = kvlayout(args);
+    expect_user_error(args, kvlayout(args))
+}
+
+/// What [`user_error`] checks, of a run `o` of `args`.
+fn expect_user_error(args: &[&str], o: Output) -> String {
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{args:?}: {:?} {err}", o.status);
     assert!(o.stdout.is_empty(), "{args:?}: stdout {}", stdout(&o));

@@ -68,3 +68,24 @@ fn nixl_peer_killed_mid_transfer_is_an_error_within_the_timeout() {
 fn nixl_hostile_handshakes_over_a_socket_are_refused() {
     socket::nixl_hostile_handshakes_over_a_socket_are_refused();
 }
+
+/// Without the library (the workspace run of scripts/test.sh, whose `LD_LIBRARY_PATH` lacks
+/// NIXL's folders): `available` names the library and the loader's reason, and an engine is
+/// refused with a typed error, never an abort. Not named `nixl_*`, so it runs there and not in
+/// the NIXL run; where the library loads, a visible skip.
+#[test]
+fn without_the_library_an_engine_is_refused_with_the_reason() {
+    use kvlayout_connector::engine::EngineError;
+    use kvlayout_connector::nixl::{self, NixlEngine};
+    let Err(why) = nixl::available() else {
+        common::report("skipped: nixl absent: the library loads in this process");
+        return;
+    };
+    assert!(why.contains("libnixl_capi.so"), "{why}");
+    assert!(why.contains("scripts/nixl-path.sh"), "{why}");
+    match NixlEngine::new("absent", vec![vec![0u8; 64]]) {
+        Err(EngineError::Transport(e)) => assert!(e.contains(&why), "{e}"),
+        Err(e) => panic!("another error than the library's absence: {e}"),
+        Ok(_) => panic!("an engine without the library"),
+    }
+}

@@ -1,5 +1,5 @@
 //! `paged_decode` throughput as a ratio to the memory read bandwidth measured in the same run.
-//! Configuration of `shared/baselines.md`: 32 sequences, 32 query heads, 8 KV heads, head 128,
+//! 32 sequences, 32 query heads, 8 KV heads, head 128,
 //! block 16, context 1024 and 4096, a random block table (a permutation of the blocks), caches
 //! `order=NHD`, `order=HND` and (informative) vLLM's legacy layout in f32, bf16 and fp8 e4m3,
 //! 2 threads.
@@ -7,8 +7,8 @@
 //! KV bytes are counted once: tokens x KV heads x (K + V) x element size. The machine is
 //! shared and its bandwidth moves by tens of percent within seconds, so each of the `REPS`
 //! runs of a configuration is paired with a pass of the read-bandwidth bound
-//! (`bench::ReadBound`: an AVX-512 sum over 512 MiB per thread, as `shared/baselines.md`
-//! measures it; 1 GiB in all, which also evicts the cache from L3) timed right before it. The
+//! (`bench::ReadBound`: a sum over 512 MiB per thread, with AVX-512 loads where the process
+//! uses AVX-512; 1 GiB in all, which also evicts the cache from L3) timed right before it. The
 //! median ratio is the median of those paired ratios; the best ratio is the fastest decode
 //! over the fastest pass (the least disturbed of each).
 //!
@@ -25,11 +25,13 @@
 //! -ffast-math` (`benches/peer/decode_f32.c`) on the f32 caches, and states each ratio against
 //! the paged bound too: the decode's own read pattern (head-major pages of random blocks, with
 //! its prefetches or without, the faster) with no compute, measured right before each
-//! configuration. It heads the tables with the CPU, the
-//! kernel build and why that build runs.
+//! configuration. It heads the tables with the CPU and the features it uses (those
+//! `KVLAYOUT_CPU_HIDE` hides named), the kernel build and why that build runs.
 //!
 //! `cargo bench -p kvlayout-cpu --bench decode` prints all tables (a few minutes);
-//! `KVLAYOUT_KERNELS=<build>` runs them on another kernel build.
+//! `KVLAYOUT_KERNELS=<build>` runs them on another kernel build; `KVLAYOUT_CPU_HIDE=avx512f`
+//! runs them as on a CPU without AVX-512 (the bound's loads, the build picked and the kernel
+//! table follow; the C peer, compiled for this CPU, does not).
 //! `KVLAYOUT_BENCH_CONTEXTS=64,256` replaces the contexts, `KVLAYOUT_BENCH_ONLY="bf16 HND"`
 //! keeps the matching configurations.
 
@@ -182,19 +184,6 @@ fn peer_decode(be: &CpuBackend, cache: &HostCache, d: &Decode<'_>, out: &mut [f3
     });
 }
 
-/// The CPU's model name (`/proc/cpuinfo`), for the tables' heading.
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into())
-}
-
 /// One configuration's measurements.
 struct Row {
     name: String,
@@ -277,7 +266,8 @@ fn run_context(be: &CpuBackend, bound: &ReadBound, q: &[f32], context: u32, rows
 
 /// Prints the decode rows as a table.
 fn print_rows(be: &CpuBackend, rows: &[Row]) {
-    println!("cpu: {}", cpu_model());
+    println!("cpu: {}", kvlayout_cpu::CpuFeatures::get().describe());
+    println!("peer: compiled -march=native for this CPU, whatever KVLAYOUT_CPU_HIDE hides");
     println!("threads: {}", be.threads());
     println!("kernels: {} ({})", be.kernel_build(), be.kernel_choice());
     println!(

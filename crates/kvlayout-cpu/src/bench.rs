@@ -13,12 +13,12 @@ use kvlayout::ops::OpError;
 use crate::hostbuf::HostBuffer;
 
 /// Sums a slice with 64 independent accumulators: four full-width vector adds per 256 bytes
-/// (AVX-512 where the machine has it, as `shared/baselines.md` measures the bound), so neither
+/// (AVX-512 where this process uses it, [`crate::CpuFeatures`]), so neither
 /// the add latency nor one dependency chain limits the loads.
 fn sum(x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: AVX-512 F detected just above.
+    if crate::CpuFeatures::get().has("avx512f") {
+        // SAFETY: AVX-512 F detected (and not hidden) just above.
         return unsafe { sum_avx512(x) };
     }
     sum_lanes(x)
@@ -54,8 +54,8 @@ fn sum_lanes(x: &[f32]) -> f32 {
 /// ([`crate::arch::prefetch_to`], to this machine's level).
 fn sum_and_compute(x: &[f32], pf: Option<&[f32]>, rounds: usize) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: AVX-512 F detected just above.
+    if crate::CpuFeatures::get().has("avx512f") {
+        // SAFETY: AVX-512 F detected (and not hidden) just above.
         return unsafe { sum_and_compute_avx512(x, pf, rounds) };
     }
     let (mut acc, mut chain) = ([0f32; 64], [0.5f32; CHAINS * 16]);

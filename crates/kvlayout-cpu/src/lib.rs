@@ -8,7 +8,8 @@
 //! every address from the layout's field maps; neither computes a stride from a shape.
 //! [`Host`] runs either behind the contract's `Backend` trait.
 //!
-//! Modules: `arch` (instruction sets, prefetch), `write`, `decode` (the plan, its rows, and
+//! Modules: `arch` (the CPU features used, [`CpuFeatures`], which `KVLAYOUT_CPU_HIDE` can
+//! narrow; instruction sets; prefetch), `write`, `decode` (the plan, its rows, and
 //! `decode::kernels`: dispatch, row kinds, the scalar, AVX2 and AVX-512 builds), `movers`
 //! (executing `kvlayout::ops::MovePlan`), `quant` (row encoders), `cache` and `hostbuf`
 //! (buffers), [`tolerance`], [`mod@reference`], [`host`], and `bench` (bandwidth bounds, behind
@@ -38,7 +39,7 @@ pub mod tensor;
 pub mod tolerance;
 mod write;
 
-pub use arch::PrefetchLevel;
+pub use arch::{CpuFeatures, PrefetchLevel, HIDE_VAR as CPU_HIDE_VAR};
 pub use args::{Decode, WriteKv};
 pub use backend::CpuBackend;
 pub use cache::{CacheMut, CacheRef, HostCache};

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use kvlayout_conformance::backend::{Backend, BackendVisitor, Backends};
+use kvlayout_conformance::backend::{Backend, Backends};
 
 use crate::bytes::Outcome;
 
@@ -109,16 +109,17 @@ pub(crate) fn print_backend_reports(
     reports: &BTreeMap<String, Report>,
     backends: &Backends,
 ) -> usize {
-    struct Names(Vec<String>);
-    impl BackendVisitor for Names {
-        fn visit<B: Backend>(&mut self, b: &B) {
-            self.0.push(b.name().to_string());
+    let names = backends.names();
+    let order: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut failures = print_reports(title, reports, &order);
+    match backends.left_out() {
+        Ok(None) => {}
+        Ok(Some(line)) => kvlayout_conformance::report(&format!("{title}: {line}")),
+        Err(why) => {
+            kvlayout_conformance::report(&format!("{title}: failed: {why}"));
+            failures += 1;
         }
     }
-    let mut names = Names(Vec::new());
-    backends.for_each(&mut names);
-    let order: Vec<&str> = names.0.iter().map(String::as_str).collect();
-    let mut failures = print_reports(title, reports, &order);
     if let Some(why) = backends.missing_required_gpu() {
         kvlayout_conformance::report(&format!("{title}: failed: {why}"));
         failures += 1;

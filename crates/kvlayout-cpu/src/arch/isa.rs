@@ -1,7 +1,9 @@
 //! The kernel builds (instruction sets) this crate compiles, which of them this machine runs
-//! (runtime-detected once), and each build's decode tolerance. Which one a backend runs is
+//! (from the features [`CpuFeatures`] says this process uses), and each build's decode
+//! tolerance. Which one a backend runs is
 //! chosen in `decode::calibrate`.
 
+use super::features::{CpuFeatures, Missing, HIDE_VAR};
 use crate::decode::kernels::RowKind;
 use crate::tolerance::Tolerance;
 
@@ -61,23 +63,6 @@ pub(crate) fn has_avx512_bf16() -> bool {
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn has_avx2() -> bool {
     Isa::Avx2.runs()
-}
-
-/// Whether this machine has the CPU feature `name` (one of those [`Isa::features`] lists).
-#[cfg(target_arch = "x86_64")]
-fn feature_detected(name: &str) -> bool {
-    use std::arch::is_x86_feature_detected as has;
-    match name {
-        "avx512f" => has!("avx512f"),
-        "avx512bw" => has!("avx512bw"),
-        "avx512vl" => has!("avx512vl"),
-        "avx512bf16" => has!("avx512bf16"),
-        "avx512vbmi" => has!("avx512vbmi"),
-        "avx2" => has!("avx2"),
-        "fma" => has!("fma"),
-        "f16c" => has!("f16c"),
-        _ => false,
-    }
 }
 
 impl Isa {
@@ -146,21 +131,29 @@ impl Isa {
             })
     }
 
-    /// Whether this machine runs the build; if not, the CPU features it lacks.
+    /// Whether this machine runs the build; if not, the CPU features it lacks and those
+    /// `KVLAYOUT_CPU_HIDE` hides ([`CpuFeatures`]).
     pub(crate) fn runs_here(self) -> Result<(), String> {
-        #[cfg(target_arch = "x86_64")]
-        let missing: Vec<&str> = self
-            .features()
-            .iter()
-            .copied()
-            .filter(|f| !feature_detected(f))
-            .collect();
-        #[cfg(not(target_arch = "x86_64"))]
-        let missing: Vec<&str> = self.features().to_vec();
-        if missing.is_empty() {
+        let cpu = CpuFeatures::get();
+        let (mut absent, mut hidden) = (Vec::new(), Vec::new());
+        for &f in self.features() {
+            match cpu.missing(f) {
+                Some(Missing::Absent) => absent.push(f),
+                Some(Missing::Hidden) => hidden.push(f),
+                None => {}
+            }
+        }
+        let mut why = Vec::new();
+        if !absent.is_empty() {
+            why.push(format!("this machine lacks {}", absent.join(", ")));
+        }
+        if !hidden.is_empty() {
+            why.push(format!("{HIDE_VAR} hides {}", hidden.join(", ")));
+        }
+        if why.is_empty() {
             Ok(())
         } else {
-            Err(format!("this machine lacks {}", missing.join(", ")))
+            Err(why.join("; "))
         }
     }
 

@@ -1,10 +1,13 @@
-//! The machine the kernels run on: which kernel builds (instruction sets) it runs ([`Isa`],
-//! detected once) and the cache level rows are prefetched to ([`PrefetchLevel`]), with the
-//! prefetch hints themselves.
+//! The machine the kernels run on: the CPU features this process uses ([`CpuFeatures`]:
+//! detected once, minus those `KVLAYOUT_CPU_HIDE` hides), which kernel builds (instruction
+//! sets) it runs ([`Isa`]) and the cache level rows are prefetched to ([`PrefetchLevel`]), with
+//! the prefetch hints themselves.
 
+mod features;
 mod isa;
 mod prefetch;
 
+pub use features::{CpuFeatures, HIDE_VAR};
 pub(crate) use isa::{available, Isa};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use isa::{has_avx2, has_avx512, has_avx512_bf16};

@@ -8,7 +8,8 @@
 //! Where a machine runs both, the two are timed on the same small decode (rows in L1/L2, one
 //! thread, alternating runs, the fastest of each), about 10 ms once per process, and the
 //! faster is kept. `KVLAYOUT_KERNELS=<build>` overrides the choice (to run a whole test or
-//! bench command on one build).
+//! bench command on one build). The builds a machine runs are those of the features this
+//! process uses, so `KVLAYOUT_CPU_HIDE` narrows the choice as a CPU without them would.
 
 use std::sync::OnceLock;
 
@@ -32,6 +33,10 @@ pub(crate) const OVERRIDE: &str = "KVLAYOUT_KERNELS";
 
 fn choose() -> Choice {
     let mut note = String::new();
+    if let Some(why) = &crate::CpuFeatures::get().refused {
+        note = format!(" ({why}; nothing hidden)");
+        eprintln!("kvlayout-cpu: {why}; nothing hidden");
+    }
     if let Ok(name) = std::env::var(OVERRIDE) {
         match Isa::named(&name).and_then(|i| i.runs_here().map(|()| i)) {
             Ok(isa) => {
@@ -41,7 +46,7 @@ fn choose() -> Choice {
                 }
             }
             Err(e) => {
-                note = format!(" ({OVERRIDE}={name} ignored: {e})");
+                note += &format!(" ({OVERRIDE}={name} ignored: {e})");
                 eprintln!("kvlayout-cpu: {OVERRIDE}={name} ignored: {e}");
             }
         }
@@ -50,7 +55,7 @@ fn choose() -> Choice {
     let first = builds.first().copied().unwrap_or(Isa::Scalar);
     #[cfg(target_arch = "x86_64")]
     if builds.contains(&Isa::Avx512Bf16) && builds.contains(&Isa::Avx512) {
-        return measured(note);
+        return measured([Isa::Avx512Bf16, Isa::Avx512], note);
     }
     let not_run: Vec<String> = Isa::ALL
         .iter()
@@ -73,16 +78,17 @@ fn choose() -> Choice {
     }
 }
 
-/// Times the two AVX-512 builds on bf16 and fp8 e4m3 rows and keeps the faster.
-#[cfg(target_arch = "x86_64")]
-fn measured(note: String) -> Choice {
-    let candidates = [Isa::Avx512Bf16, Isa::Avx512];
+/// Times two builds on bf16 and fp8 e4m3 rows and keeps the faster (the two AVX-512 builds
+/// at start-up; any two in the tests, so the timing runs on every host).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn measured(candidates: [Isa; 2], note: String) -> Choice {
     let mut total = [0f64; 2];
     let mut detail = Vec::new();
     for dtype in ["bf16", "fp8_e4m3"] {
-        let ns = match timing::Bench::new(dtype) {
-            Some(b) => b.fastest(&candidates),
-            None => continue,
+        // A decode that cannot be set up or fails leaves its dtype out; with none left, the
+        // second candidate (the plainer build) is kept.
+        let Some(ns) = timing::Bench::new(dtype).and_then(|b| b.fastest(&candidates)) else {
+            continue;
         };
         for (t, n) in total.iter_mut().zip(ns) {
             *t += n;
@@ -91,7 +97,7 @@ fn measured(note: String) -> Choice {
     }
     if detail.is_empty() {
         return Choice {
-            isa: Isa::Avx512,
+            isa: candidates[1],
             why: format!("the calibration decode could not run{note}"),
         };
     }
@@ -107,8 +113,7 @@ fn measured(note: String) -> Choice {
     }
 }
 
-/// The calibration decode (only where two AVX-512 builds can run).
-#[cfg(target_arch = "x86_64")]
+/// The calibration decode.
 mod timing {
     use std::time::Instant;
 
@@ -160,8 +165,9 @@ mod timing {
             })
         }
 
-        /// The fastest of several alternating runs of each build, ns per token x KV head.
-        pub(super) fn fastest(&self, builds: &[Isa; 2]) -> [f64; 2] {
+        /// The fastest of several alternating runs of each build, ns per token x KV head;
+        /// `None` where a run fails.
+        pub(super) fn fastest(&self, builds: &[Isa; 2]) -> Option<[f64; 2]> {
             const ROUNDS: usize = 9;
             const ITERS: usize = 4;
             let lens = [TOKENS];
@@ -194,7 +200,7 @@ mod timing {
                     let t = Instant::now();
                     for _ in 0..ITERS {
                         if !run(isa, &mut out) {
-                            return [f64::INFINITY; 2];
+                            return None;
                         }
                     }
                     // Round 0 warms the rows and the code up.
@@ -203,7 +209,62 @@ mod timing {
                     }
                 }
             }
-            best.map(|s| s * 1e9 / ITERS as f64 / (f64::from(TOKENS) * KV_HEADS as f64))
+            Some(best.map(|s| s * 1e9 / ITERS as f64 / (f64::from(TOKENS) * KV_HEADS as f64)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The timing that picks between the AVX-512 builds, run on the two best builds this
+    /// process runs (one build against itself where only `scalar` runs), so it runs on every
+    /// host class: the faster is kept, with the figures of both dtypes.
+    #[test]
+    fn the_calibration_times_two_builds_and_keeps_one() {
+        let builds = available();
+        let pair = [builds[0], *builds.get(1).unwrap_or(&builds[0])];
+        let choice = measured(pair, String::new());
+        assert!(pair.contains(&choice.isa), "{choice:?}");
+        let head = format!(
+            "timed at start-up, ns per token x KV head, {} against {}: bf16 ",
+            pair[0].name(),
+            pair[1].name()
+        );
+        assert!(choice.why.starts_with(&head), "{}", choice.why);
+        assert!(choice.why.contains(", fp8_e4m3 "), "{}", choice.why);
+        println!("{}: {}", choice.isa.name(), choice.why);
+    }
+
+    /// What `auto` picks: the first build this process runs where no two AVX-512 builds run
+    /// (the builds it cannot run named, with why), the timed one where they do.
+    #[test]
+    fn auto_picks_among_the_builds_this_process_runs() {
+        let choice = auto();
+        let builds = available();
+        assert!(builds.contains(&choice.isa), "{choice:?}");
+        if std::env::var(OVERRIDE).is_ok() {
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if builds.contains(&Isa::Avx512Bf16) && builds.contains(&Isa::Avx512) {
+            assert!(
+                choice.why.starts_with("timed at start-up"),
+                "{}",
+                choice.why
+            );
+            return;
+        }
+        assert_eq!(choice.isa, builds[0]);
+        for isa in Isa::ALL {
+            if let Err(why) = isa.runs_here() {
+                assert!(
+                    choice.why.contains(&format!("{}: {why}", isa.name())),
+                    "{}",
+                    choice.why
+                );
+            }
         }
     }
 }

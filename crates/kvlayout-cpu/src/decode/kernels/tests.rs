@@ -197,7 +197,8 @@ fn transposed_values_every_kind() {
         // Straight to stderr, past the test harness's capture, so CI logs count it.
         let _ = writeln!(
             std::io::stderr().lock(),
-            "skipped: pv_transposed kernel: no AVX-512 or AVX2 on this machine"
+            "skipped: pv_transposed kernel: this process runs no AVX-512 or AVX2 build ({})",
+            crate::CpuFeatures::get().describe()
         );
     }
     for isa in builds {

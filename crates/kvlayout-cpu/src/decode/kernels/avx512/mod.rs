@@ -326,7 +326,11 @@ mod tests {
             // Straight to stderr, past the test harness's capture, so CI logs count it.
             let _ = writeln!(
                 std::io::stderr().lock(),
-                "skipped: hsum16 lane order: no AVX-512 on this machine"
+                "skipped: hsum16 lane order: {}",
+                crate::arch::Isa::Avx512
+                    .runs_here()
+                    .err()
+                    .unwrap_or_default()
             );
             return;
         }
