@@ -348,3 +348,20 @@ impl Backends {
         (!ok).then(|| format!("KVLAYOUT_REQUIRE_GPU={want}, but no such GPU backend runs here"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::selects;
+
+    #[test]
+    fn a_selection_takes_a_backend_and_its_variants_only() {
+        let sel = Some(vec!["cpu".to_string(), "reference".to_string()]);
+        for name in ["cpu", "cpu/avx2", "cpu/avx512/prefetch-L2", "reference"] {
+            assert!(selects(&sel, name), "{name}");
+        }
+        for name in ["cpux", "cuda-emu", "hip-emu", "cuda", "referenced"] {
+            assert!(!selects(&sel, name), "{name}");
+        }
+        assert!(selects(&None, "hip"), "no selection takes every backend");
+    }
+}

@@ -1,7 +1,6 @@
 //! The kernel builds (instruction sets) this crate compiles, which of them this machine runs
 //! (from the features [`CpuFeatures`] says this process uses), and each build's decode
-//! tolerance. Which one a backend runs is
-//! chosen in `decode::calibrate`.
+//! tolerance. Which one a backend runs is chosen in `decode::calibrate`.
 
 use super::features::{CpuFeatures, Missing, HIDE_VAR};
 use crate::decode::kernels::RowKind;
