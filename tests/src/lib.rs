@@ -1,9 +1,9 @@
 //! The cross-backend conformance suite of kvlayout.
 //!
 //! This crate owns the tests that every part of the workspace must pass: property tests of
-//! the descriptor over random layouts of every kind, the regression cases of
-//! `shared/anchors.md` section 5, and the check that the C header of the kernel ABI agrees
-//! with the Rust side. Its library holds what the tests share: a generator of random valid
+//! the descriptor over random layouts of every kind, the regression cases of the engines'
+//! layouts and the known bug classes, and the check that the C header of the kernel ABI
+//! agrees with the Rust side. Its library holds what the tests share: a generator of random valid
 //! layouts ([`gen`]), an independent enumeration of a layout's domain ([`domain`]), the cases
 //! and workloads of the cross-backend suite ([`cases`]), and the backends it drives
 //! ([`backend`]: adapters over the contract's `Backend` trait). It does not implement any

@@ -1,8 +1,9 @@
-//! One regression test per descriptor case of `shared/anchors.md` section 5 (1-9, 12-14).
+//! One regression test per descriptor case the engines' layouts and the known bug classes
+//! call for.
 //!
-//! Every expected offset, stride and shape here is written out by hand from the layout
-//! definitions of `anchors.md` sections 1-2 (`base + l*Ls + b*Bs + h*Hs + n*Ns + c`, the legacy
-//! shapes of each engine). The code under test is only ever on the left of an assertion.
+//! Every expected offset, stride and shape here is written out by hand from each engine's
+//! layout definition (`base + l*Ls + b*Bs + h*Hs + n*Ns + c`, the legacy shapes of each
+//! engine). The code under test is only ever on the left of an assertion.
 //!
 //! This file holds the helpers every case uses; the cases are grouped by what they pin down,
 //! one module each under `anchors/`.

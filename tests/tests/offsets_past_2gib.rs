@@ -1,4 +1,4 @@
-//! Bug class 6 of `shared/anchors.md`: offsets past 2^31 bytes. A cache of 33 000 blocks of
+//! The int32-offset bug class: offsets past 2^31 bytes. A cache of 33 000 blocks of
 //! 64 KiB (2.16 GB) is written and decoded in its first and last blocks by every backend on
 //! host memory, against the scalar reference. The buffers are allocated zeroed and lazily
 //! (only the pages touched cost memory), so the case is cheap. A kernel build that truncates

@@ -133,8 +133,8 @@ fn x_from_the_element_size_only() {
     }
 }
 
-/// Every legacy layout, both fields, element by element against the shapes of
-/// `shared/anchors.md` section 2 written out by hand (L = 2, B = 3, N = 16, H = 4, D = 32: no
+/// Every legacy layout, both fields, element by element against the engines' own shapes
+/// written out by hand (L = 2, B = 3, N = 16, H = 4, D = 32: no
 /// two extents alike, so a swapped axis moves some element), for x = 4, 8 and 16.
 #[test]
 fn case15_every_legacy_layout_field_by_field() {

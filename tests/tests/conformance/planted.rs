@@ -1,5 +1,5 @@
 //! The suite can fail: each deliberately broken kernel build (`kernels-cuda/src/kvl_plant.cuh`,
-//! the bug classes of `shared/anchors.md` a kernel can commit) runs through the suite's
+//! the known bug classes a kernel can commit) runs through the suite's
 //! groups, in table order, until a check fails; the test asserts one does and reports the
 //! first failure, which names the op and the case. Bug 4 (offsets truncated to 32 bits) needs
 //! a cache past 2 GiB: `tests/offsets_past_2gib.rs` catches it.

@@ -1,5 +1,5 @@
 /* The decode bench's peer: paged decode of an f32 cache as a plain C loop, what an engineer
- * writes by hand (the loop of shared/baselines.md), built -O3 -march=native -ffast-math so the
+ * writes by hand, built -O3 -march=native -ffast-math so the
  * compiler vectorizes the dot products. One call is one (sequence, KV head) with its GQA group
  * of query heads: each K row, then each V row, is read once for the whole group.
  * Rows are located through the layout's argument structs and kvl_offset, as every kernel of
