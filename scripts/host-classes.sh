@@ -46,7 +46,8 @@ if field == "builds":
 elif field == "hidden":
     print(" ".join(v["hidden"]) or "nothing")
 else:
-    print("; ".join(n["build"] + ": " + n["why"] for n in v["builds_not_run"] if n["build"] == build))
+    why = [n["build"] + ": " + n["why"] for n in v["builds_not_run"] if n["build"] == build]
+    print("; ".join(why) or build + ": not a build of this target")
 ' "$json" "$2" "${3:-}"
 }
 

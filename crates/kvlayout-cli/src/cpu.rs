@@ -13,7 +13,7 @@ use crate::CliError;
 pub(crate) fn features() -> Result<&'static CpuFeatures, CliError> {
     let cpu = CpuFeatures::get();
     match &cpu.refused {
-        Some(why) => Err(CliError::Usage(why.clone())),
+        Some(why) => Err(CliError::Usage(why.to_string())),
         None => Ok(cpu),
     }
 }

@@ -4,10 +4,11 @@
 //! name, a compact spec string, or a path to a layout JSON file) into a
 //! [`kvlayout::KvCacheLayout`], asks the core crate a question (`explain`, `offset`, `view`,
 //! `presets`), says what the CPU backend runs on this machine (`cpu`, see [`cpu`]) or runs one
-//! decode step of the layout on the CPU backend (`decode`, see [`decode`]), and prints the answer as text or JSON. It owns the reading of files, the
-//! argument syntax, the output formats and the exit codes: 0 on success, 2 with exactly one
-//! `error: ...` line on stderr for any user error (clap's own usage errors aside, which clap
-//! prints and which also exit 2), 1 when a decode step disagrees with the reference.
+//! decode step of the layout on the CPU backend (`decode`, see [`decode`]), and prints the
+//! answer as text or JSON. It owns the reading of files, the argument syntax, the output
+//! formats and the exit codes: 0 on success, 2 with exactly one `error: ...` line on stderr
+//! for any user error (clap's own usage errors aside, which clap prints and which also exit
+//! 2), 1 when a decode step disagrees with the reference.
 //!
 //! It does not own any layout arithmetic, validation, view derivation, spec-string grammar or
 //! kernel: every number it prints comes from `kvlayout` or `kvlayout-cpu`, and it never

@@ -39,7 +39,7 @@ pub mod tensor;
 pub mod tolerance;
 mod write;
 
-pub use arch::{CpuFeatures, PrefetchLevel, HIDE_VAR as CPU_HIDE_VAR};
+pub use arch::{CpuFeatures, PrefetchLevel, UnknownFeature, HIDE_VAR as CPU_HIDE_VAR};
 pub use args::{Decode, WriteKv};
 pub use backend::CpuBackend;
 pub use cache::{CacheMut, CacheRef, HostCache};

@@ -39,8 +39,33 @@ pub struct CpuFeatures {
     /// The value of `KVLAYOUT_CPU_HIDE`, where set.
     pub hide: Option<String>,
     /// Why that value was refused (an unknown name): nothing is hidden then.
-    pub refused: Option<String>,
+    pub refused: Option<UnknownFeature>,
 }
+
+/// A `KVLAYOUT_CPU_HIDE` naming a feature no build checks: the value, the name, and (in its
+/// message) the features it may name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownFeature {
+    /// The variable's whole value.
+    pub value: String,
+    /// The name in it that is no feature.
+    pub name: String,
+}
+
+impl std::fmt::Display for UnknownFeature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let known: Vec<&str> = FEATURES.iter().map(|(name, _)| *name).collect();
+        write!(
+            f,
+            "{HIDE_VAR}={}: no CPU feature {:?} (features: {})",
+            self.value,
+            self.name,
+            known.join(", ")
+        )
+    }
+}
+
+impl std::error::Error for UnknownFeature {}
 
 impl CpuFeatures {
     /// This process's view, read once (the variable is read at the first use). A refused
@@ -128,17 +153,16 @@ pub(crate) enum Missing {
 
 /// The features `value` hides: those it names and those that need them; an unknown name is
 /// refused, naming it and the known ones.
-fn hidden_by(value: &str) -> Result<Vec<&'static str>, String> {
+fn hidden_by(value: &str) -> Result<Vec<&'static str>, UnknownFeature> {
     let mut hidden: Vec<&'static str> = Vec::new();
     for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         match FEATURES.iter().find(|(f, _)| *f == name) {
             Some((f, _)) => hidden.push(f),
             None => {
-                let known: Vec<&str> = FEATURES.iter().map(|(f, _)| *f).collect();
-                return Err(format!(
-                    "{HIDE_VAR}={value}: no CPU feature {name:?} (features: {})",
-                    known.join(", ")
-                ));
+                return Err(UnknownFeature {
+                    value: value.to_string(),
+                    name: name.to_string(),
+                })
             }
         }
     }
@@ -283,7 +307,12 @@ mod tests {
     fn an_unknown_feature_is_refused_and_nothing_hidden() {
         let typo = seen(ZEN4, "avx512f,avx512bf");
         assert!(typo.hidden.is_empty());
-        let why = typo.refused.as_deref().expect("refused");
+        let refused = typo.refused.clone().expect("refused");
+        assert_eq!(
+            (refused.value.as_str(), refused.name.as_str()),
+            ("avx512f,avx512bf", "avx512bf")
+        );
+        let why = refused.to_string();
         assert!(why.contains("\"avx512bf\""), "{why}");
         assert!(why.contains("avx512bf16, avx512vbmi"), "{why}");
         assert!(typo.describe().contains("nothing hidden"));

@@ -7,7 +7,7 @@ mod features;
 mod isa;
 mod prefetch;
 
-pub use features::{CpuFeatures, HIDE_VAR};
+pub use features::{CpuFeatures, UnknownFeature, HIDE_VAR};
 pub(crate) use isa::{available, Isa};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use isa::{has_avx2, has_avx512, has_avx512_bf16};
