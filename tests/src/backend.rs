@@ -235,16 +235,17 @@ fn selection() -> Option<Vec<String>> {
     (!names.is_empty()).then_some(names)
 }
 
-/// Whether the selection takes the backend `name`.
+/// Whether the selection takes the backend `name` (`None`: every backend does).
 fn selects(selection: &Option<Vec<String>>, name: &str) -> bool {
-    selection.as_ref().is_none_or(|names| {
-        names.iter().any(|n| {
-            name == n
-                || name
-                    .strip_prefix(n.as_str())
-                    .is_some_and(|r| r.starts_with('/'))
-        })
-    })
+    selection
+        .as_ref()
+        .is_none_or(|names| names.iter().any(|n| takes(n, name)))
+}
+
+/// Whether the selected name `n` takes the backend `name`: itself, or one of its `n/...`
+/// variants.
+fn takes(n: &str, name: &str) -> bool {
+    name == n || name.strip_prefix(n).is_some_and(|r| r.starts_with('/'))
 }
 
 /// A visitor passed on only the backends the selection takes.
@@ -309,7 +310,7 @@ impl Backends {
         let mut all = Names(Vec::new());
         self.visit_all(&mut all);
         for n in &names {
-            if !all.0.iter().any(|b| selects(&Some(vec![n.clone()]), b)) {
+            if !all.0.iter().any(|b| takes(n, b)) {
                 return Err(format!(
                     "{BACKENDS_VAR} names {n:?}, which is no backend here (backends: {})",
                     all.0.join(", ")
@@ -319,7 +320,7 @@ impl Backends {
         let out: Vec<&str> = all
             .0
             .iter()
-            .filter(|b| !selects(&Some(names.clone()), b))
+            .filter(|b| !names.iter().any(|n| takes(n, b)))
             .map(String::as_str)
             .collect();
         Ok(Some(format!(

@@ -95,12 +95,7 @@ pub(crate) fn run(as_json: bool) -> Result<String, CliError> {
         (Some(v), true) => format!("none ({CPU_HIDE_VAR}={v}: the CPU lacks them already)"),
         (Some(v), false) => format!("{} ({CPU_HIDE_VAR}={v})", cpu.hidden.join(" ")),
     };
-    let used: Vec<&str> = cpu
-        .detected
-        .iter()
-        .copied()
-        .filter(|f| cpu.has(f))
-        .collect();
+    let used = cpu.used();
     let mut out = format!(
         "cpu      {}{}\nfeatures {}\nhidden   {hidden}\nkernels  {}: {}\nbuilds   {}\n",
         cpu.model_name,

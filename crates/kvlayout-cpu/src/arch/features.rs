@@ -112,14 +112,18 @@ impl CpuFeatures {
         }
     }
 
-    /// One line: the CPU, the features used, and those hidden.
-    pub fn describe(&self) -> String {
-        let used: Vec<&str> = self
-            .detected
+    /// The features this process uses: those detected and not hidden.
+    pub fn used(&self) -> Vec<&'static str> {
+        self.detected
             .iter()
             .copied()
             .filter(|f| !self.hidden.contains(f))
-            .collect();
+            .collect()
+    }
+
+    /// One line: the CPU, the features used, and those hidden.
+    pub fn describe(&self) -> String {
+        let used = self.used();
         let mut s = self.model_name.clone();
         if let Some(id) = &self.identity {
             s += &format!(" ({id})");

@@ -236,35 +236,4 @@ mod tests {
         assert!(choice.why.contains(", fp8_e4m3 "), "{}", choice.why);
         println!("{}: {}", choice.isa.name(), choice.why);
     }
-
-    /// What `auto` picks: the first build this process runs where no two AVX-512 builds run
-    /// (the builds it cannot run named, with why), the timed one where they do.
-    #[test]
-    fn auto_picks_among_the_builds_this_process_runs() {
-        let choice = auto();
-        let builds = available();
-        assert!(builds.contains(&choice.isa), "{choice:?}");
-        if std::env::var(OVERRIDE).is_ok() {
-            return;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if builds.contains(&Isa::Avx512Bf16) && builds.contains(&Isa::Avx512) {
-            assert!(
-                choice.why.starts_with("timed at start-up"),
-                "{}",
-                choice.why
-            );
-            return;
-        }
-        assert_eq!(choice.isa, builds[0]);
-        for isa in Isa::ALL {
-            if let Err(why) = isa.runs_here() {
-                assert!(
-                    choice.why.contains(&format!("{}: {why}", isa.name())),
-                    "{}",
-                    choice.why
-                );
-            }
-        }
-    }
 }
