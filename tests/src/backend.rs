@@ -1,225 +1,162 @@
 //! The backends the conformance suite drives, through the contract's trait
-//! (`kvlayout::ops::Backend`, re-exported here with its argument and memory types).
-//!
-//! Implementations: the CPU backend and the scalar reference on host memory
-//! (`kvlayout_cpu::Host`), the CPU backend once more per other kernel build this machine runs
-//! and with the other prefetch arrangement ([`cpu_builds`]), the GPU kernel sources under the
-//! host emulator (`cuda-emu`, warps of 32, behind the device backend; `hip-emu`, wavefronts
-//! of 64; `kvlayout_emu`), and the CUDA and HIP backends on device 0 ([`Gpu`]). A GPU backend
-//! that cannot open here is [`Unavailable`]: its [`Backend::available`] says why, and the
-//! suite prints `skipped: <name>: <reason>` (a failure where `KVLAYOUT_REQUIRE_GPU` asks for
-//! it).
+//! (`kvlayout::ops::Backend`, re-exported here with its argument and memory types): every
+//! backend `kvlayout_backends::names` lists, opened by name (`kvlayout_backends::open`), so
+//! the suite runs the list a caller chooses from. That is the CPU backend and the scalar
+//! reference on host memory, the CPU backend once more per other kernel build this machine
+//! runs and with the other prefetch arrangement, the GPU kernel sources under the host
+//! emulator behind the device backend (`cuda-emu`, warps of 32; `hip-emu`, wavefronts of 64,
+//! threads in a seeded order), and the CUDA and HIP backends on device 0. A backend that
+//! cannot open here keeps its reason: the suite prints `skipped: <name>: <reason>` (a failure
+//! where `KVLAYOUT_REQUIRE_GPU` asks for it).
 
-use std::ops::Range;
-
-pub use kvlayout::ops::{Backend, BufferShape, DecodeArgs, HostTensor, OpError, WriteArgs};
-pub use kvlayout::ops::{Device, DeviceBackend};
-use kvlayout::{DType, KvCacheLayout};
-use kvlayout_cpu::{CpuBackend, PrefetchLevel};
-pub use kvlayout_cpu::{Host, HostBuffers, HostOps, Ready, ScalarReference};
+pub use kvlayout::ops::{
+    AnyBackend, Backend, BlockMove, BufferShape, DecodeArgs, HostTensor, OpError, WriteArgs,
+};
+use kvlayout_cpu::{CacheMut, CacheRef, Decode, WriteKv};
+pub use kvlayout_cpu::{Host, HostBuffers, HostExec, Ready, ScalarReference};
 pub use kvlayout_cuda::CudaDevice;
-pub use kvlayout_emu::{EmuDevice, EmuOps};
+pub use kvlayout_device::{Device, DeviceBackend};
+pub use kvlayout_emu::EmuDevice;
 pub use kvlayout_hip::HipDevice;
 
-/// The CPU backend forced to every other kernel build this machine runs than the one it
-/// picks (`cpu/avx2`, `cpu/scalar`, ...), so that each build meets every case; and the build
-/// it picks with its tiles and moves arranged for the other prefetch level than this
-/// machine's (`cpu/avx512/prefetch-L2`, ...), so both arrangements run on any machine.
-pub fn cpu_builds(threads: Option<usize>) -> Vec<Host<CpuBackend>> {
-    // A handful of names, built once per suite.
-    let name = |n: String| -> &'static str { Box::leak(n.into_boxed_str()) };
-    let builds = CpuBackend::kernel_builds();
-    let mut hosts: Vec<Host<CpuBackend>> = builds
-        .iter()
-        .skip(1)
-        .map(|build| {
-            let be = CpuBackend::with_kernels(threads, build).expect("a build this machine runs");
-            Host::new(name(format!("cpu/{build}")), be)
-        })
-        .collect();
-    let first = CpuBackend::with_kernels(threads, builds[0]).expect("a build this machine runs");
-    let other = match first.prefetch_level() {
-        PrefetchLevel::L1 => PrefetchLevel::L2,
-        PrefetchLevel::L2 => PrefetchLevel::L1,
-    };
-    hosts.push(Host::new(
-        name(format!("cpu/{}/prefetch-{other:?}", builds[0])),
-        first.with_prefetch_level(other),
-    ));
-    hosts
-}
-
-/// No value: the memory and completions of a backend that is not built.
-/// No value: the memory types of a backend that cannot run here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Never {}
-
-/// A backend that cannot run on this machine, and why (its ops are never reached: allocation
-/// fails with the reason).
-#[derive(Debug, Clone)]
-pub struct Unavailable {
-    name: &'static str,
-    reason: String,
-}
-
-impl Unavailable {
-    /// Backend `name`, unavailable for `reason`.
-    pub fn new(name: &'static str, reason: impl Into<String>) -> Self {
-        Unavailable {
-            name,
-            reason: reason.into(),
-        }
-    }
-}
-
-/// A device backend opened on this machine, or why it could not be.
+/// A backend run as an executor on host caches, for the tests that compare executors on the
+/// same host bytes: each op uploads its caches and tensors, runs, waits, and copies the
+/// destination back.
 #[derive(Debug)]
-pub enum Gpu<D> {
-    /// Device 0, open.
-    Open(DeviceBackend<D>),
-    /// No device, no driver or no kernels for it.
-    Absent(Unavailable),
+pub struct Hosted<B>(pub B);
+
+fn kernel(e: String) -> OpError {
+    OpError::Kernel {
+        kernel: "hosted",
+        detail: e,
+    }
 }
 
-impl<D: Device> Gpu<D> {
-    fn visit(&self, v: &mut impl BackendVisitor) {
-        match self {
-            Gpu::Open(b) => v.visit(b),
-            Gpu::Absent(u) => v.visit(u),
+impl<B: Backend> Hosted<B> {
+    /// `c`'s bytes in a cache of the backend, buffer for buffer.
+    fn upload(&self, c: &CacheRef<'_>) -> Result<B::Cache, OpError> {
+        let shapes: Vec<BufferShape> = c
+            .buffers()
+            .iter()
+            .map(|b| BufferShape {
+                len: b.len() as u64,
+                misalign: b.as_ptr() as u64 % 64,
+            })
+            .collect();
+        let mut cache = self.0.alloc_cache(c.layout(), &shapes).map_err(kernel)?;
+        let bytes: Vec<Vec<u8>> = c.buffers().iter().map(|b| b.to_vec()).collect();
+        self.0.upload_cache(&mut cache, &bytes).map_err(kernel)?;
+        Ok(cache)
+    }
+
+    /// Waits for `done` and copies `cache` back into `dst`.
+    fn finish(
+        &self,
+        done: B::Completion,
+        cache: &B::Cache,
+        dst: &mut CacheMut<'_>,
+    ) -> Result<(), OpError> {
+        self.0.wait(done).map_err(kernel)?;
+        let bytes = self.0.download_cache(cache).map_err(kernel)?;
+        for (d, b) in dst.buffers_mut().iter_mut().zip(bytes) {
+            d.copy_from_slice(&b);
         }
-    }
-
-    fn is_open(&self) -> bool {
-        matches!(self, Gpu::Open(_))
+        Ok(())
     }
 }
 
-impl Backend for Unavailable {
-    type Cache = Never;
-    type Tensor = Never;
-    type Completion = Never;
+impl<B: Backend> HostExec for Hosted<B> {
+    fn write_kv(&self, cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError> {
+        let mut c = self.upload(&cache.as_ref())?;
+        let key = self.0.upload_tensor(&w.key.into()).map_err(kernel)?;
+        let value = match w.value {
+            Some(v) => Some(self.0.upload_tensor(&v.into()).map_err(kernel)?),
+            None => None,
+        };
+        let args = WriteArgs {
+            layer: w.layer,
+            key: &key,
+            value: value.as_ref(),
+            slot_mapping: w.slot_mapping,
+        };
+        let done = self.0.write_kv(&mut c, &args)?;
+        self.finish(done, &c, cache)
+    }
 
-    fn name(&self) -> &str {
-        self.name
-    }
-    fn available(&self) -> Result<(), String> {
-        Err(self.reason.clone())
-    }
-    fn alloc_cache(&self, _: &KvCacheLayout, _: &[BufferShape]) -> Result<Never, String> {
-        Err(self.reason.clone())
-    }
-    fn upload_cache(&self, cache: &mut Never, _: &[Vec<u8>]) -> Result<(), String> {
-        match *cache {}
-    }
-    fn download_cache(&self, cache: &Never) -> Result<Vec<Vec<u8>>, String> {
-        match *cache {}
-    }
-    fn upload_tensor(&self, _: &HostTensor) -> Result<Never, String> {
-        Err(self.reason.clone())
-    }
-    fn alloc_tensor(&self, _: DType, _: usize) -> Result<Never, String> {
-        Err(self.reason.clone())
-    }
-    fn download_tensor(&self, t: &Never) -> Result<HostTensor, String> {
-        match *t {}
-    }
-    fn write_kv(&self, cache: &mut Never, _: &WriteArgs<'_, &Never>) -> Result<Never, OpError> {
-        match *cache {}
-    }
     fn paged_decode(
         &self,
-        cache: &Never,
-        _: &DecodeArgs<'_, &Never>,
-        _: &mut Never,
-    ) -> Result<Never, OpError> {
-        match *cache {}
+        cache: &CacheRef<'_>,
+        d: &Decode<'_>,
+        out: &mut [f32],
+    ) -> Result<(), OpError> {
+        let c = self.upload(cache)?;
+        let query = self.0.upload_tensor(&d.query.into()).map_err(kernel)?;
+        let mut o = self
+            .0
+            .upload_tensor(&HostTensor::F32(out.to_vec()))
+            .map_err(kernel)?;
+        let args = DecodeArgs {
+            layer: d.layer,
+            query: &query,
+            block_table: d.block_table,
+            blocks_per_seq: d.blocks_per_seq,
+            seq_lens: d.seq_lens,
+            params: d.params,
+        };
+        let done = self.0.paged_decode(&c, &args, &mut o)?;
+        self.0.wait(done).map_err(kernel)?;
+        out.copy_from_slice(&self.0.download_tensor(&o).map_err(kernel)?.to_f32());
+        Ok(())
     }
-    fn copy_blocks(&self, cache: &mut Never, _: &[(u64, u64)]) -> Result<Never, OpError> {
-        match *cache {}
-    }
-    fn swap_blocks(&self, src: &Never, _: &mut Never, _: &[(u64, u64)]) -> Result<Never, OpError> {
-        match *src {}
-    }
-    fn gather_blocks(
+
+    fn move_blocks(
         &self,
-        cache: &Never,
-        _: &[u64],
-        _: Range<u64>,
-        _: &mut Never,
-    ) -> Result<Never, OpError> {
-        match *cache {}
-    }
-    fn scatter_blocks(
-        &self,
-        staging: &Never,
-        _: &[u64],
-        _: Range<u64>,
-        _: &mut Never,
-    ) -> Result<Never, OpError> {
-        match *staging {}
-    }
-    fn convert(&self, src: &Never, _: &mut Never) -> Result<Never, OpError> {
-        match *src {}
-    }
-    fn wait(&self, c: Never) -> Result<(), String> {
-        match c {}
-    }
-    fn synchronize(&self) -> Result<(), String> {
-        Err(self.reason.clone())
+        src: Option<&CacheRef<'_>>,
+        dst: &mut CacheMut<'_>,
+        op: &BlockMove<'_>,
+    ) -> Result<(), OpError> {
+        let mut d = self.upload(&dst.as_ref())?;
+        let s = src.map(|s| self.upload(s)).transpose()?;
+        let done = self.0.move_blocks(s.as_ref(), &mut d, op)?;
+        self.finish(done, &d, dst)
     }
 }
 
-/// Something to run on each backend (the trait has associated types, so backends are
-/// visited rather than collected).
-pub trait BackendVisitor {
-    /// Called once per backend, available or not.
-    fn visit<B: Backend>(&mut self, backend: &B);
+/// One backend of the suite: its name, and the backend or why it cannot run here.
+#[derive(Debug)]
+pub struct SuiteBackend {
+    /// The name it was opened by.
+    pub name: String,
+    /// The backend, or why it cannot run here.
+    pub backend: Result<AnyBackend, String>,
 }
 
-/// Every backend the suite knows of, built once.
+/// Every backend the suite knows of, opened once (the CPU backends on pools of 3 threads, so
+/// partitioned work is uneven).
 #[derive(Debug)]
 pub struct Backends {
-    /// The CPU backend (its rayon pool has 3 threads, so partitioned work is uneven).
-    pub cpu: Host<CpuBackend>,
-    /// The CPU backend with each other kernel build this machine runs.
-    pub cpu_builds: Vec<Host<CpuBackend>>,
-    /// The scalar reference as a backend.
-    pub reference: Host<ScalarReference>,
-    /// The CUDA kernels under the host emulator behind the device backend of the CUDA and
-    /// HIP crates (`DeviceBackend`: argument blocks, device temporaries), fibers resumed in
-    /// thread order.
-    pub cuda_emu: DeviceBackend<EmuDevice>,
-    /// The HIP kernels (wavefronts of 64) under the host emulator on host memory, fibers
-    /// resumed in a seeded pseudo-random order, so both orders meet every case.
-    pub hip_emu: Host<EmuOps>,
-    /// The CUDA backend on device 0, or why not.
-    pub cuda: Gpu<CudaDevice>,
-    /// The HIP backend on device 0, or why not.
-    pub hip: Gpu<HipDevice>,
+    all: Vec<SuiteBackend>,
 }
 
 impl Default for Backends {
     fn default() -> Self {
-        Backends {
-            cpu: Host::cpu("cpu", Some(3)),
-            cpu_builds: cpu_builds(Some(3)),
-            reference: Host::reference(),
-            cuda_emu: kvlayout_emu::cuda_emu(),
-            hip_emu: Host::new("hip-emu", EmuOps::hip().with_seed(0x5eed)),
-            cuda: match kvlayout_cuda::cuda(0) {
-                Ok(b) => Gpu::Open(b),
-                Err(e) => Gpu::Absent(Unavailable::new("cuda", e.to_string())),
-            },
-            hip: match kvlayout_hip::hip(0) {
-                Ok(b) => Gpu::Open(b),
-                Err(e) => Gpu::Absent(Unavailable::new("hip", e.to_string())),
-            },
-        }
+        let options = kvlayout_backends::Options { threads: Some(3) };
+        let all = kvlayout_backends::names()
+            .into_iter()
+            .map(|name| SuiteBackend {
+                backend: kvlayout_backends::open_with(&name, &options).map_err(|e| match e {
+                    kvlayout_backends::OpenError::Unavailable { reason, .. } => reason,
+                    other => other.to_string(),
+                }),
+                name,
+            })
+            .collect();
+        Backends { all }
     }
 }
 
 /// The environment variable that narrows the suite to some backends: comma-separated names,
-/// where `cpu` also takes every `cpu/<build>` variant (`cpu,reference` is the CPU-dependent part
+/// where `cpu` also takes every `cpu:<build>` variant (`cpu,reference` is the CPU-dependent part
 /// the test command runs again per host class it imitates). Unset or empty, every backend runs.
 pub const BACKENDS_VAR: &str = "KVLAYOUT_SUITE_BACKENDS";
 
@@ -242,63 +179,26 @@ fn selects(selection: &Option<Vec<String>>, name: &str) -> bool {
         .is_none_or(|names| names.iter().any(|n| takes(n, name)))
 }
 
-/// Whether the selected name `n` takes the backend `name`: itself, or one of its `n/...`
+/// Whether the selected name `n` takes the backend `name`: itself, or one of its `n:...`
 /// variants.
 fn takes(n: &str, name: &str) -> bool {
-    name == n || name.strip_prefix(n).is_some_and(|r| r.starts_with('/'))
-}
-
-/// A visitor passed on only the backends the selection takes.
-struct Selected<'a, V> {
-    inner: &'a mut V,
-    selection: Option<Vec<String>>,
-}
-
-impl<V: BackendVisitor> BackendVisitor for Selected<'_, V> {
-    fn visit<B: Backend>(&mut self, backend: &B) {
-        if selects(&self.selection, backend.name()) {
-            self.inner.visit(backend);
-        }
-    }
-}
-
-/// Collects the backends' names.
-struct Names(Vec<String>);
-
-impl BackendVisitor for Names {
-    fn visit<B: Backend>(&mut self, b: &B) {
-        self.0.push(b.name().to_string());
-    }
+    name == n || name.strip_prefix(n).is_some_and(|r| r.starts_with(':'))
 }
 
 impl Backends {
-    /// Visits every backend `KVLAYOUT_SUITE_BACKENDS` selects (every one where it is unset),
-    /// in report order: cpu, its other kernel builds, reference, cuda-emu, hip-emu, cuda, hip.
-    pub fn for_each(&self, v: &mut impl BackendVisitor) {
-        self.visit_all(&mut Selected {
-            inner: v,
-            selection: selection(),
-        });
+    /// The backends `KVLAYOUT_SUITE_BACKENDS` selects (every one where it is unset), in report
+    /// order: cpu, its other kernel builds, reference, cuda-emu, hip-emu, cuda, hip.
+    pub fn selected(&self) -> Vec<&SuiteBackend> {
+        let selection = selection();
+        self.all
+            .iter()
+            .filter(|b| selects(&selection, &b.name))
+            .collect()
     }
 
-    /// The names of the backends [`Backends::for_each`] visits, in its order.
+    /// The names of the backends [`Backends::selected`] gives, in its order.
     pub fn names(&self) -> Vec<String> {
-        let mut names = Names(Vec::new());
-        self.for_each(&mut names);
-        names.0
-    }
-
-    /// Visits every backend, selected or not.
-    fn visit_all(&self, v: &mut impl BackendVisitor) {
-        v.visit(&self.cpu);
-        for b in &self.cpu_builds {
-            v.visit(b);
-        }
-        v.visit(&self.reference);
-        v.visit(&self.cuda_emu);
-        v.visit(&self.hip_emu);
-        self.cuda.visit(v);
-        self.hip.visit(v);
+        self.selected().iter().map(|b| b.name.clone()).collect()
     }
 
     /// What `KVLAYOUT_SUITE_BACKENDS` leaves out, as a report line (`None` where it is unset);
@@ -307,21 +207,18 @@ impl Backends {
         let Some(names) = selection() else {
             return Ok(None);
         };
-        let mut all = Names(Vec::new());
-        self.visit_all(&mut all);
+        let all: Vec<&str> = self.all.iter().map(|b| b.name.as_str()).collect();
         for n in &names {
-            if !all.0.iter().any(|b| takes(n, b)) {
+            if !all.iter().any(|b| takes(n, b)) {
                 return Err(format!(
                     "{BACKENDS_VAR} names {n:?}, which is no backend here (backends: {})",
-                    all.0.join(", ")
+                    all.join(", ")
                 ));
             }
         }
         let out: Vec<&str> = all
-            .0
-            .iter()
+            .into_iter()
             .filter(|b| !names.iter().any(|n| takes(n, b)))
-            .map(String::as_str)
             .collect();
         Ok(Some(format!(
             "{BACKENDS_VAR}={} leaves out {}",
@@ -333,6 +230,11 @@ impl Backends {
             }
         )))
     }
+
+    /// Whether the backend named `name` opened here.
+    fn is_open(&self, name: &str) -> bool {
+        self.all.iter().any(|b| b.name == name && b.backend.is_ok())
+    }
 }
 
 impl Backends {
@@ -342,9 +244,9 @@ impl Backends {
         let want = std::env::var("KVLAYOUT_REQUIRE_GPU").unwrap_or_default();
         let ok = match want.as_str() {
             "" | "0" => return None,
-            "cuda" => self.cuda.is_open(),
-            "hip" => self.hip.is_open(),
-            _ => self.cuda.is_open() || self.hip.is_open(),
+            "cuda" => self.is_open("cuda:0"),
+            "hip" => self.is_open("hip:0"),
+            _ => self.is_open("cuda:0") || self.is_open("hip:0"),
         };
         (!ok).then(|| format!("KVLAYOUT_REQUIRE_GPU={want}, but no such GPU backend runs here"))
     }
@@ -357,7 +259,7 @@ mod tests {
     #[test]
     fn a_selection_takes_a_backend_and_its_variants_only() {
         let sel = Some(vec!["cpu".to_string(), "reference".to_string()]);
-        for name in ["cpu", "cpu/avx2", "cpu/avx512/prefetch-L2", "reference"] {
+        for name in ["cpu", "cpu:avx2", "cpu:avx512:prefetch-L2", "reference"] {
             assert!(selects(&sel, name), "{name}");
         }
         for name in ["cpux", "cuda-emu", "hip-emu", "cuda", "referenced"] {

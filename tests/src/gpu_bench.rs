@@ -12,10 +12,10 @@
 use std::time::Instant;
 
 use kvlayout::ops::{
-    Backend, BufferShape, DecodeArgs, DecodeParams, Device, DeviceBackend, HostTensor, Place,
-    WriteArgs,
+    Backend, BlockMove, BufferShape, DecodeArgs, DecodeParams, HostTensor, WriteArgs,
 };
 use kvlayout::{DType, KvCacheLayout};
+use kvlayout_device::{Device, DeviceBackend, Place};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -222,7 +222,8 @@ fn swap<D: Device>(
     let src = be.alloc_cache(&gpu, &BufferShape::exact(&gpu))?;
     let mut dst = be.alloc_host_cache(&cpu)?;
     let pairs: Vec<(u64, u64)> = (0..blocks / 2).map(|i| (stride * i, i)).collect();
-    let plan = kvlayout::ops::swap_moves(&gpu, &cpu, &pairs)
+    let plan = BlockMove::Swap(&pairs)
+        .plan(Some(&gpu), &cpu)
         .map_err(|e| e.to_string())?
         .plan(&gpu, &cpu)
         .ok_or("bench layouts have a byte plan")?;

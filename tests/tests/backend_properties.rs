@@ -8,15 +8,18 @@ use std::cell::Cell;
 use std::sync::OnceLock;
 
 use kvlayout::ops::DecodeParams;
-use kvlayout::ops::{Backend, BufferShape, DeviceBackend};
+use kvlayout::ops::{Backend, BufferShape};
 use kvlayout::{AxisOrder, Content, KvCacheLayout, Paged, Placement};
+use kvlayout_conformance::backend::Hosted;
 use kvlayout_conformance::cases::widths;
 use kvlayout_conformance::gen::any_layout;
 use kvlayout_cpu::tolerance::{decode_error, Tolerance};
 use kvlayout_cpu::{
-    reference, Activations, CpuBackend, Decode, HostCache, HostOps, PrefetchLevel, WriteKv,
+    reference, Activations, CpuBackend, Decode, HostCache, HostExec, PrefetchLevel,
+    ScalarReference, WriteKv,
 };
-use kvlayout_emu::{EmuDevice, EmuOps};
+use kvlayout_device::DeviceBackend;
+use kvlayout_emu::EmuDevice;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -35,7 +38,7 @@ fn same(a: &HostCache, b: &HostCache) -> bool {
 }
 
 /// A backend checked against the reference, by name.
-type Checked = (&'static str, Box<dyn HostOps + Send + Sync>);
+type Checked = (&'static str, Box<dyn HostExec + Send + Sync>);
 
 /// The backends checked against the reference, built once (a CPU backend owns a thread
 /// pool): the CPU backend's fast paths (the build it picks), and the emulated CUDA and HIP
@@ -45,8 +48,8 @@ fn backends() -> &'static [Checked] {
     BACKENDS.get_or_init(|| {
         vec![
             ("cpu", Box::new(CpuBackend::new(Some(2)))),
-            ("cuda-emu", Box::new(EmuOps::cuda())),
-            ("hip-emu", Box::new(EmuOps::hip().with_seed(0x5eed))),
+            ("cuda-emu", Box::new(Hosted(kvlayout_emu::cuda_emu()))),
+            ("hip-emu", Box::new(Hosted(kvlayout_emu::hip_emu()))),
         ]
     })
 }
@@ -93,7 +96,7 @@ proptest! {
 /// convert / swap / copy / gather / scatter on `be` == the reference, byte for byte.
 fn movers(
     name: &str,
-    be: &dyn HostOps,
+    be: &dyn HostExec,
     a: &KvCacheLayout,
     b: &KvCacheLayout,
     pick: u64,
@@ -104,7 +107,9 @@ fn movers(
         let pairs = [(pick % nb, (pick + 1) % nb)];
         let (mut fast, mut slow) = (filled(a, 1), filled(a, 1));
         be.copy_blocks(&mut fast.as_mut(), &pairs).unwrap();
-        reference::copy_blocks(&mut slow.as_mut(), &pairs).unwrap();
+        ScalarReference
+            .copy_blocks(&mut slow.as_mut(), &pairs)
+            .unwrap();
         prop_assert!(same(&fast, &slow), "{name}: copy_blocks on {a}");
     }
     // convert / swap into `b` when the content matches
@@ -114,11 +119,15 @@ fn movers(
         let pairs = [(pick % nb, (pick / 7) % b.geometry().num_blocks)];
         be.swap_blocks(&src.as_ref(), &mut fast.as_mut(), &pairs)
             .unwrap();
-        reference::swap_blocks(&src.as_ref(), &mut slow.as_mut(), &pairs).unwrap();
+        ScalarReference
+            .swap_blocks(&src.as_ref(), &mut slow.as_mut(), &pairs)
+            .unwrap();
         prop_assert!(same(&fast, &slow), "{name}: swap {a} -> {b}");
         if nb == b.geometry().num_blocks {
             be.convert(&src.as_ref(), &mut fast.as_mut()).unwrap();
-            reference::convert(&src.as_ref(), &mut slow.as_mut()).unwrap();
+            ScalarReference
+                .convert(&src.as_ref(), &mut slow.as_mut())
+                .unwrap();
             prop_assert!(same(&fast, &slow), "{name}: convert {a} -> {b}");
         }
     }
@@ -138,12 +147,16 @@ fn movers(
         let (mut fast, mut slow) = (filled(&staging_layout, 5), filled(&staging_layout, 5));
         be.gather_blocks(&cache.as_ref(), &blocks, h / 2..h, &mut fast.as_mut())
             .unwrap();
-        reference::gather_blocks(&cache.as_ref(), &blocks, h / 2..h, &mut slow.as_mut()).unwrap();
+        ScalarReference
+            .gather_blocks(&cache.as_ref(), &blocks, h / 2..h, &mut slow.as_mut())
+            .unwrap();
         prop_assert!(same(&fast, &slow), "{name}: gather {a}");
         let (mut fast_c, mut slow_c) = (filled(a, 6), filled(a, 6));
         be.scatter_blocks(&fast.as_ref(), &blocks, h / 2..h, &mut fast_c.as_mut())
             .unwrap();
-        reference::scatter_blocks(&slow.as_ref(), &blocks, h / 2..h, &mut slow_c.as_mut()).unwrap();
+        ScalarReference
+            .scatter_blocks(&slow.as_ref(), &blocks, h / 2..h, &mut slow_c.as_mut())
+            .unwrap();
         prop_assert!(same(&fast_c, &slow_c), "{name}: scatter {a}");
     }
     Ok(())
@@ -170,7 +183,9 @@ fn host_device_swaps(a: &KvCacheLayout, b: &KvCacheLayout, pick: u64) -> Result<
     if uniq.len() != pairs.len() {
         return Ok(());
     }
-    let m = kvlayout::ops::swap_moves(a, b, &pairs).unwrap();
+    let m = kvlayout::ops::BlockMove::Swap(&pairs)
+        .plan(Some(a), b)
+        .unwrap();
     if let Some(runs) = kvlayout::ops::copy_runs(a, b, &m, 1 << 20) {
         let plan = m.plan(a, b).unwrap();
         let total: u64 = runs.iter().map(|r| r.len).sum();
@@ -197,7 +212,9 @@ fn host_device_swaps(a: &KvCacheLayout, b: &KvCacheLayout, pick: u64) -> Result<
     // Device `a` -> pinned host `b`.
     let src = filled(a, 11);
     let mut slow = filled(b, 12);
-    reference::swap_blocks(&src.as_ref(), &mut slow.as_mut(), &pairs).unwrap();
+    ScalarReference
+        .swap_blocks(&src.as_ref(), &mut slow.as_mut(), &pairs)
+        .unwrap();
     let mut dev = be.alloc_cache(a, &BufferShape::exact(a)).unwrap();
     be.upload_cache(&mut dev, &bytes_of(&src)).unwrap();
     let mut host = be.alloc_host_cache(b).unwrap();
@@ -215,7 +232,9 @@ fn host_device_swaps(a: &KvCacheLayout, b: &KvCacheLayout, pick: u64) -> Result<
     // And back: pinned host `b` -> device `a`, the pairs reversed.
     let back: Vec<(u64, u64)> = pairs.iter().map(|&(s, d)| (d, s)).collect();
     let mut slow_a = filled(a, 13);
-    reference::swap_blocks(&slow.as_ref(), &mut slow_a.as_mut(), &back).unwrap();
+    ScalarReference
+        .swap_blocks(&slow.as_ref(), &mut slow_a.as_mut(), &back)
+        .unwrap();
     be.upload_cache(&mut dev, &bytes_of(&filled(a, 13)))
         .unwrap();
     be.wait(be.swap_blocks(&host, &mut dev, &back).unwrap())
@@ -231,7 +250,7 @@ fn host_device_swaps(a: &KvCacheLayout, b: &KvCacheLayout, pick: u64) -> Result<
 }
 
 /// write_kv on `be` == the reference, byte for byte, and padding slots write nothing.
-fn write(name: &str, be: &dyn HostOps, l: &KvCacheLayout, seed: u32) -> Result<(), TestCaseError> {
+fn write(name: &str, be: &dyn HostExec, l: &KvCacheLayout, seed: u32) -> Result<(), TestCaseError> {
     let g = *l.geometry();
     let Some((kw, vw, mla)) = widths(l) else {
         return Ok(());
@@ -270,7 +289,7 @@ fn write(name: &str, be: &dyn HostOps, l: &KvCacheLayout, seed: u32) -> Result<(
     };
     let (mut fast, mut slow) = (filled(l, 9), filled(l, 9));
     be.write_kv(&mut fast.as_mut(), &w).unwrap();
-    reference::write_kv(&mut slow.as_mut(), &w).unwrap();
+    ScalarReference.write_kv(&mut slow.as_mut(), &w).unwrap();
     prop_assert!(same(&fast, &slow), "{name}: write_kv on {l}");
     Ok(())
 }
@@ -433,7 +452,7 @@ fn sized(n: usize, err: i64) -> usize {
 /// `write_kv`: the fast path and the reference alike, and a refusal writes nothing; whether
 /// the write was accepted.
 fn wild_write(
-    be: &dyn HostOps,
+    be: &dyn HostExec,
     a: &Wild,
     fast: &mut HostCache,
     slow: &mut HostCache,
@@ -457,7 +476,7 @@ fn wild_write(
     let before = snapshot(fast);
     let (rf, rs) = (
         be.write_kv(&mut fast.as_mut(), &w),
-        reference::write_kv(&mut slow.as_mut(), &w),
+        ScalarReference.write_kv(&mut slow.as_mut(), &w),
     );
     prop_assert_eq!(&rf, &rs, "write_kv on {}", l);
     prop_assert!(same(fast, slow), "write_kv on {}", l);
@@ -470,7 +489,7 @@ fn wild_write(
 /// `paged_decode`: the fast path and the reference alike, and a refusal leaves the output as
 /// it was; whether the decode was accepted.
 fn wild_decode(
-    be: &dyn HostOps,
+    be: &dyn HostExec,
     a: &Wild,
     fast: &HostCache,
     slow: &HostCache,
@@ -504,7 +523,7 @@ fn wild_decode(
     let n = a.seqs * q_heads as usize * vw;
     let (mut out_fast, mut out_slow) = (vec![-7.0f32; n], vec![-7.0f32; n]);
     let rf = be.paged_decode(&fast.as_ref(), &d, &mut out_fast);
-    let rs = reference::paged_decode(&slow.as_ref(), &d, &mut out_slow);
+    let rs = ScalarReference.paged_decode(&slow.as_ref(), &d, &mut out_slow);
     prop_assert_eq!(&rf, &rs, "paged_decode on {}", l);
     if rf.is_err() {
         prop_assert!(
@@ -519,7 +538,7 @@ fn wild_decode(
 /// `copy_blocks` (the fast path and the reference alike), then `gather_blocks` and
 /// `scatter_blocks` of the pairs' sources: a refusal writes nothing.
 fn wild_movers(
-    be: &dyn HostOps,
+    be: &dyn HostExec,
     a: &Wild,
     fast: &mut HostCache,
     slow: &mut HostCache,
@@ -528,7 +547,7 @@ fn wild_movers(
     let before = snapshot(fast);
     let (rf, rs) = (
         be.copy_blocks(&mut fast.as_mut(), &a.pairs),
-        reference::copy_blocks(&mut slow.as_mut(), &a.pairs),
+        ScalarReference.copy_blocks(&mut slow.as_mut(), &a.pairs),
     );
     prop_assert_eq!(&rf, &rs, "copy_blocks on {}", l);
     prop_assert!(

@@ -21,7 +21,9 @@ use kvlayout_conformance::domain::{
 };
 use kvlayout_conformance::gen::any_layout;
 use kvlayout_conformance::inputs::edited_spec;
-use kvlayout_cpu::{reference, Activations, CpuBackend, Decode, HostCache, WriteKv};
+use kvlayout_cpu::{
+    Activations, CpuBackend, Decode, HostCache, HostExec, ScalarReference, WriteKv,
+};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -363,7 +365,7 @@ fn check_ops(be: &CpuBackend, a: &OpArgs) -> Result<bool, String> {
         HostCache::new(l.clone()).map_err(|e| e.to_string())?,
     );
     let rf = be.write_kv(&mut fast.as_mut(), &w);
-    let rs = reference::write_kv(&mut slow.as_mut(), &w);
+    let rs = ScalarReference.write_kv(&mut slow.as_mut(), &w);
     if rf != rs {
         return Err(format!("write_kv: fast {rf:?}, reference {rs:?}"));
     }
@@ -396,7 +398,7 @@ fn check_ops(be: &CpuBackend, a: &OpArgs) -> Result<bool, String> {
     };
     let (mut out_fast, mut out_slow) = (vec![-7.0f32; out_len], vec![-7.0f32; out_len]);
     let rf = be.paged_decode(&fast.as_ref(), &d, &mut out_fast);
-    let rs = reference::paged_decode(&slow.as_ref(), &d, &mut out_slow);
+    let rs = ScalarReference.paged_decode(&slow.as_ref(), &d, &mut out_slow);
     match (&rf, &rs) {
         (Ok(()), Ok(())) => Ok(true),
         (Err(a), Err(b)) if a == b => {

@@ -1,23 +1,28 @@
-//! `kvlayout decode`: one decode step of a layout on the CPU backend, in process.
+//! `kvlayout decode`: one decode step of a layout on a backend chosen by name (the CPU
+//! backend by default), in process.
 //!
 //! It fills one layer of a cache of the layout through `write_kv` (seeded random keys and
-//! values of the new tokens, scattered by a random block table), runs `paged_decode` on the
-//! fast path, checks the first sequences against the scalar f64 reference within the tolerance
-//! of the kernel build that ran (`CpuBackend::decode_tolerance`), then times the step: each
-//! run is paired with a pass of the memory read bound right before it (which also evicts the
-//! cache from the last-level cache), and the ratio of the two bandwidths is what it reports,
-//! as the decode benchmark does, also against the paged bound (the decode's page pattern with
-//! no compute). Every address comes from the layout; this module only builds activations, a
+//! values of the new tokens, scattered by a random block table), runs `paged_decode`, gathers
+//! the blocks of the first sequences into a small cache (`gather_blocks`) and checks those
+//! sequences against the scalar f64 reference within the tolerance of the kernels that ran
+//! (bf16 or f32 products, `Backend::bf16_products`), then times the step: each run is paired
+//! with a pass of the host's memory read bound right before it (which also evicts the cache
+//! from the last-level cache), and the ratio of the two bandwidths is what it reports, as the
+//! decode benchmark does, also against the paged bound (the decode's page pattern with no
+//! compute). Every address comes from the layout; this module only builds activations, a
 //! block table and slot numbers.
 
 use std::collections::HashMap;
 use std::time::Instant;
 
-use kvlayout::ops::{decode_widths, DecodeParams, OpError};
+use kvlayout::ops::{
+    decode_widths, AnyBackend, AnyCache, AnyTensor, Backend, BufferShape, DecodeArgs, DecodeParams,
+    HostTensor, WriteArgs,
+};
 use kvlayout::{Content, KvCacheLayout};
 use kvlayout_cpu::bench::{paired, Paired, ReadBound};
 use kvlayout_cpu::tolerance::{decode_error, Tolerance};
-use kvlayout_cpu::{reference, Activations, CpuBackend, Decode, HostCache, WriteKv};
+use kvlayout_cpu::{reference, Activations, Decode, HostCache};
 use serde::Serialize;
 
 use crate::CliError;
@@ -43,11 +48,17 @@ pub(crate) struct StepArgs {
     /// Logits soft-cap C: s = C * tanh(s / C) (Gemma 2: 50).
     #[arg(long, value_name = "C")]
     pub soft_cap: Option<f32>,
-    /// Threads (default: every core).
+    /// Backend to run the step on: cpu, cpu:<build>, reference, cuda-emu, hip-emu, cuda[:<n>],
+    /// hip[:<n>]. The emulators run the GPU kernels on the CPU one thread block at a time,
+    /// thousands of times slower than a GPU: give them a small step (e.g. a spec with B=64 and
+    /// --seqs 2 --context 64 --runs 1).
+    #[arg(long, value_name = "NAME", default_value = "cpu")]
+    pub backend: String,
+    /// Threads of the CPU backend and of the read bound (default: every core).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
-    /// Kernel build to run (avx512-bf16, avx512, avx2, scalar; default: the one this
-    /// machine prefers, see `CpuBackend::kernel_builds`).
+    /// Kernel build of the CPU backend (avx512-bf16, avx512, avx2, scalar; default: the one
+    /// this machine prefers): the same as --backend cpu:<BUILD>.
     #[arg(long, value_name = "BUILD")]
     pub kernels: Option<String>,
     /// Timed runs, each right after a pass of the read bound.
@@ -86,7 +97,9 @@ pub(crate) struct StepReport {
     /// The CPU: the features the kernel builds check that it has, and those
     /// `KVLAYOUT_CPU_HIDE` hid from the backend.
     pub cpu: crate::cpu::CpuReport,
-    pub kernels: &'static str,
+    /// The backend the step ran on, by the name it was opened by.
+    pub backend: String,
+    pub kernels: String,
     /// Why this build ran (chosen with `--kernels`, named by `KVLAYOUT_KERNELS`, the first
     /// the CPU runs, or timed against the other AVX-512 build).
     pub kernels_why: String,
@@ -160,7 +173,7 @@ impl StepReport {
              check    the first {} of {} sequences against the f64 reference: max error \
              {:.1e} of the values' magnitude, {:.3} of its bound ({} products: {:.1e} + \
              {:.1e} x the logits' magnitude): {verdict}\n\
-             speed    cpu ({} kernels, {} threads): {:.1} MiB of K and V per step, median \
+             speed    {} ({} kernels, {} threads): {:.1} MiB of K and V per step, median \
              {:.3} ms = {:.1} GB/s\n\
              \x20        {:.2} x the read bandwidth of this run ({:.1} GB/s), best {:.2}; \
              {} runs, each right after a read pass\n\
@@ -190,6 +203,7 @@ impl StepReport {
             self.tolerance.products,
             self.tolerance.relative,
             self.tolerance.per_logit,
+            self.backend,
             self.kernels,
             self.threads,
             self.kv_bytes as f64 / f64::from(1u32 << 20),
@@ -389,14 +403,14 @@ fn check_sizes(layout: &KvCacheLayout, a: &StepArgs) -> Result<(u64, u64, u64), 
 /// of `WRITE_CHUNK` tokens (the activations of a chunk are all that is held); returns the
 /// milliseconds `write_kv` took.
 fn fill_cache(
-    be: &CpuBackend,
-    cache: &mut HostCache,
+    be: &AnyBackend,
+    cache: &mut AnyCache,
+    layout: &KvCacheLayout,
     a: &StepArgs,
     table: &[i32],
     rng: &mut Rng,
 ) -> Result<f64, CliError> {
-    let layout = cache.layout().clone();
-    let (qk, vw) = decode_widths(&layout)?;
+    let (qk, vw) = decode_widths(layout)?;
     let g = layout.geometry();
     let is_mla = matches!(layout.content(), Content::Mla { .. });
     let per_seq = u64::from(a.context).div_ceil(g.block_size) as usize;
@@ -412,23 +426,78 @@ fn fill_cache(
                 i64::from(table[s * per_seq + (t / bs) as usize]) * bs as i64 + (t % bs) as i64
             })
             .collect();
-        let keys = rng.fill(slots.len() * heads * qk as usize);
+        let keys = upload(be, rng.fill(slots.len() * heads * qk as usize))?;
         let values = if is_mla {
-            Vec::new()
+            None
         } else {
-            rng.fill(slots.len() * heads * vw as usize)
+            Some(upload(be, rng.fill(slots.len() * heads * vw as usize))?)
         };
-        let w = WriteKv {
+        let w = WriteArgs {
             layer: a.layer,
-            key: Activations::F32(&keys),
-            value: (!is_mla).then_some(Activations::F32(&values)),
+            key: &keys,
+            value: values.as_ref(),
             slot_mapping: &slots,
         };
         let t = Instant::now();
-        be.write_kv(&mut cache.as_mut(), &w)?;
+        let done = be.write_kv(cache, &w)?;
+        be.wait(done).map_err(backend_failed)?;
         write_kv_ms += t.elapsed().as_secs_f64() * 1e3;
     }
     Ok(write_kv_ms)
+}
+
+/// `values` as an f32 tensor of the backend.
+fn upload(be: &AnyBackend, values: Vec<f32>) -> Result<AnyTensor, CliError> {
+    be.upload_tensor(&HostTensor::F32(values))
+        .map_err(backend_failed)
+}
+
+/// A failure of the backend itself (no memory, a device error), not of the arguments.
+fn backend_failed(e: String) -> CliError {
+    CliError::Failed(e)
+}
+
+/// The backend `a` names (`--backend`, or `cpu:<build>` for `--kernels`), or why not.
+fn open_backend(a: &StepArgs) -> Result<AnyBackend, CliError> {
+    let name = match &a.kernels {
+        None => a.backend.clone(),
+        Some(k) if a.backend == "cpu" => format!("cpu:{k}"),
+        Some(k) => {
+            return Err(usage(format!(
+                "--kernels {k} names a build of the CPU backend; --backend {} is another \
+                 backend",
+                a.backend
+            )))
+        }
+    };
+    let options = kvlayout_backends::Options { threads: a.threads };
+    kvlayout_backends::open_with(&name, &options).map_err(|e| usage(e.to_string()))
+}
+
+/// The first `seqs` sequences' blocks (`table`, `per_seq` a row) gathered from `cache` into a
+/// cache of their own, downloaded to the host: blocks `0..n` in the order of the table.
+fn gather_checked(
+    be: &AnyBackend,
+    cache: &AnyCache,
+    layout: &KvCacheLayout,
+    table: &[i32],
+) -> Result<HostCache, CliError> {
+    let blocks: Vec<u64> = table.iter().map(|&b| b as u64).collect();
+    let mut spec = layout.spec().clone();
+    spec.geometry.num_blocks = blocks.len() as u64;
+    let small = KvCacheLayout::new(spec)?;
+    let mut staging = be
+        .alloc_cache(&small, &BufferShape::exact(&small))
+        .map_err(backend_failed)?;
+    let heads = 0..layout.geometry().num_kv_heads;
+    let done = be.gather_blocks(cache, &blocks, heads, &mut staging)?;
+    be.wait(done).map_err(backend_failed)?;
+    let bytes = be.download_cache(&staging).map_err(backend_failed)?;
+    let mut host = HostCache::new(small)?;
+    for (i, b) in bytes.iter().enumerate() {
+        host.bytes_mut(i).copy_from_slice(b);
+    }
+    Ok(host)
 }
 
 /// Runs the step; `Err` for any refusal (of the arguments here, or of the backend's ops).
@@ -438,20 +507,21 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
     let kv_heads = g.num_kv_heads;
     let is_mla = matches!(layout.content(), Content::Mla { .. });
     let q_heads = a.q_heads.unwrap_or(if is_mla { 16 } else { 4 * kv_heads });
-    // The build first: a build this machine cannot run is named before any size is checked.
+    // The backend first: one that cannot run here is named before any size is checked.
     let cpu = crate::cpu::features()?;
-    let be = match &a.kernels {
-        Some(k) => CpuBackend::with_kernels(a.threads, k)?,
-        None => CpuBackend::new(a.threads),
-    };
+    let be = open_backend(a)?;
+    let kernels = be.kernels();
+    let pool = bound_pool(a.threads)?;
     let (per_seq, blocks, cache_bytes) = check_sizes(&layout, a)?;
-    let sizes = Footprint::of(a, q_heads, kv_heads, qk, vw, be.threads())?;
+    let sizes = Footprint::of(a, q_heads, kv_heads, qk, vw, pool.current_num_threads())?;
     sizes.fits(available_memory())?;
     let mut rng = Rng(a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let table = random_blocks(&mut rng, g.num_blocks, blocks)?;
     let per_seq = per_seq as usize;
-    let mut cache = HostCache::new(layout.clone())?;
-    let write_kv_ms = fill_cache(&be, &mut cache, a, &table, &mut rng)?;
+    let mut cache = be
+        .alloc_cache(&layout, &BufferShape::exact(&layout))
+        .map_err(backend_failed)?;
+    let write_kv_ms = fill_cache(&be, &mut cache, &layout, a, &table, &mut rng)?;
 
     let query = rng.fill(sizes.query);
     let lens = vec![a.context; a.seqs];
@@ -461,32 +531,52 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
         sliding_window: a.window,
         soft_cap: a.soft_cap,
     };
-    let step = |seqs: usize| Decode {
+    let out_len = |seqs: usize| seqs * q_heads as usize * vw as usize;
+    let query_t = upload(&be, query.clone())?;
+    let mut out = be
+        .alloc_tensor(kvlayout::DType::F32, out_len(a.seqs))
+        .map_err(backend_failed)?;
+    let step = DecodeArgs {
         layer: a.layer,
-        query: Activations::F32(&query[..seqs * q_heads as usize * qk as usize]),
-        block_table: &table[..seqs * per_seq],
+        query: &query_t,
+        block_table: &table,
         blocks_per_seq: per_seq,
-        seq_lens: &lens[..seqs],
+        seq_lens: &lens,
         params,
     };
-    let cache = cache.as_ref();
-    let out_len = |seqs: usize| seqs * q_heads as usize * vw as usize;
-    let mut out = vec![0f32; out_len(a.seqs)];
-    be.paged_decode(&cache, &step(a.seqs), &mut out)?;
+    let done = be.paged_decode(&cache, &step, &mut out)?;
+    be.wait(done).map_err(backend_failed)?;
+    let got = be.download_tensor(&out).map_err(backend_failed)?.to_f32();
 
     // The reference reads each element through the checked address function: seconds for a
-    // few sequences of thousands of tokens, so only the first ones are compared.
+    // few sequences of thousands of tokens, so only the first ones are compared, on their
+    // blocks gathered into a cache of their own (blocks 0.. in table order).
     let checked = a.check_seqs.min(a.seqs);
+    let small = gather_checked(&be, &cache, &layout, &table[..checked * per_seq])?;
+    let small_table: Vec<i32> = (0..(checked * per_seq) as i32).collect();
     let mut want = vec![0f32; out_len(checked)];
-    let mags = reference::paged_decode_magnitudes(&cache, &step(checked), &mut want)?;
-    let tolerance = be.decode_tolerance(layout.dtype());
-    let error = decode_error(&out[..want.len()], &want, &mags, tolerance);
+    let check = Decode {
+        layer: a.layer,
+        query: Activations::F32(&query[..checked * q_heads as usize * qk as usize]),
+        block_table: &small_table,
+        blocks_per_seq: per_seq,
+        seq_lens: &lens[..checked],
+        params,
+    };
+    let mags = reference::paged_decode_magnitudes(&small.as_ref(), &check, &mut want)?;
+    let tolerance = if be.bf16_products(layout.dtype()) {
+        Tolerance::BF16_PRODUCTS
+    } else {
+        Tolerance::F32_PRODUCTS
+    };
+    let error = decode_error(&got[..want.len()], &want, &mags, tolerance);
 
     // Each sequence reads its last `window` tokens (all of them without a window).
     let attended = u64::from(a.context).min(a.window.unwrap_or(u64::MAX));
     let kv_bytes = row_bytes(&layout) * kv_heads * a.seqs as u64 * attended;
-    let timed = time_steps(&be, sizes.bound_per_thread, a.runs, kv_bytes, || {
-        be.paged_decode(&cache, &step(a.seqs), &mut out)
+    let timed = time_steps(&pool, sizes.bound_per_thread, a.runs, kv_bytes, || {
+        let done = be.paged_decode(&cache, &step, &mut out)?;
+        be.wait(done).map_err(backend_failed)
     })?;
     Ok(StepReport {
         layout: layout.to_string(),
@@ -501,9 +591,14 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
         blocks_used: blocks as usize,
         seed: a.seed,
         cpu: crate::cpu::CpuReport::of(cpu),
-        kernels: be.kernel_build(),
-        kernels_why: be.kernel_choice().to_string(),
-        threads: be.threads(),
+        backend: be.name().to_string(),
+        kernels: kernels.build,
+        kernels_why: kernels.why,
+        threads: if kernels.threads > 0 {
+            kernels.threads
+        } else {
+            pool.current_num_threads()
+        },
         write_kv_ms,
         checked_seqs: checked,
         max_error: error.relative,
@@ -522,6 +617,14 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
     })
 }
 
+/// The pool the read bound runs on: `threads` threads (every core when `None`).
+fn bound_pool(threads: Option<usize>) -> Result<rayon::ThreadPool, CliError> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.unwrap_or(0))
+        .build()
+        .map_err(|e| CliError::Failed(format!("the read bound's threads: {e}")))
+}
+
 /// Timed runs of the step and their bounds.
 struct Timed {
     pair: Paired,
@@ -531,20 +634,20 @@ struct Timed {
 /// Times `runs` steps of `kv_bytes`, each paired with a pass of the sequential read bound,
 /// after measuring the paged bound.
 fn time_steps(
-    be: &CpuBackend,
+    pool: &rayon::ThreadPool,
     bound_per_thread: usize,
     runs: usize,
     kv_bytes: u64,
-    mut step: impl FnMut() -> Result<(), OpError>,
+    mut step: impl FnMut() -> Result<(), CliError>,
 ) -> Result<Timed, CliError> {
-    let bound = ReadBound::new(be.pool(), bound_per_thread)?;
-    bound.pass(be.pool()); // first touch
-    let paged_bound = bound.paged_fraction(be.pool(), 3);
+    let bound = ReadBound::new(pool, bound_per_thread)?;
+    bound.pass(pool); // first touch
+    let paged_bound = bound.paged_fraction(pool, 3);
     let mut failed = None;
     let pair = paired(
         runs,
         bound.bytes() as f64,
-        || bound.pass(be.pool()),
+        || bound.pass(pool),
         kv_bytes as f64,
         || {
             if let Err(e) = step() {
@@ -553,7 +656,7 @@ fn time_steps(
         },
     );
     match failed {
-        Some(e) => Err(e.into()),
+        Some(e) => Err(e),
         None => Ok(Timed { pair, paged_bound }),
     }
 }

@@ -4,15 +4,16 @@
 //! name, a compact spec string, or a path to a layout JSON file) into a
 //! [`kvlayout::KvCacheLayout`], asks the core crate a question (`explain`, `offset`, `view`,
 //! `presets`), says what the CPU backend runs on this machine (`cpu`, see [`cpu`]) or runs one
-//! decode step of the layout on the CPU backend (`decode`, see [`decode`]), and prints the
-//! answer as text or JSON. It owns the reading of files, the argument syntax, the output
-//! formats and the exit codes: 0 on success, 2 with exactly one `error: ...` line on stderr
-//! for any user error (clap's own usage errors aside, which clap prints and which also exit
-//! 2), 1 when a decode step disagrees with the reference.
+//! decode step of the layout on a backend chosen by name (`decode`, see [`decode`]), and
+//! prints the answer as text or JSON. It owns the reading of files, the argument syntax, the
+//! output formats and the exit codes: 0 on success, 2 with exactly one `error: ...` line on
+//! stderr for any user error (clap's own usage errors aside, which clap prints and which also
+//! exit 2, and a backend that cannot open here), 1 when a decode step disagrees with the
+//! reference or the backend fails while running (no memory, a device error).
 //!
 //! It does not own any layout arithmetic, validation, view derivation, spec-string grammar or
-//! kernel: every number it prints comes from `kvlayout` or `kvlayout-cpu`, and it never
-//! computes an offset or a stride itself. It touches no device memory and writes no files.
+//! kernel: every number it prints comes from `kvlayout` or a backend, and it never computes an offset
+//! or a stride itself. It writes no files.
 
 #![forbid(unsafe_code)]
 
@@ -31,7 +32,8 @@ mod decode;
 /// Exit status of every user error (the same as clap's usage errors).
 const USER_ERROR: u8 = 2;
 
-/// Exit status of a decode step whose output differs from the reference beyond tolerance.
+/// Exit status of a decode step whose output differs from the reference beyond tolerance, or
+/// of a backend that failed while running.
 const CHECK_FAILED: u8 = 1;
 
 const SPEC_HELP: &str = "Preset name (`kvlayout presets`), compact spec string as one quoted \
@@ -103,9 +105,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// One decode step of the layout on the CPU backend, in process: one layer filled by
-    /// `write_kv` (seeded random tokens, a random block table), `paged_decode` checked
-    /// against the f64 reference and timed against the memory read bandwidth of the same run.
+    /// One decode step of the layout on a backend (`--backend`, the CPU backend by default),
+    /// in process: one layer filled by `write_kv` (seeded random tokens, a random block
+    /// table), `paged_decode` checked against the f64 reference and timed against the memory
+    /// read bandwidth of the same run.
     Decode {
         #[arg(value_name = "SPEC", help = SPEC_HELP)]
         spec: String,
@@ -143,6 +146,8 @@ enum CliError {
     Op(OpError),
     /// A decode step that ran but disagrees with the reference (exit status 1).
     Check(String),
+    /// A backend that failed while running (no memory, a device error; exit status 1).
+    Failed(String),
 }
 
 impl fmt::Display for CliError {
@@ -150,7 +155,7 @@ impl fmt::Display for CliError {
         match self {
             CliError::Layout(e) => write!(f, "{e}"),
             CliError::File { path, detail } => write!(f, "{path}: {detail}"),
-            CliError::Usage(m) | CliError::Check(m) => f.write_str(m),
+            CliError::Usage(m) | CliError::Check(m) | CliError::Failed(m) => f.write_str(m),
             CliError::Op(e) => write!(f, "{e}"),
         }
     }
@@ -367,7 +372,7 @@ fn fail(e: &CliError) -> ExitCode {
     // If stderr is gone there is nowhere left to report to; the status still says it failed.
     let _ = writeln!(io::stderr().lock(), "error: {line}");
     ExitCode::from(match e {
-        CliError::Check(_) => CHECK_FAILED,
+        CliError::Check(_) | CliError::Failed(_) => CHECK_FAILED,
         _ => USER_ERROR,
     })
 }

@@ -39,7 +39,7 @@ use kvlayout::KvCacheLayout;
 use std::time::Instant;
 
 use kvlayout_cpu::bench::{paired, Paired, ReadBound};
-use kvlayout_cpu::{Activations, CpuBackend, Decode, DecodeParams, HostCache};
+use kvlayout_cpu::{Activations, CpuBackend, Decode, DecodeParams, HostCache, HostExec};
 
 const SEQS: usize = 32;
 const Q_HEADS: u64 = 32;

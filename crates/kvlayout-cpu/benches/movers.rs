@@ -8,7 +8,7 @@
 use half::bf16;
 use kvlayout::KvCacheLayout;
 use kvlayout_cpu::bench::{paired, MemcpyBound};
-use kvlayout_cpu::{Activations, CpuBackend, HostCache, WriteKv};
+use kvlayout_cpu::{Activations, CpuBackend, HostCache, HostExec, WriteKv};
 
 const REPS: usize = 7;
 

@@ -1,15 +1,15 @@
-//! [`CpuBackend`]: its kernel build, prefetch arrangement and rayon pool. Each op is an
-//! `impl CpuBackend` block of its own module (`write`, `decode`, `movers`).
+//! [`CpuBackend`]: its kernel build, prefetch arrangement and rayon pool. Its ops are
+//! [`HostExec`](crate::HostExec)'s (`exec`), each run by its own module (`write`, `decode`,
+//! `movers`); [`CpuBackend::new`] and the builds it chooses from are `decode::calibrate`'s.
 
 use kvlayout::ops::OpError;
 
 use crate::arch::{Isa, PrefetchLevel};
-use crate::decode::calibrate;
 use crate::tolerance::Tolerance;
 
 /// A rayon pool of `threads` threads (all cores when `None`; rayon's default pool if that
 /// size cannot be had).
-fn pool(threads: Option<usize>) -> rayon::ThreadPool {
+pub(crate) fn pool(threads: Option<usize>) -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads.unwrap_or(0))
         .build()
@@ -30,27 +30,13 @@ pub struct CpuBackend {
     /// The kernel build this backend runs: the fastest this machine has, unless chosen.
     pub(crate) isa: Isa,
     /// Why it runs that build.
-    why: String,
+    pub(crate) why: String,
     /// The cache level rows are prefetched to, which sets the decode's tile length and the
     /// movers' order: this machine's unless chosen.
     pub(crate) prefetch: PrefetchLevel,
 }
 
 impl CpuBackend {
-    /// A backend on `threads` threads (all cores, or `RAYON_NUM_THREADS`, when `None`),
-    /// running the fastest kernel build of this machine ([`CpuBackend::kernel_choice`] says
-    /// how it was chosen).
-    pub fn new(threads: Option<usize>) -> Self {
-        let choice = calibrate::auto();
-        CpuBackend {
-            pool: pool(threads),
-            decode_partials: std::sync::Mutex::new(Vec::new()),
-            isa: choice.isa,
-            why: choice.why.clone(),
-            prefetch: crate::arch::prefetch_level(),
-        }
-    }
-
     /// A backend of one thread running `isa` (the start-up calibration times builds on it).
     pub(crate) fn single_thread(isa: Isa) -> Result<Self, rayon::ThreadPoolBuildError> {
         Ok(CpuBackend {
@@ -131,26 +117,9 @@ impl CpuBackend {
         self.isa.decode_tolerance(dtype)
     }
 
-    /// The kernel builds this machine runs, the one [`CpuBackend::new`] runs first, the
-    /// others in the order of their instruction sets (`avx512-bf16`, `avx512`, `avx2`,
-    /// `scalar`).
-    pub fn kernel_builds() -> Vec<&'static str> {
-        let first = calibrate::auto().isa;
-        std::iter::once(first)
-            .chain(crate::arch::available().into_iter().filter(|&i| i != first))
-            .map(|i| i.name())
-            .collect()
-    }
-
     /// Threads in the pool.
     pub fn threads(&self) -> usize {
         self.pool.current_num_threads()
-    }
-
-    /// The build of the SIMD kernels [`CpuBackend::new`] runs here (the first of
-    /// [`CpuBackend::kernel_builds`]): `avx512-bf16`, `avx512`, `avx2` or `scalar`.
-    pub fn kernels() -> &'static str {
-        calibrate::auto().isa.name()
     }
 
     /// The builds of the SIMD kernels this machine cannot run, each with the features it

@@ -4,7 +4,9 @@
 
 use kvlayout::KvCacheLayout;
 
-use crate::{reference, Activations, CacheMut, CacheRef, CpuBackend, HostCache, WriteKv};
+use crate::{
+    Activations, CacheMut, CacheRef, CpuBackend, HostCache, HostExec, ScalarReference, WriteKv,
+};
 
 /// Memory of `len` bytes that ends right at an inaccessible page.
 pub(crate) struct Guarded {
@@ -101,7 +103,7 @@ fn check_write(be: &CpuBackend, l: &KvCacheLayout, d: usize, spec: &str) -> Host
         slot_mapping: &slots,
     };
     let mut want = HostCache::new(l.clone()).unwrap();
-    reference::write_kv(&mut want.as_mut(), &w).unwrap();
+    ScalarReference.write_kv(&mut want.as_mut(), &w).unwrap();
     let lens = buffer_lens(&want);
     let mut dst = guarded(&lens, |i| vec![0u8; lens[i]]);
     be.write_kv(&mut as_cache(l, &mut dst), &w).unwrap();
@@ -120,7 +122,9 @@ fn check_movers(be: &CpuBackend, want: &HostCache, spec: &str) {
     let l = want.layout();
     let lens = buffer_lens(want);
     let mut r = want.clone();
-    reference::copy_blocks(&mut r.as_mut(), &[(0, 2)]).unwrap();
+    ScalarReference
+        .copy_blocks(&mut r.as_mut(), &[(0, 2)])
+        .unwrap();
     let mut g = guarded(&lens, |i| want.bytes(i).to_vec());
     be.copy_blocks(&mut as_cache(l, &mut g), &[(0, 2)]).unwrap();
     assert_holds(&g, &r, &format!("{spec}: copy_blocks"));
@@ -151,8 +155,12 @@ fn check_gather_scatter(be: &CpuBackend, want: &HostCache, staging: &KvCacheLayo
         .unwrap();
     let mut r = HostCache::new(l.clone()).unwrap();
     let mut rs = HostCache::new(staging.clone()).unwrap();
-    reference::gather_blocks(&want.as_ref(), &[2], 0..2, &mut rs.as_mut()).unwrap();
-    reference::scatter_blocks(&rs.as_ref(), &[2], 0..2, &mut r.as_mut()).unwrap();
+    ScalarReference
+        .gather_blocks(&want.as_ref(), &[2], 0..2, &mut rs.as_mut())
+        .unwrap();
+    ScalarReference
+        .scatter_blocks(&rs.as_ref(), &[2], 0..2, &mut r.as_mut())
+        .unwrap();
     assert_holds(&back, &r, &format!("{spec}: gather then scatter"));
 }
 
@@ -204,7 +212,9 @@ fn no_streamed_write_past_the_buffer() {
         *b = (i % 251) as u8;
     }
     let mut want = HostCache::new(dst.clone()).unwrap();
-    reference::convert(&a.as_ref(), &mut want.as_mut()).unwrap();
+    ScalarReference
+        .convert(&a.as_ref(), &mut want.as_mut())
+        .unwrap();
     let mut g = Guarded::new(&vec![0u8; want.bytes(0).len()]);
     be.convert(
         &a.as_ref(),

@@ -1,154 +1,19 @@
-//! The contract's [`Backend`] on host memory: [`Host`] runs the ops of the CPU backend or of
-//! the scalar reference ([`HostOps`]) on host allocations shaped as a device backend's are
+//! The contract's [`Backend`] on host memory: [`Host`] runs the ops of a [`HostExec`] (the
+//! CPU backend or the scalar reference) on host allocations shaped as a device backend's are
 //! ([`BufferShape`]: any length, any misalignment), with completions that are ready when
 //! returned. The conformance suite drives it as it drives a device backend.
 
-use std::ops::Range;
-
-use kvlayout::ops::{Backend, BufferShape, DecodeArgs, HostTensor, OpError, WriteArgs};
+use kvlayout::ops::{
+    Backend, BlockMove, BufferShape, DecodeArgs, HostTensor, Kernels, OpError, WriteArgs,
+};
 use kvlayout::{DType, KvCacheLayout};
 
 use crate::backend::CpuBackend;
 use crate::cache::{CacheMut, CacheRef};
-use crate::reference;
+use crate::exec::HostExec;
+use crate::reference::ScalarReference;
 use crate::tensor::Activations;
 use crate::{Decode, WriteKv};
-
-/// The ops of a backend on host memory, in the CPU crate's argument types.
-pub trait HostOps {
-    /// `write_kv`.
-    fn write_kv(&self, cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError>;
-    /// `paged_decode`.
-    fn paged_decode(
-        &self,
-        cache: &CacheRef<'_>,
-        d: &Decode<'_>,
-        out: &mut [f32],
-    ) -> Result<(), OpError>;
-    /// `copy_blocks`.
-    fn copy_blocks(&self, cache: &mut CacheMut<'_>, pairs: &[(u64, u64)]) -> Result<(), OpError>;
-    /// `swap_blocks`.
-    fn swap_blocks(
-        &self,
-        src: &CacheRef<'_>,
-        dst: &mut CacheMut<'_>,
-        pairs: &[(u64, u64)],
-    ) -> Result<(), OpError>;
-    /// `gather_blocks`.
-    fn gather_blocks(
-        &self,
-        cache: &CacheRef<'_>,
-        blocks: &[u64],
-        heads: Range<u64>,
-        staging: &mut CacheMut<'_>,
-    ) -> Result<(), OpError>;
-    /// `scatter_blocks`.
-    fn scatter_blocks(
-        &self,
-        staging: &CacheRef<'_>,
-        blocks: &[u64],
-        heads: Range<u64>,
-        cache: &mut CacheMut<'_>,
-    ) -> Result<(), OpError>;
-    /// `convert`.
-    fn convert(&self, src: &CacheRef<'_>, dst: &mut CacheMut<'_>) -> Result<(), OpError>;
-}
-
-impl HostOps for CpuBackend {
-    fn write_kv(&self, cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError> {
-        CpuBackend::write_kv(self, cache, w)
-    }
-    fn paged_decode(
-        &self,
-        cache: &CacheRef<'_>,
-        d: &Decode<'_>,
-        out: &mut [f32],
-    ) -> Result<(), OpError> {
-        CpuBackend::paged_decode(self, cache, d, out)
-    }
-    fn copy_blocks(&self, cache: &mut CacheMut<'_>, pairs: &[(u64, u64)]) -> Result<(), OpError> {
-        CpuBackend::copy_blocks(self, cache, pairs)
-    }
-    fn swap_blocks(
-        &self,
-        src: &CacheRef<'_>,
-        dst: &mut CacheMut<'_>,
-        pairs: &[(u64, u64)],
-    ) -> Result<(), OpError> {
-        CpuBackend::swap_blocks(self, src, dst, pairs)
-    }
-    fn gather_blocks(
-        &self,
-        cache: &CacheRef<'_>,
-        blocks: &[u64],
-        heads: Range<u64>,
-        staging: &mut CacheMut<'_>,
-    ) -> Result<(), OpError> {
-        CpuBackend::gather_blocks(self, cache, blocks, heads, staging)
-    }
-    fn scatter_blocks(
-        &self,
-        staging: &CacheRef<'_>,
-        blocks: &[u64],
-        heads: Range<u64>,
-        cache: &mut CacheMut<'_>,
-    ) -> Result<(), OpError> {
-        CpuBackend::scatter_blocks(self, staging, blocks, heads, cache)
-    }
-    fn convert(&self, src: &CacheRef<'_>, dst: &mut CacheMut<'_>) -> Result<(), OpError> {
-        CpuBackend::convert(self, src, dst)
-    }
-}
-
-/// The scalar reference (`kvlayout_cpu::reference`): the oracle, and a backend of its own.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ScalarReference;
-
-impl HostOps for ScalarReference {
-    fn write_kv(&self, cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError> {
-        reference::write_kv(cache, w)
-    }
-    fn paged_decode(
-        &self,
-        cache: &CacheRef<'_>,
-        d: &Decode<'_>,
-        out: &mut [f32],
-    ) -> Result<(), OpError> {
-        reference::paged_decode(cache, d, out)
-    }
-    fn copy_blocks(&self, cache: &mut CacheMut<'_>, pairs: &[(u64, u64)]) -> Result<(), OpError> {
-        reference::copy_blocks(cache, pairs)
-    }
-    fn swap_blocks(
-        &self,
-        src: &CacheRef<'_>,
-        dst: &mut CacheMut<'_>,
-        pairs: &[(u64, u64)],
-    ) -> Result<(), OpError> {
-        reference::swap_blocks(src, dst, pairs)
-    }
-    fn gather_blocks(
-        &self,
-        cache: &CacheRef<'_>,
-        blocks: &[u64],
-        heads: Range<u64>,
-        staging: &mut CacheMut<'_>,
-    ) -> Result<(), OpError> {
-        reference::gather_blocks(cache, blocks, heads, staging)
-    }
-    fn scatter_blocks(
-        &self,
-        staging: &CacheRef<'_>,
-        blocks: &[u64],
-        heads: Range<u64>,
-        cache: &mut CacheMut<'_>,
-    ) -> Result<(), OpError> {
-        reference::scatter_blocks(staging, blocks, heads, cache)
-    }
-    fn convert(&self, src: &CacheRef<'_>, dst: &mut CacheMut<'_>) -> Result<(), OpError> {
-        reference::convert(src, dst)
-    }
-}
 
 /// 64 bytes, 64-byte aligned (a cache line, as device allocations are at least this aligned).
 #[repr(C, align(64))]
@@ -169,7 +34,8 @@ impl HostMem {
         let len = usize::try_from(shape.len).map_err(|_| "buffer too large".to_string())?;
         let start = (shape.misalign % 64) as usize;
         Ok(HostMem {
-            lines: vec![Line([0; 64]); (start + len).div_ceil(64)],
+            // Zeroed by the allocator: a large buffer's pages cost memory only when touched.
+            lines: bytemuck::zeroed_vec((start + len).div_ceil(64)),
             start,
             len,
         })
@@ -218,40 +84,37 @@ pub struct Ready;
 
 /// A backend on host memory: the CPU backend or the scalar reference.
 #[derive(Debug)]
-pub struct Host<O> {
-    name: &'static str,
-    ops: O,
+pub struct Host<E> {
+    name: String,
+    ops: E,
 }
 
-impl<O> Host<O> {
+impl<E> Host<E> {
     /// `ops` as a backend named `name` in reports.
-    pub fn new(name: &'static str, ops: O) -> Self {
-        Host { name, ops }
+    pub fn new(name: impl Into<String>, ops: E) -> Self {
+        Host {
+            name: name.into(),
+            ops,
+        }
     }
 
-    /// The ops it runs.
-    pub fn ops(&self) -> &O {
+    /// The executor it runs.
+    pub fn ops(&self) -> &E {
         &self.ops
     }
 }
 
 impl Host<CpuBackend> {
     /// The CPU backend on a pool of `threads` threads (`None`: one per core).
-    pub fn cpu(name: &'static str, threads: Option<usize>) -> Self {
-        Host {
-            name,
-            ops: CpuBackend::new(threads),
-        }
+    pub fn cpu(name: impl Into<String>, threads: Option<usize>) -> Self {
+        Host::new(name, CpuBackend::new(threads))
     }
 }
 
 impl Host<ScalarReference> {
     /// The scalar reference as a backend.
     pub fn reference() -> Self {
-        Host {
-            name: "reference",
-            ops: ScalarReference,
-        }
+        Host::new("reference", ScalarReference)
     }
 }
 
@@ -266,17 +129,25 @@ fn f32_out(t: &mut HostTensor) -> Result<&mut [f32], OpError> {
     }
 }
 
-impl<O: HostOps> Backend for Host<O> {
+impl<E: HostExec> Backend for Host<E> {
     type Cache = HostBuffers;
     type Tensor = HostTensor;
     type Completion = Ready;
 
     fn name(&self) -> &str {
-        self.name
+        &self.name
     }
 
     fn available(&self) -> Result<(), String> {
         Ok(())
+    }
+
+    fn kernels(&self) -> Kernels {
+        self.ops.kernels()
+    }
+
+    fn bf16_products(&self, dtype: DType) -> bool {
+        self.ops.bf16_products(dtype)
     }
 
     fn alloc_cache(
@@ -369,50 +240,15 @@ impl<O: HostOps> Backend for Host<O> {
             .map(|()| Ready)
     }
 
-    fn copy_blocks(&self, cache: &mut HostBuffers, pairs: &[(u64, u64)]) -> Result<Ready, OpError> {
-        self.ops
-            .copy_blocks(&mut cache.as_mut()?, pairs)
-            .map(|()| Ready)
-    }
-
-    fn swap_blocks(
+    fn move_blocks(
         &self,
-        src: &HostBuffers,
+        src: Option<&HostBuffers>,
         dst: &mut HostBuffers,
-        pairs: &[(u64, u64)],
+        op: &BlockMove<'_>,
     ) -> Result<Ready, OpError> {
+        let src = src.map(HostBuffers::as_ref).transpose()?;
         self.ops
-            .swap_blocks(&src.as_ref()?, &mut dst.as_mut()?, pairs)
-            .map(|()| Ready)
-    }
-
-    fn gather_blocks(
-        &self,
-        cache: &HostBuffers,
-        blocks: &[u64],
-        heads: Range<u64>,
-        staging: &mut HostBuffers,
-    ) -> Result<Ready, OpError> {
-        self.ops
-            .gather_blocks(&cache.as_ref()?, blocks, heads, &mut staging.as_mut()?)
-            .map(|()| Ready)
-    }
-
-    fn scatter_blocks(
-        &self,
-        staging: &HostBuffers,
-        blocks: &[u64],
-        heads: Range<u64>,
-        cache: &mut HostBuffers,
-    ) -> Result<Ready, OpError> {
-        self.ops
-            .scatter_blocks(&staging.as_ref()?, blocks, heads, &mut cache.as_mut()?)
-            .map(|()| Ready)
-    }
-
-    fn convert(&self, src: &HostBuffers, dst: &mut HostBuffers) -> Result<Ready, OpError> {
-        self.ops
-            .convert(&src.as_ref()?, &mut dst.as_mut()?)
+            .move_blocks(src.as_ref(), &mut dst.as_mut()?, op)
             .map(|()| Ready)
     }
 

@@ -3,14 +3,15 @@
 //! This crate owns the execution of the backend contract (`kvlayout::ops`) on host memory:
 //! `write_kv`, `paged_decode`, `copy_blocks`, `swap_blocks`, `gather_blocks` /
 //! `scatter_blocks` and `convert`, for every layout the descriptor can express. It has two
-//! implementations: [`mod@reference`], scalar and written for clarity (f64 accumulation), and
-//! [`CpuBackend`], the fast path (SIMD with runtime detection, rayon threads). Both take
-//! every address from the layout's field maps; neither computes a stride from a shape.
-//! [`Host`] runs either behind the contract's `Backend` trait.
+//! executors of [`HostExec`]: [`ScalarReference`], scalar and written for clarity (f64
+//! accumulation), and [`CpuBackend`], the fast path (SIMD with runtime detection, rayon
+//! threads). Both take every address from the layout's field maps; neither computes a stride
+//! from a shape. [`Host`] runs either behind the contract's `Backend` trait.
 //!
 //! Modules: `arch` (the CPU features used, [`CpuFeatures`], which `KVLAYOUT_CPU_HIDE` can
 //! narrow; instruction sets; prefetch), `write`, `decode` (the plan, its rows, and
-//! `decode::kernels`: dispatch, row kinds, the scalar, AVX2 and AVX-512 builds), `movers`
+//! `decode::kernels`: dispatch, row kinds, the scalar, AVX2 and AVX-512 builds), `exec` (the
+//! executor trait), `movers`
 //! (executing `kvlayout::ops::MovePlan`), `quant` (row encoders), `cache` and `hostbuf`
 //! (buffers), [`tolerance`], [`mod@reference`], [`host`], and `bench` (bandwidth bounds, behind
 //! the `bench` feature).
@@ -28,6 +29,7 @@ pub mod bench;
 pub mod cache;
 mod decode;
 pub mod elem;
+mod exec;
 #[cfg(all(test, unix))]
 mod guard;
 pub mod host;
@@ -43,7 +45,9 @@ pub use arch::{CpuFeatures, PrefetchLevel, UnknownFeature, HIDE_VAR as CPU_HIDE_
 pub use args::{Decode, WriteKv};
 pub use backend::CpuBackend;
 pub use cache::{CacheMut, CacheRef, HostCache};
-pub use host::{Host, HostBuffers, HostOps, Ready, ScalarReference};
+pub use exec::HostExec;
+pub use host::{Host, HostBuffers, Ready};
 pub use kvlayout::ops::{DecodeParams, OpError};
+pub use reference::ScalarReference;
 pub use tensor::Activations;
 pub use tolerance::{Magnitude, Tolerance};

@@ -1,20 +1,22 @@
-//! The scalar reference: every op written for clarity, reading and writing each element
-//! through the layout's checked address function; decode accumulates in f64.
+//! The scalar reference ([`ScalarReference`]): every op written for clarity, reading and
+//! writing each element through the layout's checked address function; decode accumulates in
+//! f64.
 //!
 //! The fast paths are tested against this, and this is tested against an outside reference
 //! (numpy) in the conformance suite.
 
-use std::ops::Range;
-
-use kvlayout::ops::{
-    convert_moves, copy_moves, gather_moves, scatter_moves, swap_moves, Moves, OpError,
-};
+use kvlayout::ops::{BlockMove, Moves, OpError};
 use kvlayout::{Content, Coord, DType, Field, KvCacheLayout};
 
 use crate::args::{check_decode, check_write, Decode, WriteKv};
 use crate::cache::{CacheMut, CacheRef};
 use crate::elem::{decode, encode, inline_scale};
+use crate::exec::HostExec;
 use crate::tolerance::Magnitude;
+
+/// The scalar reference: the oracle, and an executor of its own.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ScalarReference;
 
 /// `(buffer, byte offset)` of a coordinate the op has validated.
 fn at(layout: &KvCacheLayout, c: &Coord) -> (usize, usize) {
@@ -65,7 +67,7 @@ fn store(cache: &mut CacheMut<'_>, c: &Coord, x: f32) {
 }
 
 /// Scatters new tokens into the cache (see [`WriteKv`]).
-pub fn write_kv(cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError> {
+fn write_tokens(cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError> {
     let shape = check_write(cache.layout, w)?;
     let layout = cache.layout;
     let bs = layout.geometry().block_size;
@@ -110,12 +112,7 @@ pub fn write_kv(cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError
     Ok(())
 }
 
-/// One decode step (see [`Decode`]); `out` is `[seqs, num_q_heads, v_width]`.
-pub fn paged_decode(cache: &CacheRef<'_>, d: &Decode<'_>, out: &mut [f32]) -> Result<(), OpError> {
-    paged_decode_magnitudes(cache, d, out).map(|_| ())
-}
-
-/// [`paged_decode`], also returning the [`Magnitude`] of each output row (`[seqs,
+/// [`HostExec::paged_decode`] of the reference, also returning the [`Magnitude`] of each output row (`[seqs,
 /// num_q_heads]`): what a fast path's output is compared within ([`crate::tolerance`]).
 pub fn paged_decode_magnitudes(
     cache: &CacheRef<'_>,
@@ -180,7 +177,7 @@ pub fn paged_decode_magnitudes(
 
 /// Copies every stored element of each move, byte for byte, through both layouts' address
 /// functions. The layouts hold the same content (checked by the callers).
-pub(crate) fn copy_elements(src: &CacheRef<'_>, dst: &mut CacheMut<'_>, m: &Moves) {
+fn copy_elements(src: &CacheRef<'_>, dst: &mut CacheMut<'_>, m: &Moves) {
     for f in src.layout.stored_fields() {
         let e = f.elem_bytes() as usize;
         for &(sb, db) in &m.pairs {
@@ -203,58 +200,40 @@ pub(crate) fn copy_elements(src: &CacheRef<'_>, dst: &mut CacheMut<'_>, m: &Move
     }
 }
 
-/// Copies blocks within one cache, all layers (`src -> dst` pairs).
-pub fn copy_blocks(cache: &mut CacheMut<'_>, pairs: &[(u64, u64)]) -> Result<(), OpError> {
-    let m = copy_moves(cache.layout, pairs)?;
-    let snapshot: Vec<Vec<u8>> = cache.buffers.iter().map(|b| b.to_vec()).collect();
-    let src = CacheRef {
-        layout: cache.layout,
-        buffers: snapshot.iter().map(|b| b.as_slice()).collect(),
-    };
-    copy_elements(&src, cache, &m);
-    Ok(())
-}
+impl HostExec for ScalarReference {
+    fn write_kv(&self, cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError> {
+        write_tokens(cache, w)
+    }
 
-/// Copies blocks from one pool to another of the same content (layouts may differ).
-pub fn swap_blocks(
-    src: &CacheRef<'_>,
-    dst: &mut CacheMut<'_>,
-    pairs: &[(u64, u64)],
-) -> Result<(), OpError> {
-    let m = swap_moves(src.layout, dst.layout, pairs)?;
-    copy_elements(src, dst, &m);
-    Ok(())
-}
+    fn paged_decode(
+        &self,
+        cache: &CacheRef<'_>,
+        d: &Decode<'_>,
+        out: &mut [f32],
+    ) -> Result<(), OpError> {
+        paged_decode_magnitudes(cache, d, out).map(|_| ())
+    }
 
-/// Copies blocks `blocks[i]`, heads `heads`, into staging block `i` (staging has `heads.len()`
-/// heads, in its own stated layout).
-pub fn gather_blocks(
-    cache: &CacheRef<'_>,
-    blocks: &[u64],
-    heads: Range<u64>,
-    staging: &mut CacheMut<'_>,
-) -> Result<(), OpError> {
-    let m = gather_moves(cache.layout, staging.layout, blocks, heads)?;
-    copy_elements(cache, staging, &m);
-    Ok(())
-}
-
-/// The inverse of [`gather_blocks`]: staging block `i` into cache block `blocks[i]`, heads
-/// `heads`.
-pub fn scatter_blocks(
-    staging: &CacheRef<'_>,
-    blocks: &[u64],
-    heads: Range<u64>,
-    cache: &mut CacheMut<'_>,
-) -> Result<(), OpError> {
-    let m = scatter_moves(staging.layout, cache.layout, blocks, heads)?;
-    copy_elements(staging, cache, &m);
-    Ok(())
-}
-
-/// Converts a whole cache from one layout to another of the same content and block count.
-pub fn convert(src: &CacheRef<'_>, dst: &mut CacheMut<'_>) -> Result<(), OpError> {
-    let m = convert_moves(src.layout, dst.layout)?;
-    copy_elements(src, dst, &m);
-    Ok(())
+    /// Every element of every move, through both layouts' address functions; a move within
+    /// one cache reads a snapshot of it.
+    fn move_blocks(
+        &self,
+        src: Option<&CacheRef<'_>>,
+        dst: &mut CacheMut<'_>,
+        op: &BlockMove<'_>,
+    ) -> Result<(), OpError> {
+        let m = op.plan(src.map(|s| s.layout), dst.layout)?;
+        match src {
+            Some(src) => copy_elements(src, dst, &m),
+            None => {
+                let snapshot: Vec<Vec<u8>> = dst.buffers.iter().map(|b| b.to_vec()).collect();
+                let src = CacheRef {
+                    layout: dst.layout,
+                    buffers: snapshot.iter().map(|b| b.as_slice()).collect(),
+                };
+                copy_elements(&src, dst, &m);
+            }
+        }
+        Ok(())
+    }
 }

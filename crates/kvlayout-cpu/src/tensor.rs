@@ -80,3 +80,13 @@ impl<'a> From<&'a HostTensor> for Activations<'a> {
         }
     }
 }
+
+impl From<Activations<'_>> for HostTensor {
+    fn from(a: Activations<'_>) -> Self {
+        match a {
+            Activations::F32(x) => HostTensor::F32(x.to_vec()),
+            Activations::F16(x) => HostTensor::F16(x.to_vec()),
+            Activations::Bf16(x) => HostTensor::Bf16(x.to_vec()),
+        }
+    }
+}

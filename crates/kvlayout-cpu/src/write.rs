@@ -202,33 +202,35 @@ impl Writer<'_> {
     }
 }
 
-impl CpuBackend {
-    /// Writes new tokens' K and V (or MLA latents) at their slots; tokens in parallel (slots
-    /// are distinct, so rows are disjoint).
-    pub fn write_kv(&self, cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError> {
-        let shape = check_write(cache.layout, w)?;
-        let layout = cache.layout;
-        let writer = Writer {
-            isa: self.isa,
-            dtype: layout.dtype(),
-            layer: w.layer,
-            block_size: layout.geometry().block_size,
-            heads: shape.heads,
-            parts: parts(layout, w, &shape)?,
-            bufs: cache
-                .buffers
-                .iter_mut()
-                .map(|b| Dst(b.as_mut_ptr(), b.len()))
-                .collect(),
-        };
-        self.pool.install(|| {
-            w.slot_mapping
-                .par_iter()
-                .enumerate()
-                .for_each_init(Vec::new, |scratch, (t, &slot)| {
-                    writer.token(t, slot, scratch)
-                });
-        });
-        Ok(())
-    }
+/// Writes new tokens' K and V (or MLA latents) at their slots; tokens in parallel (slots are
+/// distinct, so rows are disjoint). The CPU backend's `write_kv`.
+pub(crate) fn write_tokens(
+    be: &CpuBackend,
+    cache: &mut CacheMut<'_>,
+    w: &WriteKv<'_>,
+) -> Result<(), OpError> {
+    let shape = check_write(cache.layout, w)?;
+    let layout = cache.layout;
+    let writer = Writer {
+        isa: be.isa,
+        dtype: layout.dtype(),
+        layer: w.layer,
+        block_size: layout.geometry().block_size,
+        heads: shape.heads,
+        parts: parts(layout, w, &shape)?,
+        bufs: cache
+            .buffers
+            .iter_mut()
+            .map(|b| Dst(b.as_mut_ptr(), b.len()))
+            .collect(),
+    };
+    be.pool.install(|| {
+        w.slot_mapping
+            .par_iter()
+            .enumerate()
+            .for_each_init(Vec::new, |scratch, (t, &slot)| {
+                writer.token(t, slot, scratch)
+            });
+    });
+    Ok(())
 }

@@ -3,7 +3,9 @@
 
 use kvlayout::ops::{check_block_table, OpError};
 use kvlayout::KvCacheLayout;
-use kvlayout_cpu::{reference, Activations, CpuBackend, Decode, DecodeParams, HostCache};
+use kvlayout_cpu::{
+    Activations, CpuBackend, Decode, DecodeParams, HostCache, HostExec, ScalarReference,
+};
 
 fn layout() -> KvCacheLayout {
     "kv L=1 B=4 N=16 H=2 D=8 dtype=f16 order=NHD"
@@ -50,7 +52,9 @@ fn a_block_table_whose_size_wraps_is_refused() {
     let mut out = vec![0f32; 3 * 2 * 8];
     let be = CpuBackend::new(Some(1));
     assert!(be.paged_decode(&cache.as_ref(), &d, &mut out).is_err());
-    assert!(reference::paged_decode(&cache.as_ref(), &d, &mut out).is_err());
+    assert!(ScalarReference
+        .paged_decode(&cache.as_ref(), &d, &mut out)
+        .is_err());
 }
 
 /// `num_q_heads = 2^61`: the query's and the output's element counts wrap to 0, so an empty
@@ -63,7 +67,7 @@ fn query_heads_whose_counts_wrap_are_refused() {
     let be = CpuBackend::new(Some(1));
     for r in [
         be.paged_decode(&cache.as_ref(), &d, &mut []),
-        reference::paged_decode(&cache.as_ref(), &d, &mut []),
+        ScalarReference.paged_decode(&cache.as_ref(), &d, &mut []),
     ] {
         let e = r.unwrap_err();
         assert!(matches!(e, OpError::Shape { .. }), "{e}");
@@ -80,7 +84,7 @@ fn a_step_of_no_sequences_does_nothing() {
     let be = CpuBackend::new(Some(1));
     assert_eq!(be.paged_decode(&cache.as_ref(), &d, &mut []), Ok(()));
     assert_eq!(
-        reference::paged_decode(&cache.as_ref(), &d, &mut []),
+        ScalarReference.paged_decode(&cache.as_ref(), &d, &mut []),
         Ok(())
     );
 }
@@ -96,7 +100,7 @@ fn a_soft_cap_of_zero_is_refused() {
         let mut out = vec![0f32; 2 * 8];
         for r in [
             be.paged_decode(&cache.as_ref(), &d, &mut out),
-            reference::paged_decode(&cache.as_ref(), &d, &mut out),
+            ScalarReference.paged_decode(&cache.as_ref(), &d, &mut out),
         ] {
             assert!(
                 matches!(&r, Err(OpError::Shape { what, .. }) if what == "soft_cap"),
@@ -127,7 +131,7 @@ fn staging_differing_in_one_property_is_refused() {
             "{other}"
         );
         assert!(
-            refused(reference::gather_blocks(
+            refused(ScalarReference.gather_blocks(
                 &cache.as_ref(),
                 &[1],
                 0..2,
@@ -141,7 +145,7 @@ fn staging_differing_in_one_property_is_refused() {
             "{other}"
         );
         assert!(
-            refused(reference::scatter_blocks(
+            refused(ScalarReference.scatter_blocks(
                 &staging.as_ref(),
                 &[1],
                 0..2,

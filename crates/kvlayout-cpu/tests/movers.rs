@@ -1,7 +1,7 @@
 //! The fast block movers against the reference, byte for byte, over pairs of layouts.
 
 use kvlayout::KvCacheLayout;
-use kvlayout_cpu::{reference, CpuBackend, HostCache, PrefetchLevel};
+use kvlayout_cpu::{CpuBackend, HostCache, HostExec, PrefetchLevel, ScalarReference};
 
 const SPECS: &[&str] = &[
     "kv L=2 B=3 N=4 H=4 D=8 dtype=f16 order=NHD",
@@ -49,7 +49,9 @@ fn convert_matches_reference_for_every_pair() {
             let mut fast = filled(b, 2);
             let mut slow = filled(b, 2);
             be.convert(&src.as_ref(), &mut fast.as_mut()).unwrap();
-            reference::convert(&src.as_ref(), &mut slow.as_mut()).unwrap();
+            ScalarReference
+                .convert(&src.as_ref(), &mut slow.as_mut())
+                .unwrap();
             for i in 0..fast.layout().num_buffers() {
                 assert_eq!(fast.bytes(i), slow.bytes(i), "{a} -> {b}");
             }
@@ -66,7 +68,9 @@ fn block_movers_match_reference() {
         let mut slow = filled(a, 3);
         be.copy_blocks(&mut fast.as_mut(), &[(0, 2), (1, 1)])
             .unwrap();
-        reference::copy_blocks(&mut slow.as_mut(), &[(0, 2), (1, 1)]).unwrap();
+        ScalarReference
+            .copy_blocks(&mut slow.as_mut(), &[(0, 2), (1, 1)])
+            .unwrap();
         assert_eq!(fast.bytes(0), slow.bytes(0), "copy {a}");
         for b in SPECS {
             // swap between pools
@@ -75,7 +79,9 @@ fn block_movers_match_reference() {
             let mut slow = filled(b, 5);
             be.swap_blocks(&src.as_ref(), &mut fast.as_mut(), &[(2, 0), (0, 1)])
                 .unwrap();
-            reference::swap_blocks(&src.as_ref(), &mut slow.as_mut(), &[(2, 0), (0, 1)]).unwrap();
+            ScalarReference
+                .swap_blocks(&src.as_ref(), &mut slow.as_mut(), &[(2, 0), (0, 1)])
+                .unwrap();
             for i in 0..fast.layout().num_buffers() {
                 assert_eq!(fast.bytes(i), slow.bytes(i), "swap {a} -> {b}");
             }
@@ -86,7 +92,9 @@ fn block_movers_match_reference() {
             let mut slow = filled(&staging_spec, 7);
             be.gather_blocks(&cache.as_ref(), &[2, 0], 1..3, &mut fast.as_mut())
                 .unwrap();
-            reference::gather_blocks(&cache.as_ref(), &[2, 0], 1..3, &mut slow.as_mut()).unwrap();
+            ScalarReference
+                .gather_blocks(&cache.as_ref(), &[2, 0], 1..3, &mut slow.as_mut())
+                .unwrap();
             for i in 0..fast.layout().num_buffers() {
                 assert_eq!(fast.bytes(i), slow.bytes(i), "gather {a} -> {staging_spec}");
             }
@@ -94,7 +102,9 @@ fn block_movers_match_reference() {
             let mut slow_c = filled(a, 8);
             be.scatter_blocks(&fast.as_ref(), &[2, 0], 1..3, &mut fast_c.as_mut())
                 .unwrap();
-            reference::scatter_blocks(&slow.as_ref(), &[2, 0], 1..3, &mut slow_c.as_mut()).unwrap();
+            ScalarReference
+                .scatter_blocks(&slow.as_ref(), &[2, 0], 1..3, &mut slow_c.as_mut())
+                .unwrap();
             for i in 0..fast_c.layout().num_buffers() {
                 assert_eq!(
                     fast_c.bytes(i),
@@ -131,7 +141,9 @@ fn streamed_moves_on(be: &CpuBackend) {
         let mut fast = filled(b, 9);
         let mut slow = filled(b, 9);
         be.convert(&src.as_ref(), &mut fast.as_mut()).unwrap();
-        reference::convert(&src.as_ref(), &mut slow.as_mut()).unwrap();
+        ScalarReference
+            .convert(&src.as_ref(), &mut slow.as_mut())
+            .unwrap();
         assert!(
             fast.bytes(0) == slow.bytes(0),
             "convert {a} -> {b} ({} {:?})",
@@ -148,7 +160,9 @@ fn streamed_moves_on(be: &CpuBackend) {
     assert!(fast.bytes(0).len() >= 8 << 20, "large enough to stream");
     be.gather_blocks(&cache.as_ref(), &blocks, 2..8, &mut fast.as_mut())
         .unwrap();
-    reference::gather_blocks(&cache.as_ref(), &blocks, 2..8, &mut slow.as_mut()).unwrap();
+    ScalarReference
+        .gather_blocks(&cache.as_ref(), &blocks, 2..8, &mut slow.as_mut())
+        .unwrap();
     assert!(
         fast.bytes(0) == slow.bytes(0),
         "gather heads 2..8 ({} {:?})",
@@ -179,12 +193,12 @@ fn caches_differing_in_one_scale_are_not_moved() {
             "swap",
         );
         refused(
-            reference::swap_blocks(&src.as_ref(), &mut dst.as_mut(), &[(0, 1)]),
+            ScalarReference.swap_blocks(&src.as_ref(), &mut dst.as_mut(), &[(0, 1)]),
             "reference swap",
         );
         refused(be.convert(&src.as_ref(), &mut dst.as_mut()), "convert");
         refused(
-            reference::convert(&src.as_ref(), &mut dst.as_mut()),
+            ScalarReference.convert(&src.as_ref(), &mut dst.as_mut()),
             "reference convert",
         );
         assert!(

@@ -8,7 +8,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kvlayout::KvCacheLayout;
-use kvlayout_cpu::{Activations, CpuBackend, Decode, DecodeParams, HostCache};
+use kvlayout_cpu::{Activations, CpuBackend, Decode, DecodeParams, HostCache, HostExec};
 
 struct Counting;
 

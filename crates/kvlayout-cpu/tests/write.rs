@@ -2,7 +2,9 @@
 
 use half::{bf16, f16};
 use kvlayout::KvCacheLayout;
-use kvlayout_cpu::{reference, Activations, CpuBackend, HostCache, OpError, WriteKv};
+use kvlayout_cpu::{
+    Activations, CpuBackend, HostCache, HostExec, OpError, ScalarReference, WriteKv,
+};
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
     let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
@@ -114,7 +116,7 @@ fn check(spec: &str, input: &str) {
     fast.fill(0xA5);
     slow.fill(0xA5);
     be.write_kv(&mut fast.as_mut(), &w).unwrap();
-    reference::write_kv(&mut slow.as_mut(), &w).unwrap();
+    ScalarReference.write_kv(&mut slow.as_mut(), &w).unwrap();
     for i in 0..l.num_buffers() {
         assert_eq!(fast.bytes(i), slow.bytes(i), "{spec} from {input}");
     }

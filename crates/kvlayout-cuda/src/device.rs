@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use kvlayout::kernels::{GpuTarget, KernelCall};
-use kvlayout::ops::{Device, Place};
+use kvlayout_device::kernels::{GpuTarget, KernelCall};
+use kvlayout_device::{Device, Place};
 
 use crate::driver::{self, CudaBuffer, CudaEvent, DeviceHandles};
 use crate::error::CudaError;
@@ -148,7 +148,7 @@ impl Device for CudaDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvlayout::ops::DeviceBackend;
+    use kvlayout_device::DeviceBackend;
 
     fn send_sync<T: Send + Sync>() {}
 

@@ -277,7 +277,7 @@ mod tests {
             );
             assert!(!s.contains(&format!("#include \"{header}\"\n")), "{header}");
         }
-        for k in kvlayout::kernels::Kernel::ALL {
+        for k in kvlayout_device::kernels::Kernel::ALL {
             assert!(s.contains(k.name()), "{}", k.name());
         }
     }

@@ -2,14 +2,14 @@
 //!
 //! This crate owns running the project's kernels (`kernels-cuda/src`) on an NVIDIA GPU
 //! through the CUDA driver API (cudarc, loaded at run time): [`CudaDevice`] implements
-//! [`kvlayout::ops::Device`] — allocations in device or pinned host memory, copies, kernel
-//! launches with the argument block of [`kvlayout::kernels::KernelArgs::block`], events — and
+//! [`kvlayout_device::Device`] — allocations in device or pinned host memory, copies, kernel
+//! launches with the argument block of [`kvlayout_device::kernels::KernelArgs::block`], events — and
 //! [`cuda`] wraps it in the contract's [`DeviceBackend`]. It also owns the kernel images:
 //! PTX compiled by clang-19 at build time and embedded, and the NVRTC fallback.
 //!
 //! It does not own validation, launch configurations, argument blocks, the staging of index
 //! metadata or the choice between kernels and copies: [`DeviceBackend`] and
-//! `kvlayout::kernels` do, for every GPU runtime alike. It needs no CUDA toolkit to build:
+//! `kvlayout_device::kernels` do, for every GPU runtime alike. It needs no CUDA toolkit to build:
 //! without a driver every entry point returns [`CudaError::NoDriver`].
 //!
 //! ## Which kernels a device loads
@@ -83,7 +83,7 @@ pub use kernels::{
     KernelSource,
 };
 
-use kvlayout::ops::DeviceBackend;
+use kvlayout_device::DeviceBackend;
 
 /// The backend of device `ordinal` ([`CudaDevice::open`]).
 pub fn cuda(ordinal: usize) -> Result<DeviceBackend<CudaDevice>, CudaError> {

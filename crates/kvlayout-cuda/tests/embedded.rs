@@ -1,6 +1,6 @@
 //! The embedded PTX: its hashes are its bytes', it is what `scripts/kernels.sh` compiles
 //! from the sources now (the "embedded PTX is the one CI compiled" check), and every kernel
-//! entry takes its parameters at the slots of `kvlayout::kernels::arg_slots`. Skipped,
+//! entry takes its parameters at the slots of `kvlayout_device::kernels::arg_slots`. Skipped,
 //! visibly, where the crate was built without clang-19, unless `KVLAYOUT_REQUIRE_CLANG=1`.
 
 mod common;

@@ -6,9 +6,10 @@
 mod common;
 
 use common::{report, skip};
-use kvlayout::ops::{Backend, BufferShape, Device, DeviceBackend, Place};
+use kvlayout::ops::{Backend, BufferShape};
 use kvlayout::KvCacheLayout;
 use kvlayout_cuda::{availability, cuda, CudaDevice, CudaError, KernelPolicy};
+use kvlayout_device::{Device, DeviceBackend, Place};
 
 const LAYOUT: &str = "kv B=3 N=16 H=4 D=8 dtype=f16 order=HND";
 

@@ -1,5 +1,5 @@
 //! NVRTC compiles the one-file kernel source for sm_80 and sm_90 with every entry's
-//! parameters at the slots of `kvlayout::kernels::arg_slots`, as clang-19's PTX has them.
+//! parameters at the slots of `kvlayout_device::kernels::arg_slots`, as clang-19's PTX has them.
 //! Skipped, visibly, where libnvrtc is not on the library path (scripts/setup.sh unpacks it
 //! into the folder `scripts/nvrtc-path.sh` prints), unless `KVLAYOUT_REQUIRE_NVRTC=1`.
 

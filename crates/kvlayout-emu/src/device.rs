@@ -1,6 +1,6 @@
 //! The emulator as a [`Device`]: "device memory" is host memory the emulated kernels address,
 //! and a launch takes the argument block a GPU driver would take. So
-//! [`DeviceBackend<EmuDevice>`](kvlayout::ops::DeviceBackend) runs, on this machine, the
+//! [`DeviceBackend<EmuDevice>`](kvlayout_device::DeviceBackend) runs, on this machine, the
 //! code path of the CUDA and HIP backends: validation, staging of index metadata into device
 //! temporaries, argument blocks, copy runs between pinned host and device caches.
 //!
@@ -10,21 +10,23 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use kvlayout::kernels::{GpuTarget, KernelArgs, KernelCall};
-use kvlayout::ops::{Device, Place};
+use kvlayout_device::kernels::{GpuTarget, KernelArgs, KernelCall};
+use kvlayout_device::{Device, Place};
 
-use crate::ffi::Region;
+use crate::ffi::{EmuLaunch, Kernels, Region, CUDA, HIP};
 use crate::mem::HostAlloc;
-use crate::ops::EmuOps;
 
 /// Live allocations: address of byte 0 -> length.
 type Live = Arc<Mutex<BTreeMap<u64, u64>>>;
 
-/// An emulated device running one kernel build.
+/// An emulated device running one kernel build: the kernel sources compiled with warps of
+/// 32 (the CUDA build, launched within CUDA's limits) or 64 (the HIP build, CDNA's limits).
 #[derive(Debug)]
 pub struct EmuDevice {
     name: &'static str,
-    ops: EmuOps,
+    kernels: Kernels,
+    target: GpuTarget,
+    seed: u64,
     live: Live,
 }
 
@@ -63,13 +65,53 @@ impl std::fmt::Display for EmuError {
 impl std::error::Error for EmuError {}
 
 impl EmuDevice {
-    /// `ops`' kernel build as a device named `name`.
-    pub fn new(name: &'static str, ops: EmuOps) -> Self {
-        EmuDevice {
+    /// The kernel build with warps of `warp` threads: 32 is `cuda-emu`, 64 `hip-emu`. Each
+    /// block's threads are resumed in thread order ([`EmuDevice::with_seed`] changes it). Any
+    /// other width is refused: no build has it.
+    ///
+    /// ```
+    /// let dev = kvlayout_emu::EmuDevice::new(64)?;
+    /// assert_eq!(dev.warp_size(), 64);
+    /// assert!(kvlayout_emu::EmuDevice::new(16).is_err());
+    /// # Ok::<(), kvlayout_emu::EmuError>(())
+    /// ```
+    pub fn new(warp: u32) -> Result<Self, EmuError> {
+        let (name, kernels, target) = match warp {
+            32 => ("cuda-emu", CUDA, GpuTarget::CUDA),
+            64 => ("hip-emu", HIP, GpuTarget::CDNA),
+            other => {
+                return Err(EmuError(format!(
+                "no emulated kernel build has warps of {other} threads (32: cuda-emu, 64: hip-emu)"
+            )))
+            }
+        };
+        Ok(EmuDevice {
             name,
-            ops,
+            kernels,
+            target,
+            seed: 0,
             live: Arc::default(),
-        }
+        })
+    }
+
+    /// The same device with the fibers of each block resumed in the order `seed` picks (0:
+    /// thread order).
+    pub fn with_seed(self, seed: u64) -> Self {
+        EmuDevice { seed, ..self }
+    }
+
+    /// Deliberately broken CUDA build `n` of `kernels-cuda/src/kvl_plant.cuh`, for tests;
+    /// `None` when `n` is not 1 to 6.
+    #[cfg(feature = "planted-bugs")]
+    pub fn planted(n: usize) -> Option<Self> {
+        let kernels = *crate::ffi::planted::PLANTS.get(n.checked_sub(1)?)?;
+        let cuda = EmuDevice::new(32).ok()?;
+        Some(EmuDevice { kernels, ..cuda })
+    }
+
+    /// The warp width the kernels were compiled with.
+    pub fn warp_size(&self) -> u32 {
+        self.kernels.warp_size()
     }
 
     /// The allocation holding address `a`, as a region.
@@ -125,12 +167,13 @@ impl Device for EmuDevice {
     }
 
     fn target(&self) -> GpuTarget {
-        *self.ops.target()
+        self.target
     }
 
     fn alloc(&self, len: u64, misalign: u64, place: Place) -> Result<EmuBuffer, EmuError> {
         let len = usize::try_from(len).map_err(|_| EmuError(format!("{len} bytes")))?;
-        let mem = HostAlloc::new(len, (misalign % 64) as usize);
+        let mem = HostAlloc::new(len, (misalign % 64) as usize)
+            .ok_or_else(|| EmuError(format!("no memory for {len} bytes")))?;
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         live.insert(mem.address(), len as u64);
         Ok(EmuBuffer {
@@ -181,7 +224,12 @@ impl Device for EmuDevice {
     }
 
     fn launch(&self, call: &KernelCall) -> Result<(), EmuError> {
-        self.ops.run(call, &self.regions(call)).map_err(EmuError)
+        let regions = self.regions(call);
+        let launch = EmuLaunch::new(&call.config, self.target.shared_bytes, self.seed, &regions)
+            .map_err(EmuError)?;
+        self.kernels
+            .run(&launch, call.args.kernel(), &call.args.block())
+            .map_err(EmuError)
     }
 
     fn record(&self) -> Result<(), EmuError> {

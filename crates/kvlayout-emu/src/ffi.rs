@@ -3,7 +3,7 @@
 
 use std::ffi::{c_char, CStr};
 
-use kvlayout::kernels::{Kernel, LaunchConfig};
+use kvlayout_device::kernels::{Kernel, LaunchConfig};
 
 /// Regions a launch may touch through the cache accessors (`KVL_EMU_MAX_REGIONS`).
 pub(crate) const MAX_REGIONS: usize = 8;
@@ -16,24 +16,6 @@ pub(crate) struct Region {
     pub(crate) base: u64,
     /// Bytes.
     pub(crate) len: u64,
-}
-
-impl Region {
-    /// The bytes of `b`, to read.
-    pub(crate) fn of<T>(b: &[T]) -> Self {
-        Region {
-            base: b.as_ptr() as u64,
-            len: std::mem::size_of_val(b) as u64,
-        }
-    }
-
-    /// The bytes of `b`, to write.
-    pub(crate) fn of_mut(b: &mut [u8]) -> Self {
-        Region {
-            base: b.as_mut_ptr() as u64,
-            len: b.len() as u64,
-        }
-    }
 }
 
 /// `kvl_emu_launch`: a launch configuration, its limits and its memory regions.

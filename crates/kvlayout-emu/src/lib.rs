@@ -4,17 +4,16 @@
 //! `kernels-hip/src`) on the CPU: `build.rs` compiles them with the host emulator
 //! (`kernels-cuda/emu/kvl_emu.h`: thread blocks run one after another, their threads as
 //! fibers, barriers and warp operations as rendezvous, errors returned), once as the CUDA
-//! build with warps of 32 and once as the HIP build with wavefronts of 64. Kernels are
-//! launched from the argument blocks of `kvlayout::kernels::calls`, which the C side reads as
-//! a driver does. [`EmuOps`] runs every op of the backend contract through them on host
-//! memory ([`hip_emu`]); [`EmuDevice`] is the emulator as a `kvlayout::ops::Device`, so
-//! [`cuda_emu`] is the `DeviceBackend` the CUDA and HIP crates use, on host memory. The
-//! conformance suite drives both like any other backend. Unsafe code is confined to `ffi`
-//! (the C entry points) and `mem` (memory the kernels write through raw addresses).
+//! build with warps of 32 and once as the HIP build with wavefronts of 64. [`EmuDevice`] is
+//! the emulator as a `kvlayout_device::Device`: kernels are launched from the argument blocks
+//! `kvlayout_device::kernels` builds, which the C side reads as a driver does. So [`emu`]
+//! (and [`cuda_emu`], [`hip_emu`]) is the `DeviceBackend` of the CUDA and HIP crates on host
+//! memory, and the conformance suite drives it like any other backend. Unsafe code is
+//! confined to `ffi` (the C entry points) and `mem` (memory the kernels write through raw
+//! addresses).
 //!
-//! It does not own the kernels' arguments or launch configuration (the `kvlayout` crate
-//! does), host memory or op validation (the `kvlayout-cpu` crate's `Host` and the contract's
-//! checks), or GPUs.
+//! It does not own the kernels' arguments or launch configuration (`kvlayout-device` does),
+//! op validation (the `kvlayout` crate's checks), or GPUs.
 //!
 //! ```
 //! use kvlayout::ops::{Backend, BufferShape};
@@ -33,22 +32,31 @@
 mod device;
 mod ffi;
 mod mem;
-mod ops;
 
 pub use device::{EmuBuffer, EmuDevice, EmuError};
 pub use ffi::{kernel_decode, kernel_encode, kernel_param_layout};
-pub use ops::EmuOps;
 
-use kvlayout::ops::DeviceBackend;
-use kvlayout_cpu::Host;
+use kvlayout_device::DeviceBackend;
 
-/// The CUDA kernel sources under the emulator (warps of 32) as a device backend: the code
-/// path of the CUDA and HIP backends, from argument blocks to pinned host caches.
+/// The kernel sources under the emulator with warps of `warp` threads (32: the CUDA build, 64:
+/// the HIP build) as a device backend: the code path of the CUDA and HIP backends, from
+/// argument blocks to pinned host caches. Another width is refused.
+pub fn emu(warp: u32) -> Result<DeviceBackend<EmuDevice>, EmuError> {
+    EmuDevice::new(warp).map(DeviceBackend::new)
+}
+
+/// The CUDA kernel build under the emulator (warps of 32), threads resumed in thread order.
 pub fn cuda_emu() -> DeviceBackend<EmuDevice> {
-    DeviceBackend::new(EmuDevice::new("cuda-emu", EmuOps::cuda()))
+    DeviceBackend::new(EmuDevice::new(32).expect("the emulator has a build with warps of 32"))
 }
 
-/// The HIP kernel sources under the emulator (wavefronts of 64) as a backend.
-pub fn hip_emu() -> Host<EmuOps> {
-    Host::new("hip-emu", EmuOps::hip())
+/// The HIP kernel build under the emulator (wavefronts of 64), each block's threads resumed
+/// in a fixed pseudo-random order ([`HIP_EMU_SEED`]), so a kernel that depends on the order
+/// of its threads differs from `cuda-emu`.
+pub fn hip_emu() -> DeviceBackend<EmuDevice> {
+    let dev = EmuDevice::new(64).expect("the emulator has a build with warps of 64");
+    DeviceBackend::new(dev.with_seed(HIP_EMU_SEED))
 }
+
+/// The order [`hip_emu`] resumes each block's threads in.
+pub const HIP_EMU_SEED: u64 = 0x5eed;

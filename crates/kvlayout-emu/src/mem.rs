@@ -1,6 +1,6 @@
 //! Host memory that emulated kernels write through raw addresses while Rust holds shared
 //! references to it: 64-byte lines in `UnsafeCell`s, so writes the Rust side does not see are
-//! allowed. Copies in and out are the module's only unsafe code.
+//! allowed. Zeroed allocation and copies in and out are the module's only unsafe code.
 
 use std::cell::UnsafeCell;
 
@@ -18,14 +18,22 @@ pub(crate) struct HostAlloc {
 struct Line([u8; 64]);
 
 impl HostAlloc {
-    /// Zeroed `len` bytes, `start` (< 64) bytes past a 64-byte boundary.
-    pub(crate) fn new(len: usize, start: usize) -> Self {
-        let lines = (start + len).div_ceil(64).max(1);
-        HostAlloc {
-            lines: (0..lines).map(|_| UnsafeCell::new(Line([0; 64]))).collect(),
-            start,
-            len,
+    /// Zeroed `len` bytes, `start` (< 64) bytes past a 64-byte boundary; `None` when the
+    /// allocator has no such memory. The storage comes zeroed from the allocator, so the pages
+    /// of a large allocation cost memory only when touched.
+    pub(crate) fn new(len: usize, start: usize) -> Option<Self> {
+        let lines = start.checked_add(len)?.div_ceil(64).max(1);
+        let layout = std::alloc::Layout::array::<UnsafeCell<Line>>(lines).ok()?;
+        // SAFETY: `layout` has a non-zero size (at least one line).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<UnsafeCell<Line>>();
+        if ptr.is_null() {
+            return None;
         }
+        // SAFETY: `ptr` is a live allocation of the global allocator with the layout of
+        // `lines` cells, all-zero bytes are a valid `UnsafeCell<Line>` (a byte array), and the
+        // box takes it over (freed with the same layout when dropped).
+        let lines = unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, lines)) };
+        Some(HostAlloc { lines, start, len })
     }
 
     fn base(&self) -> *mut u8 {

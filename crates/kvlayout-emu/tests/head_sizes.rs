@@ -7,7 +7,6 @@ use kvlayout::{DType, KvCacheLayout};
 use kvlayout_cpu::reference::paged_decode_magnitudes;
 use kvlayout_cpu::tolerance::{decode_error, Tolerance};
 use kvlayout_cpu::{Activations, CacheRef, Decode, Host, ScalarReference};
-use kvlayout_emu::EmuOps;
 
 fn values(n: usize, salt: usize) -> Vec<f32> {
     (0..n)
@@ -16,7 +15,7 @@ fn values(n: usize, salt: usize) -> Vec<f32> {
 }
 
 /// The cache bytes after writing `lens` tokens per sequence, and the decode output.
-fn run<B: Backend<Tensor = HostTensor>>(
+fn run<B: Backend>(
     be: &B,
     l: &KvCacheLayout,
     (d, dv): (usize, usize),
@@ -40,8 +39,12 @@ fn run<B: Backend<Tensor = HostTensor>>(
         .map(|x| vec![0; x.end as usize])
         .collect();
     be.upload_cache(&mut cache, &zeros).unwrap();
-    let key = HostTensor::F32(values(slots.len() * h * d, 1));
-    let value = HostTensor::F32(values(slots.len() * h * dv, 2));
+    let key = be
+        .upload_tensor(&HostTensor::F32(values(slots.len() * h * d, 1)))
+        .unwrap();
+    let value = be
+        .upload_tensor(&HostTensor::F32(values(slots.len() * h * dv, 2)))
+        .unwrap();
     let w = WriteArgs {
         layer: 0,
         key: &key,
@@ -51,6 +54,7 @@ fn run<B: Backend<Tensor = HostTensor>>(
     be.wait(be.write_kv(&mut cache, &w).unwrap()).unwrap();
     let q_heads = params.num_q_heads as usize;
     let query = HostTensor::from_f32(DType::F16, &values(lens.len() * q_heads * d, 3)).unwrap();
+    let query = be.upload_tensor(&query).unwrap();
     let mut out = be
         .alloc_tensor(DType::F32, lens.len() * q_heads * dv)
         .unwrap();
@@ -93,8 +97,11 @@ fn check(spec: &str, (d, dv): (usize, usize), params: DecodeParams) {
     let mut out = vec![0f32; want.len()];
     let mags = paged_decode_magnitudes(&cache, &dec, &mut out).unwrap();
     assert_eq!(out, want);
-    for (name, ops) in [("cuda-emu", EmuOps::cuda()), ("hip-emu", EmuOps::hip())] {
-        let (bytes, got) = run(&Host::new(name, ops), &l, (d, dv), &lens, &table, params);
+    for (name, be) in [
+        ("cuda-emu", kvlayout_emu::cuda_emu()),
+        ("hip-emu", kvlayout_emu::hip_emu()),
+    ] {
+        let (bytes, got) = run(&be, &l, (d, dv), &lens, &table, params);
         assert!(bytes == want_bytes, "{name} {spec}: written bytes differ");
         let e = decode_error(&got, &want, &mags, Tolerance::F32_PRODUCTS);
         assert!(

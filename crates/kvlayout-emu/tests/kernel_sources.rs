@@ -161,5 +161,5 @@ fn the_decode_group_tile_limit_is_the_launch_configurations() {
         .lines()
         .find_map(|l| l.strip_prefix("#define KVL_MAX_GROUP_TILE "))
         .and_then(|v| v.trim().parse::<u64>().ok());
-    assert_eq!(value, Some(kvlayout::kernels::MAX_GROUP_TILE));
+    assert_eq!(value, Some(kvlayout_device::kernels::MAX_GROUP_TILE));
 }

@@ -1,10 +1,10 @@
 //! The kernel parameter structs of `kernels-cuda/include/kvl_kernels.h`, as the host compiler
-//! lays them out, equal the Rust mirrors in `kvlayout::kernels` member for member: what a
+//! lays them out, equal the Rust mirrors in `kvlayout_device::kernels` member for member: what a
 //! backend passes is what a kernel reads.
 
 use std::mem::{offset_of, size_of};
 
-use kvlayout::kernels::{DecodeKernelParams, MoveParams, WriteParams};
+use kvlayout_device::kernels::{DecodeKernelParams, MoveParams, WriteParams};
 use kvlayout_emu::kernel_param_layout;
 
 #[test]

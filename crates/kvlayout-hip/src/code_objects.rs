@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use kvlayout::kernels::GpuTarget;
+use kvlayout_device::kernels::GpuTarget;
 
 /// One embedded code object.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -5,8 +5,8 @@
 use std::ffi::c_int;
 use std::sync::Arc;
 
-use kvlayout::kernels::{GpuTarget, Kernel, KernelCall};
-use kvlayout::ops::{Device, DeviceBackend, Place};
+use kvlayout_device::kernels::{GpuTarget, Kernel, KernelCall};
+use kvlayout_device::{Device, DeviceBackend, Place};
 
 use crate::code_objects::{code_objects, why_not_embedded, CodeObject};
 use crate::error::{CodeObjectRefusal, HipCallError, HipError};

@@ -69,7 +69,7 @@ pub enum HipError {
         kernel: &'static str,
         /// Bytes given.
         len: usize,
-        /// Bytes of the explicit arguments (`kvlayout::kernels::arg_slots`).
+        /// Bytes of the explicit arguments (`kvlayout_device::kernels::arg_slots`).
         expected: usize,
     },
     /// A runtime call failed.

@@ -17,8 +17,8 @@ use hip_sys::hiprt::{
     hipEventDisableTiming, hipEvent_t, hipFunction_t, hipHostMallocDefault, hipMemcpyKind,
     hipModule_t, hipStreamNonBlocking, hipStream_t,
 };
-use kvlayout::kernels::{arg_slots, Kernel, LaunchConfig};
-use kvlayout::ops::Place;
+use kvlayout_device::kernels::{arg_slots, Kernel, LaunchConfig};
+use kvlayout_device::Place;
 
 use crate::code_objects::elf_extent;
 use crate::error::{HipCallError, HipError};

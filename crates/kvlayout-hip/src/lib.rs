@@ -1,7 +1,7 @@
 //! # kvlayout-hip: the kvlayout backend contract on AMD GPUs
 //!
 //! This crate owns the HIP side of the contract: [`HipDevice`], the
-//! [`Device`](kvlayout::ops::Device) of one AMD GPU through the HIP runtime (`libamdhip64`,
+//! [`Device`](kvlayout_device::Device) of one AMD GPU through the HIP runtime (`libamdhip64`,
 //! via `hip-sys`) — allocations in device and pinned host memory, copies, events, and launches
 //! of the project's kernels from code objects compiled at build time by `scripts/kernels.sh`
 //! (clang-19, `kernels-hip/src/kvlayout.hip`) and embedded with their SHA-256
@@ -9,7 +9,7 @@
 //! [`Backend`](kvlayout::ops::Backend) of a device.
 //!
 //! It does not validate ops, choose launches, build argument blocks or plan block moves:
-//! [`DeviceBackend`](kvlayout::ops::DeviceBackend) does that once for every device, from the
+//! [`DeviceBackend`](kvlayout_device::DeviceBackend) does that once for every device, from the
 //! descriptor. It does not compile kernels at run time, and it does not read
 //! `hipDeviceProp_t` (whose layout differs between ROCm versions): the device's ISA is found
 //! by which code object the runtime loads. All `unsafe` is in one private module, each block

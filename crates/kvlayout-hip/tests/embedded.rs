@@ -1,5 +1,5 @@
 //! The embedded code objects are the ones `scripts/kernels.sh` compiles (same SHA-256), and
-//! each one's kernels take exactly the argument blocks `kvlayout::kernels` packs: explicit
+//! each one's kernels take exactly the argument blocks `kvlayout_device::kernels` packs: explicit
 //! arguments at `arg_slots`, hidden ones after the block, the target's wavefront width.
 //! Tools that are missing (clang-19, llvm-readelf-19) skip visibly; with
 //! `KVLAYOUT_REQUIRE_CLANG=1` they fail instead.
@@ -7,14 +7,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kvlayout::kernels::{
+use kvlayout::ops::{
+    check_decode, check_write, BlockMove, DecodeArgs, DecodeParams, TensorDesc, WriteArgs,
+};
+use kvlayout::{DType, KvCacheLayout};
+use kvlayout_device::kernels::{
     arg_slots, decode_calls, decode_plan, move_calls, write_kv_call, CacheAddrs, DecodeAddrs,
     DecodeSite, GpuTarget, Kernel, KernelCall, WriteAddrs,
 };
-use kvlayout::ops::{
-    check_decode, check_write, copy_moves, DecodeArgs, DecodeParams, TensorDesc, WriteArgs,
-};
-use kvlayout::{DType, KvCacheLayout};
 use kvlayout_hip::{code_objects, why_not_embedded, CodeObject};
 use sha2::{Digest, Sha256};
 
@@ -323,7 +323,9 @@ fn real_calls(target: &GpuTarget) -> Vec<KernelCall> {
     };
     calls.extend(decode_calls(&cache, &shape, &launch, &site, &at).expect("decode calls"));
 
-    let m = copy_moves(&layout, &[(0, 2), (1, 3)]).expect("moves");
+    let m = BlockMove::Copy(&[(0, 2), (1, 3)])
+        .plan(None, &layout)
+        .expect("moves");
     calls.extend(move_calls(target, &cache, &cache, &m, 0xabc0).expect("move calls"));
     calls
 }

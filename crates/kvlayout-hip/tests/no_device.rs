@@ -5,8 +5,9 @@
 //! through a pinned host cache with `swap_blocks`. `KVLAYOUT_REQUIRE_GPU=1` makes a device
 //! that does not open a failure.
 
-use kvlayout::ops::{Backend, BufferShape, Device, DeviceBackend, HostTensor, Place};
+use kvlayout::ops::{Backend, BufferShape, HostTensor};
 use kvlayout::KvCacheLayout;
+use kvlayout_device::{Device, DeviceBackend, Place};
 use kvlayout_hip::{hip, HipDevice, HipError};
 
 fn require_gpu() -> bool {

@@ -63,7 +63,7 @@ impl KvFieldArgs {
     /// Appends the struct's C image (144 bytes) to `out`: its members' little-endian bytes in
     /// order.
     pub fn write_le(&self, out: &mut Vec<u8>) {
-        crate::kernels::params::LeBytes(out)
+        LeBytes(out)
             .i64s(&[
                 self.base_offset_bytes,
                 self.layer_stride_bytes,
@@ -84,6 +84,35 @@ impl KvFieldArgs {
             .i32s(&[self.buffer, self.dtype, self.elem_bytes, self.field])
             .f32s(&[self.scale])
             .i32s(&[self.reserved]);
+    }
+}
+
+/// Appends little-endian bytes of a `#[repr(C)]` struct's members, in declaration order: the
+/// C image of a struct without implicit padding ([`KvFieldArgs`] and the kernels' parameter
+/// structs).
+#[derive(Debug)]
+pub struct LeBytes<'a>(pub &'a mut Vec<u8>);
+
+impl LeBytes<'_> {
+    /// Appends each `u64`.
+    pub fn u64s(self, xs: &[u64]) -> Self {
+        xs.iter().for_each(|x| self.0.extend(x.to_le_bytes()));
+        self
+    }
+    /// Appends each `i64`.
+    pub fn i64s(self, xs: &[i64]) -> Self {
+        xs.iter().for_each(|x| self.0.extend(x.to_le_bytes()));
+        self
+    }
+    /// Appends each `i32`.
+    pub fn i32s(self, xs: &[i32]) -> Self {
+        xs.iter().for_each(|x| self.0.extend(x.to_le_bytes()));
+        self
+    }
+    /// Appends each `f32`.
+    pub fn f32s(self, xs: &[f32]) -> Self {
+        xs.iter().for_each(|x| self.0.extend(x.to_le_bytes()));
+        self
     }
 }
 

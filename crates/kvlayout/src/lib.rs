@@ -34,7 +34,6 @@ mod dtype;
 mod error;
 mod explain;
 mod field_map;
-pub mod kernels;
 mod layout;
 mod lower;
 pub mod ops;
@@ -46,7 +45,7 @@ mod spec_string;
 mod transform;
 mod view;
 
-pub use abi::{field_code, KvFieldArgs};
+pub use abi::{field_code, KvFieldArgs, LeBytes};
 pub use dtype::{DType, TensorScales};
 pub use error::{LayoutError, Result, MAX_OFFSET};
 pub use explain::{Explanation, FieldInfo, PageRun, ViewInfo};

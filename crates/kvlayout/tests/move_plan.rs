@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
-use kvlayout::ops::{convert_moves, gather_moves, MovePlan, Moves, MAX_MOVE_DIMS};
+use kvlayout::ops::{BlockMove, MovePlan, Moves, MAX_MOVE_DIMS};
 use kvlayout::KvCacheLayout;
 use proptest::prelude::*;
 
@@ -197,7 +197,7 @@ fn convert_plans_cover_every_pair() {
         for a in *g {
             for b in *g {
                 let (src, dst) = (layout(a), layout(b));
-                let m = convert_moves(&src, &dst).unwrap();
+                let m = BlockMove::Convert.plan(Some(&src), &dst).unwrap();
                 check_plan(&src, &dst, &m).unwrap();
             }
         }
@@ -209,7 +209,12 @@ fn convert_plans_cover_every_pair() {
 fn gather_plan_shifts_heads() {
     let cache = layout("kv L=2 B=3 N=4 H=4 D=16 dtype=f16 order=NHD");
     let staging = layout("kv L=2 B=2 N=4 H=2 D=16 dtype=f16 legacy=vllm-paged-v1");
-    let m = gather_moves(&cache, &staging, &[2, 0], 1..3).unwrap();
+    let m = BlockMove::Gather {
+        blocks: &[2, 0],
+        heads: 1..3,
+    }
+    .plan(Some(&cache), &staging)
+    .unwrap();
     check_plan(&cache, &staging, &m).unwrap();
 }
 

@@ -4,10 +4,9 @@
 //! first failure, which names the op and the case. Bug 4 (offsets truncated to 32 bits) needs
 //! a cache past 2 GiB: `tests/offsets_past_2gib.rs` catches it.
 
-use std::collections::BTreeMap;
+use kvlayout_conformance::backend::{DeviceBackend, EmuDevice, Host, ScalarReference};
 
-use kvlayout_conformance::backend::{BackendVisitor, EmuOps, Host, ScalarReference};
-
+use crate::report::Report;
 use crate::{oracles, prepared_groups, GroupRunner};
 
 /// The planted builds the suite's cases catch: (build number, bug class).
@@ -25,20 +24,18 @@ fn planted_kernel_bugs_are_caught() {
     let groups = prepared_groups();
     let mut missed = Vec::new();
     for (n, bug) in PLANTED {
-        let name: &'static str = Box::leak(format!("planted-{n}").into_boxed_str());
-        let be = Host::new(name, EmuOps::planted(n));
+        let be = DeviceBackend::new(EmuDevice::planted(n).expect("builds 1 to 6 exist"));
         let mut caught = None;
         for prepared in &groups {
             let (case_oracle, pair_oracle) = oracles(&oracle, prepared);
-            let mut reports = BTreeMap::new();
+            let mut rep = Report::default();
             GroupRunner {
                 cases: prepared,
                 oracle: &case_oracle,
                 pair_oracle: &pair_oracle,
-                reports: &mut reports,
             }
-            .visit(&be);
-            caught = reports.values().find_map(|r| r.failures.first().cloned());
+            .run(&be, &mut rep);
+            caught = rep.failures.first().cloned();
             if caught.is_some() {
                 break;
             }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use kvlayout_conformance::backend::{Backend, Backends};
+use kvlayout_conformance::backend::{AnyBackend, Backends, SuiteBackend};
 
 use crate::bytes::Outcome;
 
@@ -30,17 +30,17 @@ impl Report {
     }
 }
 
-/// The report of `be`, or `None` when the backend is not available here (recorded as
-/// skipped, with its reason).
-pub(crate) fn report_of<'a, B: Backend>(
+/// The report of the suite's backend `b`, and the backend; `None` when it cannot run here
+/// (recorded as skipped, with its reason).
+pub(crate) fn report_of<'a, 'b>(
     reports: &'a mut BTreeMap<String, Report>,
-    be: &B,
-) -> Option<&'a mut Report> {
-    let rep = reports.entry(be.name().to_string()).or_default();
-    match be.available() {
-        Ok(()) => Some(rep),
+    b: &'b SuiteBackend,
+) -> Option<(&'a mut Report, &'b AnyBackend)> {
+    let rep = reports.entry(b.name.clone()).or_default();
+    match &b.backend {
+        Ok(be) => Some((rep, be)),
         Err(why) => {
-            rep.skipped = Some(why);
+            rep.skipped = Some(why.clone());
             None
         }
     }
@@ -103,7 +103,7 @@ pub(crate) fn print_reports(
     failures
 }
 
-/// [`print_reports`] of every backend, in the order `backends` visits them.
+/// [`print_reports`] of every selected backend, in the suite's order.
 pub(crate) fn print_backend_reports(
     title: &str,
     reports: &BTreeMap<String, Report>,

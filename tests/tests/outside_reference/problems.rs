@@ -6,7 +6,9 @@ use std::path::Path;
 use kvlayout::{Content, KvCacheLayout};
 use kvlayout_conformance::backend::HostTensor;
 use kvlayout_conformance::cases::{widths, workload, DecodeCase, LayoutCase, Workload};
-use kvlayout_cpu::{reference, Activations, CpuBackend, HostCache, Tolerance, WriteKv};
+use kvlayout_cpu::{
+    Activations, CpuBackend, HostCache, HostExec, ScalarReference, Tolerance, WriteKv,
+};
 
 use crate::steps::{capped_steps, splits};
 
@@ -176,7 +178,8 @@ fn outputs(
         });
     }
     let mut oracle = vec![f32::NAN; n];
-    reference::paged_decode(&caches[0].as_ref(), &d, &mut oracle)
+    ScalarReference
+        .paged_decode(&caches[0].as_ref(), &d, &mut oracle)
         .unwrap_or_else(|e| panic!("{}: reference paged_decode: {e}", case.spec));
     outputs.push(Output {
         who: "reference".into(),

@@ -13,6 +13,21 @@ pub enum PrefetchLevel {
     L2,
 }
 
+impl PrefetchLevel {
+    /// This machine's level: what a backend uses unless told otherwise.
+    pub fn of_this_machine() -> Self {
+        prefetch_level()
+    }
+
+    /// The other level.
+    pub fn other(self) -> Self {
+        match self {
+            PrefetchLevel::L1 => PrefetchLevel::L2,
+            PrefetchLevel::L2 => PrefetchLevel::L1,
+        }
+    }
+}
+
 /// The prefetch level for a CPU vendor (the 12 bytes of CPUID leaf 0): Intel's cores take
 /// [`PrefetchLevel::L2`], every other (AMD's) [`PrefetchLevel::L1`].
 pub(crate) fn prefetch_level_for(vendor: &[u8; 12]) -> PrefetchLevel {

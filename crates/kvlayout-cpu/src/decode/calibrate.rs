@@ -14,6 +14,41 @@
 use std::sync::OnceLock;
 
 use crate::arch::{available, Isa};
+use crate::backend::{pool, CpuBackend};
+
+/// The constructor that chooses, and what it chooses from.
+impl CpuBackend {
+    /// A backend on `threads` threads (all cores, or `RAYON_NUM_THREADS`, when `None`),
+    /// running the fastest kernel build of this machine ([`CpuBackend::kernel_choice`] says
+    /// how it was chosen).
+    pub fn new(threads: Option<usize>) -> Self {
+        let choice = auto();
+        CpuBackend {
+            pool: pool(threads),
+            decode_partials: std::sync::Mutex::new(Vec::new()),
+            isa: choice.isa,
+            why: choice.why.clone(),
+            prefetch: crate::arch::prefetch_level(),
+        }
+    }
+
+    /// The kernel builds this machine runs, the one [`CpuBackend::new`] runs first, the
+    /// others in the order of their instruction sets (`avx512-bf16`, `avx512`, `avx2`,
+    /// `scalar`).
+    pub fn kernel_builds() -> Vec<&'static str> {
+        let first = auto().isa;
+        std::iter::once(first)
+            .chain(crate::arch::available().into_iter().filter(|&i| i != first))
+            .map(|i| i.name())
+            .collect()
+    }
+
+    /// The build of the SIMD kernels [`CpuBackend::new`] runs here (the first of
+    /// [`CpuBackend::kernel_builds`]): `avx512-bf16`, `avx512`, `avx2` or `scalar`.
+    pub fn kernels() -> &'static str {
+        auto().isa.name()
+    }
+}
 
 /// The build a backend runs unless one is named, and why.
 #[derive(Debug, Clone)]

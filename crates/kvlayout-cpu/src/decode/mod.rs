@@ -112,18 +112,6 @@ impl Finish {
     }
 }
 
-impl CpuBackend {
-    /// One decode step; `out` is `[seqs, num_q_heads, v_width]` f32.
-    pub fn paged_decode(
-        &self,
-        cache: &CacheRef<'_>,
-        d: &Decode<'_>,
-        out: &mut [f32],
-    ) -> Result<(), OpError> {
-        decode_with(self, cache, d, out, Options::default())
-    }
-}
-
 /// Overrides for tests and benchmarks.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Options {

@@ -3,7 +3,7 @@ use crate::arch::{self, PrefetchLevel};
 #[cfg(unix)]
 use crate::guard::Guarded;
 use crate::tolerance::decode_error;
-use crate::{reference, Activations, DecodeParams, HostCache, WriteKv};
+use crate::{reference, Activations, DecodeParams, HostCache, HostExec, ScalarReference, WriteKv};
 use half::{bf16, f16};
 use kvlayout::Content;
 use kvlayout::KvCacheLayout;
@@ -156,7 +156,7 @@ fn written_cache(c: &Case) -> (HostCache, Vec<i32>, usize) {
         value: (!mla).then_some(Activations::F32(&v)),
         slot_mapping: &slots,
     };
-    reference::write_kv(&mut cache.as_mut(), &w).unwrap();
+    ScalarReference.write_kv(&mut cache.as_mut(), &w).unwrap();
     (cache, table, per_seq)
 }
 
@@ -494,7 +494,7 @@ fn no_read_past_the_buffers() {
                 value: Some(Activations::F32(&v)),
                 slot_mapping: &slots,
             };
-            reference::write_kv(&mut cache.as_mut(), &w).unwrap();
+            ScalarReference.write_kv(&mut cache.as_mut(), &w).unwrap();
             let guarded: Vec<Guarded> = (0..l.num_buffers())
                 .map(|i| Guarded::new(cache.bytes(i)))
                 .collect();

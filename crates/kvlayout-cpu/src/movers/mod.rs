@@ -1,5 +1,5 @@
 //! The block movers: `copy_blocks`, `swap_blocks`, `gather_blocks`, `scatter_blocks` and
-//! `convert`. Their arguments are validated and planned by the descriptor
+//! `convert`, one [`BlockMove`] validated and planned by the descriptor
 //! (`kvlayout::ops::moves`); this module executes the plan ([`execute`]: memcpy or streamed
 //! stores of the largest units contiguous on both sides, threads over block pairs), or, for
 //! layouts the plan cannot express, copies element by element ([`elementwise`]).
@@ -8,11 +8,7 @@ mod elementwise;
 mod execute;
 mod stream;
 
-use std::ops::Range;
-
-use kvlayout::ops::{
-    convert_moves, copy_moves, gather_moves, scatter_moves, swap_moves, Moves, OpError,
-};
+use kvlayout::ops::{BlockMove, Moves, OpError};
 
 use crate::backend::CpuBackend;
 use crate::cache::{CacheMut, CacheRef};
@@ -89,70 +85,21 @@ fn run(
     }
 }
 
-fn move_blocks(be: &CpuBackend, src: &CacheRef<'_>, dst: &mut CacheMut<'_>, m: &Moves) {
-    let bufs = Buffers::of(src, dst);
-    run(be, src.layout, dst.layout, m, &bufs);
-}
-
-/// The block movers, each validated by the contract (`kvlayout::ops::moves`) before anything
-/// is written, then run by the plan (or element by element where none exists).
-impl CpuBackend {
-    /// Copies blocks within one cache, all layers.
-    pub fn copy_blocks(
-        &self,
-        cache: &mut CacheMut<'_>,
-        pairs: &[(u64, u64)],
-    ) -> Result<(), OpError> {
-        let m = copy_moves(cache.layout, pairs)?;
-        let layout = cache.layout;
-        // Sources and destinations are distinct blocks of the same buffers.
-        let bufs = Buffers::within(cache);
-        run(self, layout, layout, &m, &bufs);
-        Ok(())
-    }
-
-    /// Copies blocks between two pools of the same content (layouts may differ).
-    pub fn swap_blocks(
-        &self,
-        src: &CacheRef<'_>,
-        dst: &mut CacheMut<'_>,
-        pairs: &[(u64, u64)],
-    ) -> Result<(), OpError> {
-        let m = swap_moves(src.layout, dst.layout, pairs)?;
-        move_blocks(self, src, dst, &m);
-        Ok(())
-    }
-
-    /// Copies blocks and a head range into a staging cache (block `i` = `blocks[i]`).
-    pub fn gather_blocks(
-        &self,
-        cache: &CacheRef<'_>,
-        blocks: &[u64],
-        heads: Range<u64>,
-        staging: &mut CacheMut<'_>,
-    ) -> Result<(), OpError> {
-        let m = gather_moves(cache.layout, staging.layout, blocks, heads)?;
-        move_blocks(self, cache, staging, &m);
-        Ok(())
-    }
-
-    /// The inverse of [`CpuBackend::gather_blocks`].
-    pub fn scatter_blocks(
-        &self,
-        staging: &CacheRef<'_>,
-        blocks: &[u64],
-        heads: Range<u64>,
-        cache: &mut CacheMut<'_>,
-    ) -> Result<(), OpError> {
-        let m = scatter_moves(staging.layout, cache.layout, blocks, heads)?;
-        move_blocks(self, staging, cache, &m);
-        Ok(())
-    }
-
-    /// Converts a whole cache to another layout of the same content.
-    pub fn convert(&self, src: &CacheRef<'_>, dst: &mut CacheMut<'_>) -> Result<(), OpError> {
-        let m = convert_moves(src.layout, dst.layout)?;
-        move_blocks(self, src, dst, &m);
-        Ok(())
-    }
+/// Validates the block move `op` and runs it from `src` (`None`: within `dst`) into `dst`:
+/// the CPU backend's `move_blocks`.
+pub(crate) fn run_block_move(
+    be: &CpuBackend,
+    src: Option<&CacheRef<'_>>,
+    dst: &mut CacheMut<'_>,
+    op: &BlockMove<'_>,
+) -> Result<(), OpError> {
+    let m = op.plan(src.map(|s| s.layout), dst.layout)?;
+    let dst_layout = dst.layout;
+    let (src_layout, bufs) = match src {
+        Some(s) => (s.layout, Buffers::of(s, dst)),
+        // Sources and destinations are distinct blocks of the same buffers (the plan checks).
+        None => (dst_layout, Buffers::within(dst)),
+    };
+    run(be, src_layout, dst_layout, &m, &bufs);
+    Ok(())
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::result;
 use cudarc::driver::sys;
-use kvlayout::ops::Place;
+use kvlayout_device::Place;
 
 use super::DeviceHandles;
 use crate::error::{driver, CudaError};

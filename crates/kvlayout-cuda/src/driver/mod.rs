@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cudarc::driver::result;
 use cudarc::driver::sys::{self, CUdevice_attribute, CUjit_option};
 use cudarc::driver::CudaContext;
-use kvlayout::kernels::{Kernel, LaunchConfig};
+use kvlayout_device::kernels::{Kernel, LaunchConfig};
 
 use crate::error::{driver, result_name, CudaError};
 

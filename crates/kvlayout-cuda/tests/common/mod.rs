@@ -1,13 +1,13 @@
 //! What the integration tests share: skip reports, and a reader of PTX entry parameters
-//! checked against the argument slots of `kvlayout::kernels`.
+//! checked against the argument slots of `kvlayout_device::kernels`.
 
 #![allow(dead_code)] // Each test binary uses a part.
 
-use kvlayout::kernels::{
+use kvlayout::{Field, KvCacheLayout};
+use kvlayout_device::kernels::{
     arg_slots, move_calls, CacheAddrs, DecodeKernelParams, GpuTarget, Kernel, KernelArgs,
     WriteParams,
 };
-use kvlayout::{Field, KvCacheLayout};
 
 /// Writes `line` straight to stderr, past the test harness's capture, so CI logs count it.
 pub fn report(line: &str) {
@@ -113,7 +113,9 @@ pub fn sample_args() -> Vec<KernelArgs> {
         layout: &layout,
         bases: [0x10_0000, 0],
     };
-    let moves = kvlayout::ops::copy_moves(&layout, &[(0, 2)]).unwrap();
+    let moves = kvlayout::ops::BlockMove::Copy(&[(0, 2)])
+        .plan(None, &layout)
+        .unwrap();
     let calls = move_calls(&GpuTarget::CUDA, &cache, &cache, &moves, 0x20_0000).unwrap();
     vec![
         KernelArgs::Write {

@@ -22,6 +22,7 @@ use half::{bf16, f16};
 
 use super::args::{DecodeArgs, TensorDesc, WriteArgs};
 use super::error::OpError;
+use super::moves::BlockMove;
 use crate::dtype::DType;
 use crate::layout::KvCacheLayout;
 
@@ -126,9 +127,21 @@ impl BufferShape {
     }
 }
 
+/// What runs a backend's ops, for reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kernels {
+    /// The kernel build (`avx2`, `scalar`, `reference`, `cuda`, ...).
+    pub build: String,
+    /// Why that build runs.
+    pub why: String,
+    /// Threads of a host backend's pool (0 for a device).
+    pub threads: usize,
+}
+
 /// What every backend offers. Ops return at enqueue time: `Err` (nothing enqueued, nothing
 /// written) or a completion to wait on. Memory operations report a failure of the backend
-/// (no memory, no device) as text.
+/// (no memory, no device) as text. A backend implements `write_kv`, `paged_decode` and
+/// `move_blocks`; the five block movers are provided on top of `move_blocks`.
 pub trait Backend {
     /// A cache in backend memory: a layout and one allocation per layout buffer.
     type Cache;
@@ -141,6 +154,20 @@ pub trait Backend {
     fn name(&self) -> &str;
     /// `Ok` when the backend can run here; otherwise why not (callers report it skipped).
     fn available(&self) -> Result<(), String>;
+    /// What runs the ops; by default the backend's name, for no stated reason.
+    fn kernels(&self) -> Kernels {
+        Kernels {
+            build: self.name().to_string(),
+            why: String::new(),
+            threads: 0,
+        }
+    }
+    /// Whether `paged_decode` on a cache of `dtype` multiplies bf16 operands, which rounds
+    /// more than f32 products (`kvlayout_cpu::Tolerance::BF16_PRODUCTS`); by default not.
+    fn bf16_products(&self, dtype: DType) -> bool {
+        let _ = dtype;
+        false
+    }
 
     /// Allocates a cache of `layout` with one buffer per shape (contents unspecified).
     fn alloc_cache(
@@ -172,19 +199,32 @@ pub trait Backend {
         d: &DecodeArgs<'_, &Self::Tensor>,
         out: &mut Self::Tensor,
     ) -> Result<Self::Completion, OpError>;
+    /// Enqueues the block move `op` from `src` to `dst` ([`BlockMove::plan`] validates it:
+    /// `src` is `None` for `copy_blocks`, within `dst`, and the source cache otherwise).
+    fn move_blocks(
+        &self,
+        src: Option<&Self::Cache>,
+        dst: &mut Self::Cache,
+        op: &BlockMove<'_>,
+    ) -> Result<Self::Completion, OpError>;
+
     /// Enqueues `copy_blocks` (all layers, `src -> dst` pairs within one cache).
     fn copy_blocks(
         &self,
         cache: &mut Self::Cache,
         pairs: &[(u64, u64)],
-    ) -> Result<Self::Completion, OpError>;
+    ) -> Result<Self::Completion, OpError> {
+        self.move_blocks(None, cache, &BlockMove::Copy(pairs))
+    }
     /// Enqueues `swap_blocks` between two caches of the same content (layouts may differ).
     fn swap_blocks(
         &self,
         src: &Self::Cache,
         dst: &mut Self::Cache,
         pairs: &[(u64, u64)],
-    ) -> Result<Self::Completion, OpError>;
+    ) -> Result<Self::Completion, OpError> {
+        self.move_blocks(Some(src), dst, &BlockMove::Swap(pairs))
+    }
     /// Enqueues `gather_blocks`: cache block `blocks[i]`, heads `heads` -> staging block `i`.
     fn gather_blocks(
         &self,
@@ -192,7 +232,9 @@ pub trait Backend {
         blocks: &[u64],
         heads: Range<u64>,
         staging: &mut Self::Cache,
-    ) -> Result<Self::Completion, OpError>;
+    ) -> Result<Self::Completion, OpError> {
+        self.move_blocks(Some(cache), staging, &BlockMove::Gather { blocks, heads })
+    }
     /// Enqueues `scatter_blocks`, the inverse of `gather_blocks`.
     fn scatter_blocks(
         &self,
@@ -200,13 +242,17 @@ pub trait Backend {
         blocks: &[u64],
         heads: Range<u64>,
         cache: &mut Self::Cache,
-    ) -> Result<Self::Completion, OpError>;
+    ) -> Result<Self::Completion, OpError> {
+        self.move_blocks(Some(staging), cache, &BlockMove::Scatter { blocks, heads })
+    }
     /// Enqueues `convert` (whole cache, layout A -> layout B).
     fn convert(
         &self,
         src: &Self::Cache,
         dst: &mut Self::Cache,
-    ) -> Result<Self::Completion, OpError>;
+    ) -> Result<Self::Completion, OpError> {
+        self.move_blocks(Some(src), dst, &BlockMove::Convert)
+    }
 
     /// Waits for one op; `Err` is an asynchronous failure of the device.
     fn wait(&self, c: Self::Completion) -> Result<(), String>;

@@ -11,16 +11,16 @@
 //! - [`check`]: the validations.
 //! - [`backend`]: the [`Backend`] trait every backend implements, with [`HostTensor`] and
 //!   [`BufferShape`].
-//! - [`moves`]: the block movers' validated [`Moves`] and the two-sided [`MovePlan`] that
-//!   executes them.
-//! - [`device`]: [`Device`], what a GPU runtime offers, and [`DeviceBackend`], the
-//!   [`Backend`] every such runtime gets from it.
+//! - [`moves`]: the block movers as one [`BlockMove`], validated into [`Moves`], and the
+//!   two-sided [`MovePlan`] that executes them.
+//! - [`dynamic`]: [`AnyBackend`], any backend held as one type (a backend chosen at run
+//!   time).
 //! - [`runs`]: the same moves as byte copies merged into maximal runs ([`copy_runs`]).
 
 pub mod args;
 pub mod backend;
 pub mod check;
-pub mod device;
+pub mod dynamic;
 pub mod error;
 pub mod moves;
 pub mod runs;
@@ -28,7 +28,7 @@ pub mod runs;
 pub use args::*;
 pub use backend::*;
 pub use check::*;
-pub use device::*;
+pub use dynamic::*;
 pub use error::*;
 pub use moves::*;
 pub use runs::*;

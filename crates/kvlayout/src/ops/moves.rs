@@ -1,13 +1,14 @@
 //! The block movers (`copy_blocks`, `swap_blocks`, `gather_blocks`, `scatter_blocks`,
-//! `convert`): their validated arguments ([`Moves`]) and the two-sided plan every backend
-//! executes them by ([`MovePlan`]): copies of the largest units contiguous on both sides.
+//! `convert`) as one vocabulary: a [`BlockMove`] names what is asked, [`BlockMove::plan`]
+//! validates it into [`Moves`], and [`MovePlan`] is the two-sided plan every backend executes
+//! them by: copies of the largest units contiguous on both sides.
 //!
 //! ```
-//! use kvlayout::ops::{convert_moves, MovePlan};
+//! use kvlayout::ops::{BlockMove, MovePlan};
 //! use kvlayout::KvCacheLayout;
 //! let nhd: KvCacheLayout = "kv B=4 N=16 H=8 D=128 dtype=f16 order=NHD".parse()?;
 //! let hnd: KvCacheLayout = "kv B=4 N=16 H=8 D=128 dtype=f16 order=HND".parse()?;
-//! let m = convert_moves(&nhd, &hnd)?;
+//! let m = BlockMove::Convert.plan(Some(&nhd), &hnd)?;
 //! let plan = m.plan(&nhd, &hnd).expect("both layouts are affine in the plan's terms");
 //! // Both layouts store a head's K and V rows of a token as one 512-byte run: one piece of
 //! // such units, over slots and heads (the only layer folds away).
@@ -25,6 +26,84 @@ use super::error::OpError;
 use crate::field_map::FieldMap;
 use crate::layout::KvCacheLayout;
 use crate::regions::{fold_contiguous, fused_row};
+
+/// A block mover as a caller asks for it, before validation: the one vocabulary of moves
+/// every backend executes ([`BlockMove::plan`] validates it against the layouts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BlockMove<'a> {
+    /// `copy_blocks`: `(source, destination)` block pairs within one cache, all layers.
+    Copy(&'a [(u64, u64)]),
+    /// `swap_blocks`: `(source, destination)` block pairs from one cache to another of the
+    /// same content (the layouts may differ).
+    Swap(&'a [(u64, u64)]),
+    /// `gather_blocks`: cache block `blocks[i]`, heads `heads` -> staging block `i`.
+    Gather {
+        /// Cache blocks, in staging order.
+        blocks: &'a [u64],
+        /// Cache heads; the staging cache has this many.
+        heads: Range<u64>,
+    },
+    /// `scatter_blocks`, the inverse of `Gather`: staging block `i` -> cache block
+    /// `blocks[i]`, heads `heads`.
+    Scatter {
+        /// Cache blocks, in staging order.
+        blocks: &'a [u64],
+        /// Cache heads written.
+        heads: Range<u64>,
+    },
+    /// `convert`: every block to the same block of a cache in another layout.
+    Convert,
+}
+
+impl BlockMove<'_> {
+    /// The op's name in reports (`copy_blocks`, ..., `convert`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            BlockMove::Copy(_) => "copy_blocks",
+            BlockMove::Swap(_) => "swap_blocks",
+            BlockMove::Gather { .. } => "gather_blocks",
+            BlockMove::Scatter { .. } => "scatter_blocks",
+            BlockMove::Convert => "convert",
+        }
+    }
+
+    /// Validates the move from `src` to `dst` and gives what to execute. `src` is `None` for a
+    /// move within `dst` (`Copy`, which takes no other cache) and the source cache's layout
+    /// for every other move (for `Gather` the cache, for `Scatter` the staging cache). Any
+    /// other pairing is refused, as is every argument the layouts do not admit (block ids past
+    /// either cache, a destination named twice, heads outside the cache, a staging cache of
+    /// the wrong shape, different content).
+    ///
+    /// ```
+    /// use kvlayout::ops::BlockMove;
+    /// let l: kvlayout::KvCacheLayout = "kv B=3 N=16 H=4 D=8 dtype=f16 order=HND".parse()?;
+    /// let m = BlockMove::Copy(&[(0, 2), (1, 1)]).plan(None, &l)?;
+    /// assert_eq!(m.pairs, [(0, 2)]); // the self-pair is a no-op
+    /// assert!(BlockMove::Copy(&[(0, 3)]).plan(None, &l).is_err()); // block 3 of 3
+    /// assert!(BlockMove::Convert.plan(None, &l).is_err()); // convert needs a source
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn plan(&self, src: Option<&KvCacheLayout>, dst: &KvCacheLayout) -> Result<Moves, OpError> {
+        match (self, src) {
+            (BlockMove::Copy(pairs), None) => copy_moves(dst, pairs),
+            (BlockMove::Copy(_), Some(_)) => Err(OpError::Incompatible(
+                "copy_blocks moves blocks within one cache: it takes no source cache".into(),
+            )),
+            (BlockMove::Swap(pairs), Some(src)) => swap_moves(src, dst, pairs),
+            (BlockMove::Gather { blocks, heads }, Some(cache)) => {
+                gather_moves(cache, dst, blocks, heads.clone())
+            }
+            (BlockMove::Scatter { blocks, heads }, Some(staging)) => {
+                scatter_moves(staging, dst, blocks, heads.clone())
+            }
+            (BlockMove::Convert, Some(src)) => convert_moves(src, dst),
+            (_, None) => Err(OpError::Incompatible(format!(
+                "{} moves blocks between two caches: it needs a source cache",
+                self.name()
+            ))),
+        }
+    }
+}
 
 /// What a block mover does once its arguments are validated: copy heads `heads` of each
 /// `pairs.0` block of the source into heads from `dst_head0` of block `pairs.1` of the
@@ -109,7 +188,7 @@ pub fn check_staging(
 }
 
 /// `copy_blocks` inside one cache (self-pairs dropped: they are no-ops).
-pub fn copy_moves(layout: &KvCacheLayout, pairs: &[(u64, u64)]) -> Result<Moves, OpError> {
+fn copy_moves(layout: &KvCacheLayout, pairs: &[(u64, u64)]) -> Result<Moves, OpError> {
     let nb = layout.geometry().num_blocks;
     check_block_pairs(pairs, nb, nb, true)?;
     Ok(all_heads(
@@ -119,7 +198,7 @@ pub fn copy_moves(layout: &KvCacheLayout, pairs: &[(u64, u64)]) -> Result<Moves,
 }
 
 /// `swap_blocks` between two pools of the same content.
-pub fn swap_moves(
+fn swap_moves(
     src: &KvCacheLayout,
     dst: &KvCacheLayout,
     pairs: &[(u64, u64)],
@@ -135,7 +214,7 @@ pub fn swap_moves(
 }
 
 /// `gather_blocks`: cache block `blocks[i]`, heads `heads` -> staging block `i`.
-pub fn gather_moves(
+fn gather_moves(
     cache: &KvCacheLayout,
     staging: &KvCacheLayout,
     blocks: &[u64],
@@ -155,7 +234,7 @@ pub fn gather_moves(
 }
 
 /// `scatter_blocks`: staging block `i` -> cache block `blocks[i]`, heads `heads`.
-pub fn scatter_moves(
+fn scatter_moves(
     staging: &KvCacheLayout,
     cache: &KvCacheLayout,
     blocks: &[u64],
@@ -181,7 +260,7 @@ pub fn scatter_moves(
 }
 
 /// `convert`: every block to the same block of a cache in another layout.
-pub fn convert_moves(src: &KvCacheLayout, dst: &KvCacheLayout) -> Result<Moves, OpError> {
+fn convert_moves(src: &KvCacheLayout, dst: &KvCacheLayout) -> Result<Moves, OpError> {
     check_same_content(src, dst)?;
     let (a, b) = (src.geometry().num_blocks, dst.geometry().num_blocks);
     if a != b {

@@ -4,13 +4,13 @@
 //! not one per block.
 //!
 //! ```
-//! use kvlayout::ops::{copy_runs, swap_moves};
+//! use kvlayout::ops::{copy_runs, BlockMove};
 //! use kvlayout::KvCacheLayout;
 //! let gpu: KvCacheLayout = "kv B=8 N=16 H=4 D=8 dtype=f16 order=HND".parse()?;
 //! let cpu: KvCacheLayout = "kv B=4 N=16 H=4 D=8 dtype=f16 order=HND".parse()?;
 //! // Blocks 2, 3, 4 of the GPU pool to blocks 0, 1, 2 of the host pool: a block is one run
 //! // (K|V rows, head-major), and the three blocks are one run on both sides.
-//! let m = swap_moves(&gpu, &cpu, &[(2, 0), (3, 1), (4, 2)])?;
+//! let m = BlockMove::Swap(&[(2, 0), (3, 1), (4, 2)]).plan(Some(&gpu), &cpu)?;
 //! let runs = copy_runs(&gpu, &cpu, &m, 1 << 20).expect("plain rows on both sides");
 //! assert_eq!(runs.len(), 1);
 //! assert_eq!(runs[0].len, 3 * 4 * 16 * (8 + 8) * 2);
@@ -189,7 +189,7 @@ pub fn merge_runs(mut runs: Vec<CopyRun>) -> Vec<CopyRun> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::{convert_moves, swap_moves};
+    use crate::ops::BlockMove;
 
     fn bytes(runs: &[CopyRun]) -> u64 {
         runs.iter().map(|r| r.len).sum()
@@ -199,7 +199,9 @@ mod tests {
     fn whole_blocks_of_one_layout_merge_across_pairs() {
         // B=3 H=4 N=16 D=8, one layer, K|V rows: a block is one run of 4*16*16*2 bytes.
         let a: KvCacheLayout = "kv B=3 N=16 H=4 D=8 dtype=f16 order=NHD".parse().unwrap();
-        let m = swap_moves(&a, &a, &[(0, 1), (1, 2), (2, 0)]).unwrap();
+        let m = BlockMove::Swap(&[(0, 1), (1, 2), (2, 0)])
+            .plan(Some(&a), &a)
+            .unwrap();
         let runs = copy_runs(&a, &a, &m, 1 << 16).unwrap();
         let block = 4 * 16 * 16 * 2;
         assert_eq!(bytes(&runs), 3 * block);
@@ -213,7 +215,7 @@ mod tests {
     fn rows_move_one_by_one_between_orders() {
         let nhd: KvCacheLayout = "kv B=2 N=16 H=4 D=8 dtype=f16 order=NHD".parse().unwrap();
         let hnd: KvCacheLayout = "kv B=2 N=16 H=4 D=8 dtype=f16 order=HND".parse().unwrap();
-        let m = convert_moves(&nhd, &hnd).unwrap();
+        let m = BlockMove::Convert.plan(Some(&nhd), &hnd).unwrap();
         let runs = copy_runs(&nhd, &hnd, &m, 1 << 16).unwrap();
         assert_eq!(bytes(&runs), 2 * 2 * 16 * 4 * 8 * 2);
         // One K|V row of 32 bytes each, except that the last row of block 0 and the first of

@@ -7,11 +7,11 @@
 //! (`CU_LAUNCH_PARAM_BUFFER_POINTER`, `HIP_LAUNCH_PARAM_BUFFER_POINTER`): each argument's
 //! little-endian bytes at its offset ([`arg_slots`]), as the kernel's signature lays them out.
 
-use crate::abi::KvFieldArgs;
-use crate::dtype::DType;
-use crate::layout::KvCacheLayout;
-use crate::ops::{DecodeParams, DecodeShape, Moves, OpError, WriteShape};
-use crate::spec::{Content, Field};
+use kvlayout::ops::{DecodeParams, DecodeShape, Moves, OpError, WriteShape};
+use kvlayout::DType;
+use kvlayout::KvCacheLayout;
+use kvlayout::KvFieldArgs;
+use kvlayout::{Content, Field};
 
 use super::launch::{
     move_launch, paged_decode_launch, row_unit_bytes, write_kv_launch, DecodeLaunch, GpuTarget,
@@ -452,7 +452,9 @@ mod tests {
     #[test]
     fn blocks_carry_each_member_at_its_offset() {
         let layout: KvCacheLayout = "kv B=4 N=16 H=4 D=8 dtype=f16 order=HND".parse().unwrap();
-        let m = crate::ops::copy_moves(&layout, &[(0, 2), (1, 3)]).unwrap();
+        let m = kvlayout::ops::BlockMove::Copy(&[(0, 2), (1, 3)])
+            .plan(None, &layout)
+            .unwrap();
         let cache = CacheAddrs {
             layout: &layout,
             bases: [0x1000, 0],

@@ -2,8 +2,8 @@
 //! function per op from the op's validated shape and the target's warp width and limits.
 //! Kernels read their extents from the field arguments; these functions only size the grid.
 
-use crate::field_map::FieldMap;
-use crate::ops::{DecodeShape, OpError, WriteShape};
+use kvlayout::ops::{DecodeShape, OpError, WriteShape};
+use kvlayout::FieldMap;
 
 /// What a launch needs to know of the machine it runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -258,8 +258,8 @@ pub fn row_unit_bytes(src: &FieldMap, dst: &FieldMap, src_base: u64, dst_base: u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::KvCacheLayout;
-    use crate::spec::Field;
+    use kvlayout::Field;
+    use kvlayout::KvCacheLayout;
 
     #[test]
     fn decode_partitions_past_the_partition_size() {

@@ -1,7 +1,9 @@
 //! The parameter structs of the kernels, member for member `kernels-cuda/include/kvl_kernels.h`
 //! (`kvl_write_params`, `kvl_decode_params`, `kvl_move_params`). Each kernel takes the
-//! [`KvFieldArgs`](crate::KvFieldArgs) of the fields it touches and one of these, by value.
+//! [`KvFieldArgs`](kvlayout::KvFieldArgs) of the fields it touches and one of these, by value.
 //! None holds a stride or an extent of the cache: those are in the field arguments.
+
+use kvlayout::LeBytes;
 
 /// `kvl_write_params`: `kvl_write_kv(k, v, k_scale, v_scale, params)`.
 #[repr(C)]
@@ -92,30 +94,6 @@ pub struct MoveParams {
     pub row_unit_bytes: i32,
     /// Zero.
     pub reserved: i32,
-}
-
-/// Appends little-endian bytes of a `#[repr(C)]` struct's members, in declaration order
-/// (every struct here has no implicit padding, so they are its C image).
-#[derive(Debug)]
-pub(crate) struct LeBytes<'a>(pub(crate) &'a mut Vec<u8>);
-
-impl LeBytes<'_> {
-    pub(crate) fn u64s(self, xs: &[u64]) -> Self {
-        xs.iter().for_each(|x| self.0.extend(x.to_le_bytes()));
-        self
-    }
-    pub(crate) fn i64s(self, xs: &[i64]) -> Self {
-        xs.iter().for_each(|x| self.0.extend(x.to_le_bytes()));
-        self
-    }
-    pub(crate) fn i32s(self, xs: &[i32]) -> Self {
-        xs.iter().for_each(|x| self.0.extend(x.to_le_bytes()));
-        self
-    }
-    pub(crate) fn f32s(self, xs: &[f32]) -> Self {
-        xs.iter().for_each(|x| self.0.extend(x.to_le_bytes()));
-        self
-    }
 }
 
 impl WriteParams {

@@ -1,85 +1,26 @@
-//! The contract on a device that runs the project's kernels: [`Device`] is what a GPU
-//! runtime (CUDA, HIP, or the host emulator standing in for one) offers — allocations,
-//! copies, kernel launches, events — and [`DeviceBackend`] is the [`Backend`] every such
-//! device gets from it. Validation, the launches and their argument blocks, the staging of
-//! index metadata and the choice between kernel movers and byte copies are written once,
-//! here, and each runtime crate holds only its runtime calls.
+//! [`DeviceBackend`]: the [`Backend`] every [`Device`] gets. Validation, the launches and
+//! their argument blocks, the staging of index metadata and the choice between kernel movers
+//! and byte copies are written once, here; each runtime crate holds only its runtime calls.
 //!
 //! - Caches live in device memory ([`Backend::alloc_cache`]) or in pinned host memory
-//!   ([`DeviceBackend::alloc_host_cache`]); `swap_blocks` between the two is one copy per
-//!   merged byte run ([`super::copy_runs`]), every other move a kernel.
+//!   ([`DeviceBackend::alloc_host_cache`]); a move between the two is one copy per merged
+//!   byte run ([`copy_runs`]) where the moves have that form, every other move a kernel.
 //! - Slot mappings, block tables, sequence lengths and block pairs are validated on the host,
 //!   then uploaded into temporaries that the op's [`DeviceCompletion`] keeps alive until it
 //!   is waited for.
 //! - A refused op enqueues nothing.
 
-use std::ops::Range;
+use kvlayout::ops::{
+    check_buffers, check_decode, check_write, copy_runs, Backend, BlockMove, BufferShape,
+    DecodeArgs, HostTensor, Kernels, Moves, OpError, TensorDesc, WriteArgs,
+};
+use kvlayout::{DType, KvCacheLayout};
 
-use crate::dtype::DType;
+use crate::device::{Device, Place};
 use crate::kernels::{
     decode_calls, decode_plan, move_calls, move_pairs, write_kv_call, CacheAddrs, DecodeAddrs,
-    DecodeSite, GpuTarget, KernelCall, WriteAddrs,
+    DecodeSite, KernelCall, WriteAddrs,
 };
-use crate::layout::KvCacheLayout;
-
-use super::args::{DecodeArgs, TensorDesc, WriteArgs};
-use super::backend::{Backend, BufferShape, HostTensor};
-use super::check::{check_buffers, check_decode, check_write};
-use super::error::OpError;
-use super::moves::{convert_moves, copy_moves, gather_moves, scatter_moves, swap_moves, Moves};
-use super::runs::copy_runs;
-
-/// Where an allocation lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Place {
-    /// Device memory.
-    Device,
-    /// Page-locked host memory the device can copy from and to (and address).
-    PinnedHost,
-}
-
-/// What a runtime offers the contract. Every method returns the runtime's typed error.
-/// Copies and launches are enqueued in order on one stream; `download` and `wait` block.
-pub trait Device {
-    /// One allocation, freed when dropped (after the work enqueued before it).
-    type Buffer;
-    /// A point in the stream's work.
-    type Event;
-    /// The runtime's error.
-    type Error: std::fmt::Display;
-
-    /// Name in reports.
-    fn name(&self) -> &str;
-    /// The launch limits of the device's kernels.
-    fn target(&self) -> GpuTarget;
-    /// `len` bytes at `place`, starting `misalign` bytes past an aligned address.
-    fn alloc(&self, len: u64, misalign: u64, place: Place) -> Result<Self::Buffer, Self::Error>;
-    /// Address of byte 0 of `buf` in the kernels' address space.
-    fn address(&self, buf: &Self::Buffer) -> u64;
-    /// Bytes of `buf`.
-    fn len(&self, buf: &Self::Buffer) -> u64;
-    /// Enqueues copying `src` to the start of `dst`; `src` may be reused on return.
-    fn upload(&self, dst: &Self::Buffer, src: &[u8]) -> Result<(), Self::Error>;
-    /// Copies the start of `src` into `dst` after the work enqueued before.
-    fn download(&self, src: &Self::Buffer, dst: &mut [u8]) -> Result<(), Self::Error>;
-    /// Enqueues a copy of `len` bytes between two allocations (either place).
-    fn copy(
-        &self,
-        src: &Self::Buffer,
-        src_offset: u64,
-        dst: &Self::Buffer,
-        dst_offset: u64,
-        len: u64,
-    ) -> Result<(), Self::Error>;
-    /// Enqueues one kernel launch ([`KernelCall::args`]' block, [`KernelCall::config`]).
-    fn launch(&self, call: &KernelCall) -> Result<(), Self::Error>;
-    /// An event after the work enqueued so far.
-    fn record(&self) -> Result<Self::Event, Self::Error>;
-    /// Waits for `event`; `Err` is a failure of the work before it.
-    fn wait(&self, event: &Self::Event) -> Result<(), Self::Error>;
-    /// Waits for all enqueued work.
-    fn synchronize(&self) -> Result<(), Self::Error>;
-}
 
 /// A cache of a [`DeviceBackend`]: a layout and one allocation per buffer.
 #[derive(Debug)]
@@ -320,6 +261,15 @@ impl<D: Device> Backend for DeviceBackend<D> {
         Ok(())
     }
 
+    fn kernels(&self) -> Kernels {
+        let t = self.device.target();
+        Kernels {
+            build: format!("{} kernels", t.name),
+            why: format!("{} runs them, warps of {}", self.device.name(), t.warp),
+            threads: 0,
+        }
+    }
+
     fn alloc_cache(
         &self,
         layout: &KvCacheLayout,
@@ -477,54 +427,15 @@ impl<D: Device> Backend for DeviceBackend<D> {
         self.launch_all(&calls, keep)
     }
 
-    fn copy_blocks(
+    fn move_blocks(
         &self,
-        cache: &mut Self::Cache,
-        pairs: &[(u64, u64)],
-    ) -> Result<Self::Completion, OpError> {
-        let m = copy_moves(&cache.layout, pairs)?;
-        self.moves(cache, cache, &m)
-    }
-
-    fn swap_blocks(
-        &self,
-        src: &Self::Cache,
+        src: Option<&Self::Cache>,
         dst: &mut Self::Cache,
-        pairs: &[(u64, u64)],
+        op: &BlockMove<'_>,
     ) -> Result<Self::Completion, OpError> {
-        let m = swap_moves(&src.layout, &dst.layout, pairs)?;
-        self.moves(src, dst, &m)
-    }
-
-    fn gather_blocks(
-        &self,
-        cache: &Self::Cache,
-        blocks: &[u64],
-        heads: Range<u64>,
-        staging: &mut Self::Cache,
-    ) -> Result<Self::Completion, OpError> {
-        let m = gather_moves(&cache.layout, &staging.layout, blocks, heads)?;
-        self.moves(cache, staging, &m)
-    }
-
-    fn scatter_blocks(
-        &self,
-        staging: &Self::Cache,
-        blocks: &[u64],
-        heads: Range<u64>,
-        cache: &mut Self::Cache,
-    ) -> Result<Self::Completion, OpError> {
-        let m = scatter_moves(&staging.layout, &cache.layout, blocks, heads)?;
-        self.moves(staging, cache, &m)
-    }
-
-    fn convert(
-        &self,
-        src: &Self::Cache,
-        dst: &mut Self::Cache,
-    ) -> Result<Self::Completion, OpError> {
-        let m = convert_moves(&src.layout, &dst.layout)?;
-        self.moves(src, dst, &m)
+        let m = op.plan(src.map(|c| &c.layout), &dst.layout)?;
+        // A move within `dst` (copy_blocks) reads and writes distinct blocks of its buffers.
+        self.moves(src.unwrap_or(dst), dst, &m)
     }
 
     fn wait(&self, c: Self::Completion) -> Result<(), String> {

@@ -1,0 +1,210 @@
+//! # kvlayout-backends: a backend chosen by name at run time
+//!
+//! This crate owns the names of the backends and opening one by name: [`open`] gives an
+//! [`AnyBackend`] (the contract's `Backend`, whatever backend is inside), or why that
+//! backend cannot run here. [`names`] lists every backend this build has, in report order, as
+//! the conformance suite and `kvlayout decode --backend` take them.
+//!
+//! | name | backend |
+//! |---|---|
+//! | `cpu` | the CPU backend, the kernel build it picks for this machine |
+//! | `cpu:<build>` | the CPU backend running `avx512-bf16`, `avx512`, `avx2` or `scalar` |
+//! | `cpu:<build>:prefetch-L1`, `cpu:<build>:prefetch-L2` | that build, tiles and moves arranged for rows prefetched to L1 or L2 |
+//! | `reference` | the scalar reference (f64 accumulation) |
+//! | `cuda-emu` | the CUDA kernels under the host emulator (warps of 32), behind the device backend |
+//! | `hip-emu` | the HIP kernels under the host emulator (wavefronts of 64), threads in a seeded order |
+//! | `cuda`, `cuda:<n>` | the CUDA backend on device `n` (0) |
+//! | `hip`, `hip:<n>` | the HIP backend on device `n` (0) |
+//!
+//! It does not own any backend (each crate does), the contract (`kvlayout::ops`), or the
+//! type-erased handle ([`AnyBackend`], in `kvlayout::ops`).
+//!
+//! ```
+//! use kvlayout::ops::Backend;
+//! let be = kvlayout_backends::open("reference")?;
+//! assert_eq!(be.name(), "reference");
+//! let err = kvlayout_backends::open("cpu:sse9").unwrap_err();
+//! assert!(err.to_string().starts_with("cpu:sse9: "));
+//! # Ok::<(), kvlayout_backends::OpenError>(())
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+use kvlayout::ops::AnyBackend;
+use kvlayout_cpu::{CpuBackend, Host, PrefetchLevel, ScalarReference};
+use thiserror::Error;
+
+pub use kvlayout::ops::{AnyCache, AnyCompletion, AnyTensor};
+
+/// The forms of a backend name, for messages.
+pub const NAME_FORMS: &str = "cpu, cpu:<build>, cpu:<build>:prefetch-L1|prefetch-L2, reference, \
+                              cuda-emu, hip-emu, cuda[:<n>], hip[:<n>]";
+
+/// Why a backend was not opened.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum OpenError {
+    /// A name that is no backend.
+    #[error("{name:?} is not a backend name (names: {NAME_FORMS})")]
+    Unknown {
+        /// The name given.
+        name: String,
+    },
+    /// A backend that cannot run here: no device, no driver, a kernel build the CPU lacks.
+    #[error("{name}: {reason}")]
+    Unavailable {
+        /// The name given.
+        name: String,
+        /// Why not.
+        reason: String,
+    },
+}
+
+/// How to open a backend beyond its name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Threads of the CPU backend's pool (`None`: one per core); other backends ignore it.
+    pub threads: Option<usize>,
+}
+
+/// The backend `name` (see the crate docs for the names), with default [`Options`].
+pub fn open(name: &str) -> Result<AnyBackend, OpenError> {
+    open_with(name, &Options::default())
+}
+
+/// The backend `name` with `options`.
+pub fn open_with(name: &str, options: &Options) -> Result<AnyBackend, OpenError> {
+    let unknown = || OpenError::Unknown {
+        name: name.to_string(),
+    };
+    let unavailable = |reason: String| OpenError::Unavailable {
+        name: name.to_string(),
+        reason,
+    };
+    let mut parts = name.split(':');
+    let kind = parts.next().unwrap_or_default();
+    let rest: Vec<&str> = parts.collect();
+    let be = match (kind, rest.as_slice()) {
+        ("cpu", []) => AnyBackend::new(Host::cpu(name, options.threads)),
+        ("cpu", [build, more @ ..]) => {
+            let be = CpuBackend::with_kernels(options.threads, build)
+                .map_err(|e| unavailable(e.to_string()))?;
+            let be = match more {
+                [] => be,
+                [arrangement] => {
+                    be.with_prefetch_level(prefetch_level(arrangement).ok_or_else(unknown)?)
+                }
+                _ => return Err(unknown()),
+            };
+            AnyBackend::new(Host::new(name, be))
+        }
+        ("reference", []) => AnyBackend::new(Host::new(name, ScalarReference)),
+        ("cuda-emu", []) => AnyBackend::new(kvlayout_emu::cuda_emu()).named(name),
+        ("hip-emu", []) => AnyBackend::new(kvlayout_emu::hip_emu()).named(name),
+        ("cuda", _) => {
+            let ordinal = ordinal(&rest).ok_or_else(unknown)?;
+            let be = kvlayout_cuda::cuda(ordinal).map_err(|e| unavailable(e.to_string()))?;
+            AnyBackend::new(be).named(format!("cuda:{ordinal}"))
+        }
+        ("hip", _) => {
+            let ordinal = ordinal(&rest).ok_or_else(unknown)?;
+            let be = kvlayout_hip::hip(ordinal).map_err(|e| unavailable(e.to_string()))?;
+            AnyBackend::new(be).named(format!("hip:{ordinal}"))
+        }
+        _ => return Err(unknown()),
+    };
+    Ok(be)
+}
+
+/// The device ordinal of `cuda` / `cuda:<n>` (0 when absent).
+fn ordinal(rest: &[&str]) -> Option<usize> {
+    match rest {
+        [] => Some(0),
+        [n] => n.parse().ok(),
+        _ => None,
+    }
+}
+
+/// `prefetch-L1` or `prefetch-L2` (either case).
+fn prefetch_level(arrangement: &str) -> Option<PrefetchLevel> {
+    match arrangement.to_ascii_lowercase().as_str() {
+        "prefetch-l1" => Some(PrefetchLevel::L1),
+        "prefetch-l2" => Some(PrefetchLevel::L2),
+        _ => None,
+    }
+}
+
+/// Every backend of this build, in report order: `cpu`; the CPU backend on each other kernel
+/// build this machine runs (`cpu:<build>`), and on the build it picks with its tiles and moves
+/// arranged for the other prefetch level than this machine's; `reference`; `cuda-emu`,
+/// `hip-emu`; `cuda:0`, `hip:0`. Some may not open here ([`open`] says why).
+pub fn names() -> Vec<String> {
+    let builds = CpuBackend::kernel_builds();
+    let mut names = vec!["cpu".to_string()];
+    names.extend(builds.iter().skip(1).map(|b| format!("cpu:{b}")));
+    let other = PrefetchLevel::of_this_machine().other();
+    names.push(format!("cpu:{}:prefetch-{other:?}", builds[0]));
+    for n in ["reference", "cuda-emu", "hip-emu", "cuda:0", "hip:0"] {
+        names.push(n.to_string());
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvlayout::ops::Backend;
+
+    /// Every listed name opens here or says why not; the ones that need no device always open,
+    /// under the name given.
+    #[test]
+    fn every_name_opens_or_says_why() {
+        for name in names() {
+            match open_with(&name, &Options { threads: Some(1) }) {
+                Ok(be) => assert_eq!(be.name(), name),
+                Err(OpenError::Unavailable { name: n, reason }) => {
+                    assert!(
+                        n.starts_with("cuda") || n.starts_with("hip"),
+                        "{n}: {reason}"
+                    );
+                    println!("skipped: {n}: {reason}");
+                }
+                Err(e) => panic!("{name}: {e}"),
+            }
+        }
+        // `cuda` is device 0, reported as `cuda:0` where it opens.
+        match open("cuda") {
+            Ok(be) => assert_eq!(be.name(), "cuda:0"),
+            Err(e) => {
+                assert!(matches!(e, OpenError::Unavailable { ref name, .. } if name == "cuda"))
+            }
+        }
+    }
+
+    /// Malformed names are unknown; a build the CPU cannot run is unavailable, with why.
+    #[test]
+    fn bad_names_are_refused_by_kind() {
+        for name in [
+            "",
+            "gpu",
+            "cpu:avx2:prefetch-L3",
+            "cuda:x",
+            "cuda:0:1",
+            "reference:1",
+            "hip-emu:2",
+        ] {
+            assert_eq!(
+                open(name).unwrap_err(),
+                OpenError::Unknown { name: name.into() },
+                "{name:?}"
+            );
+        }
+        match open("cpu:sse9").unwrap_err() {
+            OpenError::Unavailable { name, reason } => {
+                assert_eq!(name, "cpu:sse9");
+                assert!(reason.contains("sse9"), "{reason}");
+            }
+            other => panic!("{other}"),
+        }
+    }
+}
