@@ -1,8 +1,8 @@
 //! Transfer engines: what moves a plan's runs between two instances' registered memory. An
-//! engine owns its local cache buffers (registered once) and knows each peer by the regions
-//! the peer's handshake registered, so every run is checked against both sides' registered
-//! memory before anything moves. Posting is asynchronous; [`wait`] polls to completion or a
-//! timeout.
+//! engine owns its local buffers (the local cache, or a staging cache; registered once) and
+//! knows each peer by the regions the peer's handshake registered, so every run is checked
+//! against both sides' registered memory before anything moves. Posting is asynchronous;
+//! [`wait`] polls to completion or a timeout. [`crate::execute`] runs a whole plan.
 //!
 //! - [`MemcpyEngine`]: between instances in one process (the default).
 //! - The NIXL engine, between processes and machines, implements the same trait.
@@ -54,6 +54,8 @@ pub trait TransferEngine {
     fn name(&self) -> &str;
     /// What a peer needs to reach this engine (passed to its [`TransferEngine::add_peer`]).
     fn local_metadata(&self) -> Result<Vec<u8>, EngineError>;
+    /// The regions a handshake publishes for this engine's local buffers, one per buffer.
+    fn regions(&self) -> Vec<MemRegion>;
     /// Makes peer `name` reachable: its engine metadata and its registered regions (one per
     /// cache buffer, from its handshake).
     fn add_peer(
@@ -72,6 +74,9 @@ pub trait TransferEngine {
     ) -> Result<Self::Pending, EngineError>;
     /// Whether `pending` is complete; `Err` if it failed.
     fn poll(&mut self, pending: &mut Self::Pending) -> Result<bool, EngineError>;
+    /// A copy of the local buffers, for a pass after the transfer (the post-receive operation
+    /// of a staged plan). An engine may refuse while a transfer it posted is in flight.
+    fn buffers(&self) -> Result<Vec<Vec<u8>>, EngineError>;
     /// Notifications received since the last call: `(peer, message)`.
     fn notifications(&mut self) -> Result<Vec<(String, Vec<u8>)>, EngineError>;
 }
@@ -165,28 +170,6 @@ impl MemcpyEngine {
         })
     }
 
-    /// The regions a handshake publishes for this engine's buffers (their lengths; the base
-    /// is the buffer index, as in-process peers address buffers by index).
-    pub fn regions(&self) -> Vec<MemRegion> {
-        let local = self.local.read().unwrap_or_else(PoisonError::into_inner);
-        local
-            .iter()
-            .enumerate()
-            .map(|(i, b)| MemRegion {
-                base: (i as u64) << 48,
-                len: b.len() as u64,
-            })
-            .collect()
-    }
-
-    /// A copy of the local buffers.
-    pub fn buffers(&self) -> Vec<Vec<u8>> {
-        self.local
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
     /// Replaces the local buffers' contents (each of the same length).
     pub fn set_buffers(&self, bytes: &[Vec<u8>]) -> Result<(), EngineError> {
         let mut local = self.local.write().unwrap_or_else(PoisonError::into_inner);
@@ -226,6 +209,20 @@ impl TransferEngine for MemcpyEngine {
 
     fn local_metadata(&self) -> Result<Vec<u8>, EngineError> {
         Ok(self.name.as_bytes().to_vec())
+    }
+
+    /// Each buffer's length; the base is the buffer index (`i << 48`), as in-process peers
+    /// address buffers by index.
+    fn regions(&self) -> Vec<MemRegion> {
+        let local = self.local.read().unwrap_or_else(PoisonError::into_inner);
+        local
+            .iter()
+            .enumerate()
+            .map(|(i, b)| MemRegion {
+                base: (i as u64) << 48,
+                len: b.len() as u64,
+            })
+            .collect()
     }
 
     fn add_peer(
@@ -303,6 +300,14 @@ impl TransferEngine for MemcpyEngine {
 
     fn poll(&mut self, _: &mut Copied) -> Result<bool, EngineError> {
         Ok(true)
+    }
+
+    fn buffers(&self) -> Result<Vec<Vec<u8>>, EngineError> {
+        Ok(self
+            .local
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone())
     }
 
     fn notifications(&mut self) -> Result<Vec<(String, Vec<u8>)>, EngineError> {

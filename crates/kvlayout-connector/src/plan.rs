@@ -11,6 +11,9 @@
 //! contiguous on both sides ([`kvlayout::ops::copy_runs`]): bytes land directly in their
 //! final place, so no post-receive operation is needed. Per-block states (Mamba) move as
 //! whole blocks, paired in order, with equal block sizes.
+//!
+//! Each side is a handshake [`CacheGroup`]: its layout, the model's KV heads, its TP rank and
+//! size. The planner does not read regions. [`crate::execute`] runs a [`TransferPlan`].
 
 use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
@@ -79,54 +82,27 @@ pub enum PlanError {
     },
 }
 
-/// One rank's cache: its layout and its place among the model's KV heads.
-#[derive(Debug, Clone, Copy)]
-pub struct Side<'a> {
-    /// The rank's cache layout (its heads only).
-    pub layout: &'a KvCacheLayout,
-    /// The model's KV heads before TP slicing.
-    pub total_kv_heads: u64,
-    /// TP size.
-    pub tp_size: u64,
-    /// TP rank.
-    pub tp_rank: u64,
-}
-
-impl<'a> From<&'a CacheGroup> for Side<'a> {
-    /// The side a peer's (or this instance's) handshake group describes.
-    fn from(g: &'a CacheGroup) -> Self {
-        Side {
-            layout: &g.layout,
-            total_kv_heads: g.total_kv_heads,
-            tp_size: g.tp_size,
-            tp_rank: g.tp_rank,
-        }
+/// The model heads group `g` holds, checked against its layout (`side`: `local` or `remote`).
+fn held_heads(g: &CacheGroup, side: &'static str) -> Result<Range<u64>, PlanError> {
+    let fail = |reason| PlanError::Tp { side, reason };
+    if matches!(g.layout.content(), Content::MambaConv { .. }) && g.tp_size > 1 {
+        return Err(fail(
+            "a Mamba conv state is sharded along its channels, not heads".into(),
+        ));
     }
-}
-
-impl Side<'_> {
-    /// The model heads this rank holds, checked against its layout.
-    pub fn heads(&self, side: &'static str) -> Result<Range<u64>, PlanError> {
-        let fail = |reason| PlanError::Tp { side, reason };
-        if matches!(self.layout.content(), Content::MambaConv { .. }) && self.tp_size > 1 {
-            return Err(fail(
-                "a Mamba conv state is sharded along its channels, not heads".into(),
-            ));
-        }
-        let heads = tp_head_range(self.total_kv_heads, self.tp_size, self.tp_rank)
-            .map_err(|e| fail(e.to_string()))?;
-        let held = self.layout.geometry().num_kv_heads;
-        if heads.end - heads.start != held {
-            return Err(fail(format!(
-                "rank {} of {} holds {} of {} KV heads, its layout has {held}",
-                self.tp_rank,
-                self.tp_size,
-                heads.end - heads.start,
-                self.total_kv_heads
-            )));
-        }
-        Ok(heads)
+    let heads =
+        tp_head_range(g.total_kv_heads, g.tp_size, g.tp_rank).map_err(|e| fail(e.to_string()))?;
+    let held = g.layout.geometry().num_kv_heads;
+    if heads.end - heads.start != held {
+        return Err(fail(format!(
+            "rank {} of {} holds {} of {} KV heads, its layout has {held}",
+            g.tp_rank,
+            g.tp_size,
+            heads.end - heads.start,
+            g.total_kv_heads
+        )));
     }
+    Ok(heads)
 }
 
 /// A sequence's blocks on both sides: its first `tokens` tokens are in `remote` blocks of the
@@ -155,11 +131,21 @@ pub struct RankTransfer {
     pub runs: Vec<CopyRun>,
 }
 
+impl RankTransfer {
+    /// The local heads this transfer fills.
+    pub fn local_heads(&self) -> Range<u64> {
+        self.local_head0..self.local_head0 + (self.remote_heads.end - self.remote_heads.start)
+    }
+}
+
 /// A plan: the transfers from each remote rank involved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TransferPlan {
     /// One per remote rank read, by rank.
     pub transfers: Vec<RankTransfer>,
+    /// The local blocks the plan writes, ascending. Each transfer writes all of them (its own
+    /// heads), so a transfer that does not complete leaves them not received.
+    pub local_blocks: Vec<u64>,
 }
 
 impl TransferPlan {
@@ -254,28 +240,40 @@ fn sub_block_pairs(
     Ok(pairs)
 }
 
-/// Heads of one remote rank to pull: its heads `heads` (indices in its layout) go to local
-/// heads from `dst_head0`.
+/// The local blocks `seqs` write (those holding their tokens), ascending, each once.
+fn local_blocks(seqs: &[SeqBlocks], block_size: u64) -> Vec<u64> {
+    let mut blocks: Vec<u64> = seqs
+        .iter()
+        .flat_map(|s| {
+            let used = s.tokens.div_ceil(block_size.max(1)) as usize;
+            s.local.iter().take(used).copied()
+        })
+        .collect();
+    blocks.sort_unstable();
+    blocks.dedup();
+    blocks
+}
+
+/// Heads of one remote rank to pull, and the block sizes paired: its heads `heads` (indices
+/// in its layout) go to local heads from `dst_head0`.
 #[derive(Debug, Clone)]
 pub(crate) struct Pull<'r> {
-    /// The remote rank.
-    pub(crate) remote: &'r Side<'r>,
-    /// Its heads read.
-    pub(crate) heads: Range<u64>,
-    /// The local head of `heads.start`.
-    pub(crate) dst_head0: u64,
+    remote: &'r CacheGroup,
+    heads: Range<u64>,
+    dst_head0: u64,
+    sizes: BlockSizes,
 }
 
 /// Block sizes of a pull: `(remote, local, paired)`, the paired size dividing both.
-pub(crate) type BlockSizes = (u64, u64, u64);
+type BlockSizes = (u64, u64, u64);
 
 /// Which remote rank serves which of the local heads (each from its lowest holder), after
 /// checking the two sides agree on the model and their block sizes nest.
 pub(crate) fn pulls<'r>(
-    local: &Side<'_>,
-    remotes: &'r [Side<'r>],
-) -> Result<(Vec<Pull<'r>>, BlockSizes), PlanError> {
-    let want = local.heads("local")?;
+    local: &CacheGroup,
+    remotes: &'r [CacheGroup],
+) -> Result<Vec<Pull<'r>>, PlanError> {
+    let want = held_heads(local, "local")?;
     let Some(first) = remotes.first() else {
         return Err(PlanError::NoHolder {
             head: want.start,
@@ -307,7 +305,7 @@ pub(crate) fn pulls<'r>(
     let holders = remotes
         .iter()
         .filter(|r| r.tp_size == first.tp_size && r.total_kv_heads == first.total_kv_heads)
-        .map(|r| r.heads("remote").map(|h| (r, h)))
+        .map(|r| held_heads(r, "remote").map(|h| (r, h)))
         .collect::<Result<Vec<_>, _>>()?;
     let mut out = Vec::new();
     let mut head = want.start;
@@ -322,7 +320,7 @@ pub(crate) fn pulls<'r>(
                 tp_size: first.tp_size,
             });
         };
-        check_compatible(local.layout, remote.layout)?;
+        check_compatible(&local.layout, &remote.layout)?;
         if remote.layout.geometry().block_size != br {
             return Err(PlanError::BlockSize(format!(
                 "remote ranks differ: {br} and {} tokens per block",
@@ -334,71 +332,98 @@ pub(crate) fn pulls<'r>(
             remote,
             heads: head - held.start..end - held.start,
             dst_head0: head - want.start,
+            sizes: (br, bl, g),
         });
         head = end;
     }
-    Ok((out, (br, bl, g)))
+    Ok(out)
 }
 
-/// The merged runs moving `p`'s heads of `seqs` from `remote` into `local` (either a rank's
-/// cache or a staging cache).
-pub(crate) fn pull_runs(
-    p: &Pull<'_>,
-    local: &KvCacheLayout,
-    seqs: &[SeqBlocks],
-    (br, bl, g): BlockSizes,
-) -> Result<Vec<CopyRun>, PlanError> {
-    let remote = p.remote.layout;
-    let groups = sub_block_pairs(
-        seqs,
-        (br, bl, g),
-        (remote.geometry().num_blocks, local.geometry().num_blocks),
-    )?;
-    let several = groups.len() > 1;
-    let mut runs = Vec::new();
-    for ((j, jl), pairs) in groups {
-        let (rv, lv) = (sub_view(remote, j, g)?, sub_view(local, jl, g)?);
-        let m = Moves {
-            pairs,
-            heads: p.heads.clone(),
-            dst_head0: p.dst_head0,
-        };
-        let budget = MAX_PLAN_UNITS.saturating_sub(runs.len());
-        let group = copy_runs(&rv, &lv, &m, budget).ok_or_else(|| PlanError::TooLarge {
-            rank: p.remote.tp_rank,
-            reason: format!(
-                "more than {MAX_PLAN_UNITS} units, or no byte-run form between the \
-                 layouts (two different element splits of a legacy key)"
-            ),
-        })?;
-        if runs.is_empty() {
-            runs = group;
-        } else {
-            runs.extend(group);
-        }
+impl Pull<'_> {
+    /// The remote rank read.
+    pub(crate) fn remote_rank(&self) -> u64 {
+        self.remote.tp_rank
     }
-    Ok(if several { merge_runs(runs) } else { runs })
+
+    /// The remote rank's layout.
+    pub(crate) fn remote_layout(&self) -> &KvCacheLayout {
+        &self.remote.layout
+    }
+
+    /// The remote heads read (indices in its layout).
+    pub(crate) fn heads(&self) -> Range<u64> {
+        self.heads.clone()
+    }
+
+    /// The local head of `heads().start`.
+    pub(crate) fn local_head0(&self) -> u64 {
+        self.dst_head0
+    }
+
+    /// The merged runs moving this pull's heads of `seqs` into `into` (a rank's cache or a
+    /// staging cache), the first head landing on head `dst_head0` of `into`.
+    pub(crate) fn runs(
+        &self,
+        into: &KvCacheLayout,
+        dst_head0: u64,
+        seqs: &[SeqBlocks],
+    ) -> Result<Vec<CopyRun>, PlanError> {
+        let (br, bl, g) = self.sizes;
+        let remote = &self.remote.layout;
+        let groups = sub_block_pairs(
+            seqs,
+            (br, bl, g),
+            (remote.geometry().num_blocks, into.geometry().num_blocks),
+        )?;
+        let several = groups.len() > 1;
+        let mut runs = Vec::new();
+        for ((j, jl), pairs) in groups {
+            let (rv, lv) = (sub_view(remote, j, g)?, sub_view(into, jl, g)?);
+            let m = Moves {
+                pairs,
+                heads: self.heads.clone(),
+                dst_head0,
+            };
+            let budget = MAX_PLAN_UNITS.saturating_sub(runs.len());
+            let group = copy_runs(&rv, &lv, &m, budget).ok_or_else(|| PlanError::TooLarge {
+                rank: self.remote.tp_rank,
+                reason: format!(
+                    "more than {MAX_PLAN_UNITS} units, or no byte-run form between the \
+                     layouts (two different element splits of a legacy key)"
+                ),
+            })?;
+            if runs.is_empty() {
+                runs = group;
+            } else {
+                runs.extend(group);
+            }
+        }
+        Ok(if several { merge_runs(runs) } else { runs })
+    }
 }
 
 /// The plan for `local` to pull `seqs` from the remote ranks `remotes` (each rank of the
 /// remote TP group that may be read; all share one TP size and the model's heads), every
-/// byte directly into its place in the local cache.
+/// byte directly into its place in the local cache. Planning reads each group's layout,
+/// model heads and TP rank and size; it does not read their regions, which may be empty.
 pub fn plan_pull(
-    local: &Side<'_>,
-    remotes: &[Side<'_>],
+    local: &CacheGroup,
+    remotes: &[CacheGroup],
     seqs: &[SeqBlocks],
 ) -> Result<TransferPlan, PlanError> {
-    let (pulls, sizes) = pulls(local, remotes)?;
-    let transfers = pulls
+    let transfers = pulls(local, remotes)?
         .iter()
         .map(|p| {
             Ok(RankTransfer {
-                remote_rank: p.remote.tp_rank,
-                remote_heads: p.heads.clone(),
-                local_head0: p.dst_head0,
-                runs: pull_runs(p, local.layout, seqs, sizes)?,
+                remote_rank: p.remote_rank(),
+                remote_heads: p.heads(),
+                local_head0: p.local_head0(),
+                runs: p.runs(&local.layout, p.local_head0(), seqs)?,
             })
         })
         .collect::<Result<_, PlanError>>()?;
-    Ok(TransferPlan { transfers })
+    Ok(TransferPlan {
+        transfers,
+        local_blocks: local_blocks(seqs, local.layout.geometry().block_size),
+    })
 }

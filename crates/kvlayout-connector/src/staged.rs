@@ -3,7 +3,8 @@
 //! dense staging cache in the remote's own order and the local block size, so the wire moves
 //! whole page slices, and then runs the post-receive operation on the local backend:
 //! `scatter_blocks` from the staging cache into the local blocks and heads, which converts
-//! order, padding and head placement in one pass ([`receive`]).
+//! order, padding and head placement in one pass ([`receive`]). [`crate::execute`] runs a
+//! staged plan with a [`PostReceive`]; [`Scatter`] is the one on a backend.
 //!
 //! The staging cache covers whole local blocks: a partly filled last block of a sequence is
 //! written whole, its slots past the sequence's tokens included.
@@ -11,10 +12,11 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use kvlayout::ops::{Backend, CopyRun, OpError};
+use kvlayout::ops::{Backend, BufferShape, CopyRun, OpError};
 use kvlayout::{Geometry, KvCacheLayout, LayoutSpec, Paged, Placement};
 
-use crate::plan::{pull_runs, pulls, PlanError, SeqBlocks, Side};
+use crate::handshake::CacheGroup;
+use crate::plan::{pulls, PlanError, RankTransfer, SeqBlocks, TransferPlan};
 
 /// What one remote rank sends to a staging cache, and where the staging blocks go.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,6 +57,48 @@ impl StagedPlan {
             .map(|r| r.len)
             .sum()
     }
+
+    /// The local blocks the plan writes, ascending (every transfer writes all of them).
+    pub fn local_blocks(&self) -> Vec<u64> {
+        let mut blocks = self
+            .transfers
+            .first()
+            .map(|t| t.local_blocks.clone())
+            .unwrap_or_default();
+        blocks.sort_unstable();
+        blocks
+    }
+
+    /// Per staging buffer, the most bytes any transfer's staging cache spans: the local memory
+    /// an engine needs to receive every transfer of this plan.
+    pub fn staging_extents(&self) -> Vec<u64> {
+        let mut out: Vec<u64> = Vec::new();
+        for t in &self.transfers {
+            for (i, x) in t.staging.extents().iter().enumerate() {
+                match out.get_mut(i) {
+                    Some(len) => *len = (*len).max(x.end),
+                    None => out.push(x.end),
+                }
+            }
+        }
+        out
+    }
+}
+
+impl StagedTransfer {
+    /// The wire part alone: a plan whose local cache is this transfer's staging cache (its
+    /// blocks `0..local_blocks.len()`, heads from 0).
+    pub fn wire(&self) -> TransferPlan {
+        TransferPlan {
+            transfers: vec![RankTransfer {
+                remote_rank: self.remote_rank,
+                remote_heads: self.remote_heads.clone(),
+                local_head0: 0,
+                runs: self.runs.clone(),
+            }],
+            local_blocks: (0..self.local_blocks.len() as u64).collect(),
+        }
+    }
 }
 
 /// A dense layout in `remote`'s order with `heads` heads and `blocks` blocks of `block_size`.
@@ -83,13 +127,13 @@ fn staging_layout(
 }
 
 /// The staged plan for `local` to pull `seqs` from `remotes` (see [`crate::plan::plan_pull`]
-/// for the pairing of heads and blocks).
+/// for the pairing of heads and blocks; regions are not read).
 pub fn plan_pull_staged(
-    local: &Side<'_>,
-    remotes: &[Side<'_>],
+    local: &CacheGroup,
+    remotes: &[CacheGroup],
     seqs: &[SeqBlocks],
 ) -> Result<StagedPlan, PlanError> {
-    let (pulls, sizes) = pulls(local, remotes)?;
+    let pulls = pulls(local, remotes)?;
     let bl = local.layout.geometry().block_size;
     // Staging block per local block written, in order of first write.
     let mut index: HashMap<u64, u64> = HashMap::new();
@@ -133,19 +177,15 @@ pub fn plan_pull_staged(
     let transfers = pulls
         .iter()
         .map(|p| {
-            let n = p.heads.end - p.heads.start;
-            let staging = staging_layout(p.remote.layout, n, local_blocks.len() as u64, bl)?;
-            let into_staging = crate::plan::Pull {
-                dst_head0: 0,
-                ..p.clone()
-            };
+            let n = p.heads().end - p.heads().start;
+            let staging = staging_layout(p.remote_layout(), n, local_blocks.len() as u64, bl)?;
             Ok(StagedTransfer {
-                remote_rank: p.remote.tp_rank,
-                remote_heads: p.heads.clone(),
-                runs: pull_runs(&into_staging, &staging, &staged_seqs, sizes)?,
+                remote_rank: p.remote_rank(),
+                remote_heads: p.heads(),
+                runs: p.runs(&staging, 0, &staged_seqs)?,
                 staging,
                 local_blocks: local_blocks.clone(),
-                local_heads: p.dst_head0..p.dst_head0 + n,
+                local_heads: p.local_head0()..p.local_head0() + n,
             })
         })
         .collect::<Result<_, PlanError>>()?;
@@ -161,4 +201,63 @@ pub fn receive<B: Backend>(
     local: &mut B::Cache,
 ) -> Result<B::Completion, OpError> {
     be.scatter_blocks(staging, &t.local_blocks, t.local_heads.clone(), local)
+}
+
+/// Why a post-receive operation failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ReceiveError {
+    /// The backend refused `scatter_blocks` (nothing written).
+    #[error("scatter_blocks refused: {0}")]
+    Refused(OpError),
+    /// The backend failed a step (allocation, upload, or the wait for the scatter).
+    #[error("backend {backend}: {step}: {reason}")]
+    Backend {
+        /// The backend's name.
+        backend: String,
+        /// The step that failed.
+        step: &'static str,
+        /// The backend's reason.
+        reason: String,
+    },
+}
+
+/// What runs once a staged transfer's bytes are in the engine's memory: the post-receive
+/// operation into the local cache. [`crate::execute`] calls it once per transfer.
+pub trait PostReceive {
+    /// Moves `staging`, the bytes of `t`'s staging cache (one vector per buffer, each as long
+    /// as the staging layout's span), into the local cache's blocks and heads.
+    fn receive(&mut self, t: &StagedTransfer, staging: &[Vec<u8>]) -> Result<(), ReceiveError>;
+}
+
+/// The post-receive operation on a backend: `scatter_blocks` from a staging cache uploaded to
+/// `backend` into `cache`, waited for.
+pub struct Scatter<'a, B: Backend> {
+    backend: &'a B,
+    cache: &'a mut B::Cache,
+}
+
+impl<'a, B: Backend> Scatter<'a, B> {
+    /// Scatters into `cache`, a cache of the local layout on `backend`.
+    pub fn new(backend: &'a B, cache: &'a mut B::Cache) -> Self {
+        Scatter { backend, cache }
+    }
+}
+
+impl<B: Backend> PostReceive for Scatter<'_, B> {
+    fn receive(&mut self, t: &StagedTransfer, staging: &[Vec<u8>]) -> Result<(), ReceiveError> {
+        let be = self.backend;
+        let failed = |step, reason| ReceiveError::Backend {
+            backend: be.name().to_string(),
+            step,
+            reason,
+        };
+        let mut cache = be
+            .alloc_cache(&t.staging, &BufferShape::exact(&t.staging))
+            .map_err(|e| failed("allocating the staging cache", e))?;
+        be.upload_cache(&mut cache, staging)
+            .map_err(|e| failed("uploading the staging cache", e))?;
+        let done = receive(be, t, &cache, self.cache).map_err(ReceiveError::Refused)?;
+        be.wait(done)
+            .map_err(|e| failed("waiting for scatter_blocks", e))
+    }
 }

@@ -8,9 +8,10 @@
 //!   metadata is refused.
 //! - Two processes on loopback: this binary re-runs itself as the prefill peer (the variable
 //!   `KVLAYOUT_NIXL_ROLE` makes the same test act as the child); the handshake and the agent
-//!   metadata travel over TCP on 127.0.0.1. The decode side pulls, decodes, and matches the
-//!   prefill side's reference bit for bit. The peer killed mid-transfer: an error within the
-//!   timeout, and the blocks not received are named. A hostile handshake is refused.
+//!   metadata travel over TCP on 127.0.0.1. The decode side pulls with `execute` (rank 0
+//!   directly, rank 1 staged), decodes, and matches the prefill side's reference bit for bit.
+//!   The peer killed mid-transfer: an error within the timeout, and the blocks not received
+//!   are named, by `blocks_written` and by `execute`'s error. A hostile handshake is refused.
 //!
 //! Without the library each test that needs it reports `skipped: nixl: <why>`, unless
 //! `KVLAYOUT_REQUIRE_NIXL=1` (scripts/test.sh), which fails it. Every test is named `nixl_*`:

@@ -8,7 +8,8 @@
 use kvlayout::ops::{Backend, BufferShape};
 use kvlayout::tp_head_range;
 use kvlayout::{Coord, KvCacheLayout};
-use kvlayout_connector::plan::{plan_pull, PlanError, SeqBlocks, Side, TransferPlan};
+use kvlayout_connector::handshake::CacheGroup;
+use kvlayout_connector::plan::{plan_pull, PlanError, SeqBlocks, TransferPlan};
 use kvlayout_connector::staged::{plan_pull_staged, receive};
 use kvlayout_cpu::Host;
 use proptest::prelude::*;
@@ -35,12 +36,15 @@ fn rank_layout(
     spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"))
 }
 
-fn side(layout: &KvCacheLayout, total_kv_heads: u64, tp_size: u64, tp_rank: u64) -> Side<'_> {
-    Side {
-        layout,
+/// Rank `tp_rank` of `tp_size` holding `layout`, its memory not described (planning only).
+fn side(layout: &KvCacheLayout, total_kv_heads: u64, tp_size: u64, tp_rank: u64) -> CacheGroup {
+    CacheGroup {
+        name: "attn".into(),
+        layout: layout.clone(),
         total_kv_heads,
         tp_size,
         tp_rank,
+        regions: Vec::new(),
     }
 }
 
@@ -130,8 +134,9 @@ fn blocks(n: u64, limit: u64, seed: u64) -> Vec<u64> {
     ids
 }
 
-/// Applies `plan` to local buffers from the remote ranks' bytes (an in-process engine).
-fn execute(
+/// Applies `plan` to local buffers from the remote ranks' bytes, run by run (the reference
+/// the engines are not part of).
+fn apply(
     plan: &TransferPlan,
     remote: &[Vec<Vec<u8>>],
     local: &mut [Vec<u8>],
@@ -191,7 +196,7 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
         c.order_local,
         c.pad_local,
     );
-    let remotes: Vec<Side> = remote_layouts
+    let remotes: Vec<CacheGroup> = remote_layouts
         .iter()
         .enumerate()
         .map(|(r, l)| side(l, c.total_heads, c.tp_remote, r as u64))
@@ -230,7 +235,7 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
         .map(|(r, l)| fill(l, r as u64 + 1))
         .collect();
     let mut local_bytes = fill(&local_layout, 99);
-    execute(&plan, &remote_bytes, &mut local_bytes)?;
+    apply(&plan, &remote_bytes, &mut local_bytes)?;
     // No destination byte written twice.
     let mut dst: Vec<_> = plan
         .transfers
@@ -274,15 +279,7 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
         .unwrap();
     for t in &staged.transfers {
         let mut staging_bytes = fill(&t.staging, 7);
-        let one = TransferPlan {
-            transfers: vec![kvlayout_connector::plan::RankTransfer {
-                remote_rank: t.remote_rank,
-                remote_heads: t.remote_heads.clone(),
-                local_head0: 0,
-                runs: t.runs.clone(),
-            }],
-        };
-        execute(&one, &remote_bytes, &mut staging_bytes)?;
+        apply(&t.wire(), &remote_bytes, &mut staging_bytes)?;
         let mut staging = be
             .alloc_cache(&t.staging, &BufferShape::exact(&t.staging))
             .unwrap();
@@ -416,7 +413,7 @@ fn prefill_tp_above_decode_tp_gathers_from_several_ranks() {
         .parse()
         .unwrap();
     let side = |l, tp, rank| side(l, 4, tp, rank);
-    let remotes: Vec<Side> = (0..4).map(|r| side(&remote, 4, r)).collect();
+    let remotes: Vec<CacheGroup> = (0..4).map(|r| side(&remote, 4, r)).collect();
     let seqs = [SeqBlocks {
         remote: vec![1],
         local: vec![0],
@@ -488,7 +485,7 @@ fn mamba_states_move_whole_blocks_and_gather_heads() {
     };
     let remote: Vec<KvCacheLayout> = (0..2).map(|_| spec(2, "LBHNC")).collect();
     let local = spec(4, "BLHNC");
-    let remotes: Vec<Side> = remote
+    let remotes: Vec<CacheGroup> = remote
         .iter()
         .enumerate()
         .map(|(r, l)| side(l, 4, 2, r as u64))
@@ -506,7 +503,7 @@ fn mamba_states_move_whole_blocks_and_gather_heads() {
         .map(|(r, l)| fill(l, r as u64 + 5))
         .collect();
     let mut local_bytes = fill(&local, 1);
-    execute(&plan, &remote_bytes, &mut local_bytes).unwrap();
+    apply(&plan, &remote_bytes, &mut local_bytes).unwrap();
     for (rb, lb) in [(3u64, 0u64), (1, 2)] {
         for h in 0..4u64 {
             for layer in 0..2 {

@@ -12,24 +12,29 @@
 mod shared;
 use shared::scattered;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kvlayout::ops::CopyRun;
 use kvlayout::{KvCacheLayout, PRESETS};
 use kvlayout_connector::engine::{MemcpyEngine, TransferEngine};
-use kvlayout_connector::plan::{plan_pull, SeqBlocks, Side};
+use kvlayout_connector::handshake::CacheGroup;
+use kvlayout_connector::plan::{plan_pull, SeqBlocks, TransferPlan};
 use kvlayout_connector::staged::plan_pull_staged;
+use kvlayout_connector::{execute, Plan};
 
 fn layout(spec: &str) -> KvCacheLayout {
     spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"))
 }
 
-fn side(layout: &KvCacheLayout, heads: u64, tp: u64, rank: u64) -> Side<'_> {
-    Side {
-        layout,
+/// Rank `rank` of `tp` holding `layout`, its memory not described (planning only).
+fn group(layout: &KvCacheLayout, heads: u64, tp: u64, rank: u64) -> CacheGroup {
+    CacheGroup {
+        name: "attn".into(),
+        layout: layout.clone(),
         total_kv_heads: heads,
         tp_size: tp,
         tp_rank: rank,
+        regions: Vec::new(),
     }
 }
 
@@ -58,10 +63,10 @@ fn per_block_both(
         ),
         tokens,
     }];
-    let remotes: Vec<Side> = (0..tp_r).map(|k| side(&r, heads, tp_r, k)).collect();
-    let plan = plan_pull(&side(&l, heads, tp_l, 0), &remotes, &seqs).map_err(|e| e.to_string())?;
-    let staged =
-        plan_pull_staged(&side(&l, heads, tp_l, 0), &remotes, &seqs).map_err(|e| e.to_string())?;
+    let remotes: Vec<CacheGroup> = (0..tp_r).map(|k| group(&r, heads, tp_r, k)).collect();
+    let local = group(&l, heads, tp_l, 0);
+    let plan = plan_pull(&local, &remotes, &seqs).map_err(|e| e.to_string())?;
+    let staged = plan_pull_staged(&local, &remotes, &seqs).map_err(|e| e.to_string())?;
     Ok((
         plan.descriptors() as f64 / blocks as f64,
         staged.descriptors() as f64 / blocks as f64,
@@ -119,8 +124,9 @@ fn main() {
             local: scattered(blocks, 131_072, 7),
             tokens: blocks * 16,
         }];
+        let g = group(&l, 8, 1, 0);
         let t = Instant::now();
-        let plan = plan_pull(&side(&l, 8, 1, 0), &[side(&l, 8, 1, 0)], &seqs);
+        let plan = plan_pull(&g, std::slice::from_ref(&g), &seqs);
         let ms = t.elapsed().as_secs_f64() * 1e3;
         match plan {
             Ok(p) => println!(
@@ -152,8 +158,8 @@ fn main() {
 }
 
 /// GB/s of pulling 256 scattered blocks from `remote` into `local` (TP `tp_l`, rank 0) over the
-/// memcpy engine (into the staging cache when `staged`), and of one run of the same bytes;
-/// best of 5 each.
+/// memcpy engine (the wire part alone into the staging cache when `staged`), and of one run of
+/// the same bytes; best of 5 each, both through [`execute`].
 fn engine_ratio(
     remote: &str,
     local: &str,
@@ -167,18 +173,16 @@ fn engine_ratio(
         local: scattered(blocks, l.geometry().num_blocks, 13),
         tokens: blocks * 16,
     }];
-    let remotes = [side(&r, 8, 1, 0)];
-    let (runs, l) = if staged {
-        let p =
-            plan_pull_staged(&side(&l, 8, tp_l, 0), &remotes, &seqs).map_err(|e| e.to_string())?;
-        let t = p.transfers.into_iter().next().ok_or("no transfer")?;
-        (t.runs, t.staging)
+    let (remotes, mine) = ([group(&r, 8, 1, 0)], group(&l, 8, tp_l, 0));
+    let (plan, into) = if staged {
+        let p = plan_pull_staged(&mine, &remotes, &seqs).map_err(|e| e.to_string())?;
+        let t = p.transfers.first().ok_or("no transfer")?;
+        (t.wire(), t.staging.clone())
     } else {
-        let p = plan_pull(&side(&l, 8, tp_l, 0), &remotes, &seqs).map_err(|e| e.to_string())?;
-        let t = p.transfers.into_iter().next().ok_or("no transfer")?;
-        (t.runs, l)
+        let p = plan_pull(&mine, &remotes, &seqs).map_err(|e| e.to_string())?;
+        (p, l)
     };
-    let zeros = |x: &KvCacheLayout| {
+    let ones = |x: &KvCacheLayout| {
         x.extents()
             .iter()
             .map(|e| vec![1u8; e.end as usize])
@@ -186,30 +190,37 @@ fn engine_ratio(
     };
     let tag = format!("{local} {staged}");
     let src =
-        MemcpyEngine::new(&format!("bench-src-{tag}"), zeros(&r)).map_err(|e| e.to_string())?;
+        MemcpyEngine::new(&format!("bench-src-{tag}"), ones(&r)).map_err(|e| e.to_string())?;
     let mut dst =
-        MemcpyEngine::new(&format!("bench-dst-{tag}"), zeros(&l)).map_err(|e| e.to_string())?;
+        MemcpyEngine::new(&format!("bench-dst-{tag}"), ones(&into)).map_err(|e| e.to_string())?;
     dst.add_peer(src.name(), src.name().as_bytes(), &src.regions())
         .map_err(|e| e.to_string())?;
-    let bytes: u64 = runs.iter().map(|r| r.len).sum();
-    let one = [CopyRun {
+    let bytes = plan.bytes();
+    let one = CopyRun {
         src_offset: 0,
         dst_offset: 0,
         len: bytes,
         src_buffer: 0,
         dst_buffer: 0,
-    }];
-    let mut best = |runs: &[CopyRun]| -> Result<f64, String> {
+    };
+    let one = shared::with_runs(&plan, vec![one])?;
+    let mut best = |p: &TransferPlan| -> Result<f64, String> {
         let mut t = f64::MAX;
         for _ in 0..5 {
             let start = Instant::now();
-            dst.post_read(src.name(), runs, b"")
-                .map_err(|e| e.to_string())?;
+            execute(
+                &mut dst,
+                Plan::Direct(p),
+                &[src.name()],
+                b"",
+                Duration::from_secs(60),
+            )
+            .map_err(|e| e.to_string())?;
             t = t.min(start.elapsed().as_secs_f64());
         }
         Ok(bytes as f64 / t / 1e9)
     };
-    let planned = best(&runs)?;
+    let planned = best(&plan)?;
     let single = best(&one)?;
     Ok((planned, single, bytes))
 }

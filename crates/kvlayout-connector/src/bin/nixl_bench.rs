@@ -20,11 +20,12 @@ use std::time::{Duration, Instant};
 
 use kvlayout::ops::CopyRun;
 use kvlayout::KvCacheLayout;
-use kvlayout_connector::engine::{wait, TransferEngine};
+use kvlayout_connector::engine::TransferEngine;
 use kvlayout_connector::handshake::{CacheGroup, Limits, MemRegion, PeerMetadata};
 use kvlayout_connector::nixl::{self, Hello, NixlEngine};
-use kvlayout_connector::plan::{plan_pull, SeqBlocks, Side};
+use kvlayout_connector::plan::{plan_pull, SeqBlocks, TransferPlan};
 use kvlayout_connector::staged::plan_pull_staged;
+use kvlayout_connector::{execute, Plan};
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
@@ -139,18 +140,17 @@ impl Drop for Guard {
     }
 }
 
-/// Best and median of `iters` timed reads of `runs`.
+/// Best and median of `iters` timed runs of `plan`.
 fn time_reads(
     engine: &mut NixlEngine,
     peer: &str,
-    runs: &[CopyRun],
+    plan: &TransferPlan,
     iters: usize,
 ) -> Res<(Duration, Duration)> {
     let mut times = Vec::with_capacity(iters);
     for _ in 0..=iters {
         let t = Instant::now();
-        let mut p = engine.post_read(peer, runs, b"")?;
-        wait(engine, &mut p, TIMEOUT)?;
+        execute(engine, Plan::Direct(plan), &[peer], b"", TIMEOUT)?;
         times.push(t.elapsed());
     }
     times.remove(0); // the first one includes connecting
@@ -158,14 +158,15 @@ fn time_reads(
     Ok((times[0], times[times.len() / 2]))
 }
 
-/// Contiguous runs of `bytes` in all: buffer by buffer from offset 0 on both sides.
-fn contiguous(bytes: u64, src: &[MemRegion], dst: &[MemRegion]) -> Vec<CopyRun> {
-    let mut left = bytes;
-    let mut out = Vec::new();
+/// The bytes of `plan`'s first transfer in contiguous runs: buffer by buffer from offset 0 on
+/// both sides.
+fn contiguous(plan: &TransferPlan, src: &[MemRegion], dst: &[MemRegion]) -> Res<TransferPlan> {
+    let mut left = plan.bytes();
+    let mut runs = Vec::new();
     for (i, (s, d)) in src.iter().zip(dst).enumerate() {
         let len = left.min(s.len).min(d.len);
         if len > 0 {
-            out.push(CopyRun {
+            runs.push(CopyRun {
                 src_buffer: i as u32,
                 src_offset: 0,
                 dst_buffer: i as u32,
@@ -175,7 +176,7 @@ fn contiguous(bytes: u64, src: &[MemRegion], dst: &[MemRegion]) -> Vec<CopyRun> 
         }
         left -= len;
     }
-    out
+    Ok(shared::with_runs(plan, runs)?)
 }
 
 fn run(iters: usize) -> Res<()> {
@@ -209,17 +210,16 @@ fn run(iters: usize) -> Res<()> {
             local: scattered(BLOCKS, d.geometry().num_blocks, 5),
             tokens: BLOCKS * p.geometry().block_size,
         }];
-        // Plan against the decode layout; a staged case receives into the staging cache.
-        let planned_side = group(&d, tp, Vec::new());
+        // Plan against the decode layout, whose memory the engine gets once the plan says
+        // how much; a staged case receives into the staging cache (the wire part alone).
+        let (mine, remotes) = (group(&d, tp, Vec::new()), &hello.peer.groups[..1]);
         let t = Instant::now();
-        let (runs, target) = if staged {
-            let plan = plan_pull_staged(&Side::from(&planned_side), &[Side::from(remote)], &seqs)?;
-            let t = plan.transfers.into_iter().next().ok_or("no transfer")?;
-            (t.runs, t.staging)
+        let (plan, target) = if staged {
+            let plan = plan_pull_staged(&mine, remotes, &seqs)?;
+            let t = plan.transfers.first().ok_or("no transfer")?;
+            (t.wire(), t.staging.clone())
         } else {
-            let plan = plan_pull(&Side::from(&planned_side), &[Side::from(remote)], &seqs)?;
-            let t = plan.transfers.into_iter().next().ok_or("no transfer")?;
-            (t.runs, d)
+            (plan_pull(&mine, remotes, &seqs)?, d)
         };
         let planning = t.elapsed();
         let zeros: Vec<Vec<u8>> = target
@@ -228,26 +228,25 @@ fn run(iters: usize) -> Res<()> {
             .map(|x| vec![0; x.end as usize])
             .collect();
         let mut engine = NixlEngine::new(&format!("nixl-bench-decode-{case}"), zeros)?;
-        let mine = group(&target, tp, engine.regions());
-        let runs = &runs;
-        let bytes: u64 = runs.iter().map(|r| r.len).sum();
+        let bytes = plan.bytes();
         engine.add_peer(
             &hello.peer.engine_id,
             &hello.agent_metadata,
             &remote.regions,
         )?;
         let peer = hello.peer.engine_id.as_str();
-        let (pb, pm) = time_reads(&mut engine, peer, runs, iters)?;
+        let (pb, pm) = time_reads(&mut engine, peer, &plan, iters)?;
         // Check the planned read's bytes once.
         let got = engine.buffers()?;
-        let bad = runs.iter().filter(|r| {
+        let runs = plan.transfers.iter().flat_map(|t| &t.runs);
+        let bad = runs.clone().filter(|r| {
             let (s, t, n) = (r.src_offset as usize, r.dst_offset as usize, r.len as usize);
             p_bytes[r.src_buffer as usize][s..s + n] != got[r.dst_buffer as usize][t..t + n]
         });
         if let Some(r) = bad.clone().next() {
             return Err(format!("{name}: {} runs differ, e.g. {r:?}", bad.count()).into());
         }
-        let flat = contiguous(bytes, &remote.regions, &mine.regions);
+        let flat = contiguous(&plan, &remote.regions, &engine.regions())?;
         let (cb, cm) = time_reads(&mut engine, peer, &flat, iters)?;
         let gbs = |t: Duration| bytes as f64 / t.as_secs_f64() / 1e9;
         println!(
@@ -255,10 +254,10 @@ fn run(iters: usize) -> Res<()> {
              ({:.2} GB/s), median {pm:.1?} ({:.2} GB/s); contiguous {} descriptor(s): best \
              {cb:.1?} ({:.2} GB/s), median {cm:.1?} ({:.2} GB/s); planned/contiguous median {:.2}x",
             bytes >> 20,
-            runs.len(),
+            plan.descriptors(),
             gbs(pb),
             gbs(pm),
-            flat.len(),
+            flat.descriptors(),
             gbs(cb),
             gbs(cm),
             pm.as_secs_f64() / cm.as_secs_f64()

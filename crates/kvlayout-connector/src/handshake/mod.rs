@@ -80,7 +80,8 @@ pub struct MemRegion {
     pub len: u64,
 }
 
-/// One cache group of a peer: a layout and where its buffers live, for one TP rank.
+/// One cache group of an instance: a layout and where its buffers live, for one TP rank. The
+/// planner takes the local group and the peer's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CacheGroup {
     /// Name the two peers match groups by (e.g. `attn`, `mamba`).
@@ -94,7 +95,10 @@ pub struct CacheGroup {
     /// TP rank this metadata describes, `< tp_size`.
     pub tp_rank: u64,
     /// One region per layout buffer: region `i` holds buffer `i` and spans at least the
-    /// buffer's registered span (`layout.extents()[i].end`, padding included).
+    /// buffer's registered span (`layout.extents()[i].end`, padding included). Empty where
+    /// the memory is not described yet: the planner reads no region, so a group that only
+    /// plans needs none. A published group has one per buffer: [`PeerMetadata::validate`]
+    /// and decoding refuse any other count.
     pub regions: Vec<MemRegion>,
 }
 

@@ -11,7 +11,6 @@ use nixl_sys::{
 };
 
 use crate::engine::{check_runs, EngineError};
-use crate::handshake::MemRegion;
 
 use super::memory::{HostBuffer, HostMemory, InFlight};
 use super::{available, nixl_error, NixlEngine, NixlOptions, NixlPending, XferKind, BACKEND};
@@ -76,37 +75,18 @@ impl NixlEngine {
         })
     }
 
-    /// The regions a handshake publishes for this engine's buffers: each buffer's host address
-    /// and registered length.
-    pub fn regions(&self) -> Vec<MemRegion> {
-        self.memory
-            .buffers
-            .iter()
-            .map(|b| MemRegion {
-                base: b.addr(),
-                len: b.len as u64,
-            })
-            .collect()
-    }
-
     /// Transfers this engine posted that have not finished.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
     }
 
-    fn idle(&self, what: &str) -> Result<(), EngineError> {
+    pub(super) fn idle(&self, what: &str) -> Result<(), EngineError> {
         match self.in_flight() {
             0 => Ok(()),
             n => Err(EngineError::Transport(format!(
                 "nixl: {what} refused: {n} transfer(s) in flight (wait for, cancel or drop them)"
             ))),
         }
-    }
-
-    /// A copy of the local buffers; refused while a transfer this engine posted is in flight.
-    pub fn buffers(&self) -> Result<Vec<Vec<u8>>, EngineError> {
-        self.idle("reading the buffers")?;
-        Ok(self.memory.read())
     }
 
     /// Replaces the local buffers' contents (each of the same length); refused while a

@@ -205,10 +205,10 @@ impl NixlPending {
 /// An engine over NIXL: one agent named after the engine, with the UCX backend, owning host
 /// cache buffers registered once (one region per buffer). Peers are other [`NixlEngine`]s, in
 /// this process or another, known by their agent metadata ([`TransferEngine::local_metadata`])
-/// and their regions ([`NixlEngine::regions`], published in the handshake).
+/// and their regions ([`TransferEngine::regions`], published in the handshake).
 ///
 /// Local buffers are read and replaced only between transfers this engine posted
-/// ([`NixlEngine::buffers`] and [`NixlEngine::set_buffers`] refuse while one is in flight).
+/// ([`TransferEngine::buffers`] and [`NixlEngine::set_buffers`] refuse while one is in flight).
 /// Transfers a peer posts (its READs of, or WRITEs into, this engine's memory) are not seen
 /// here; the two sides order them by notifications.
 #[derive(Debug)]

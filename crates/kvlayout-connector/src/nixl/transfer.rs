@@ -26,6 +26,18 @@ impl TransferEngine for NixlEngine {
             .map_err(|e| nixl_error("get_local_md", e))
     }
 
+    /// Each buffer's host address and registered length.
+    fn regions(&self) -> Vec<MemRegion> {
+        self.memory
+            .buffers
+            .iter()
+            .map(|b| MemRegion {
+                base: b.addr(),
+                len: b.len as u64,
+            })
+            .collect()
+    }
+
     /// Loads the peer's NIXL metadata (which must name agent `name`; loading it again
     /// replaces it) and keeps its regions. NIXL parses the metadata in C++; this engine checks
     /// the name it yields and the regions' arithmetic.
@@ -111,6 +123,12 @@ impl TransferEngine for NixlEngine {
                 Err(err)
             }
         }
+    }
+
+    /// A copy of the local buffers; refused while a transfer this engine posted is in flight.
+    fn buffers(&self) -> Result<Vec<Vec<u8>>, EngineError> {
+        self.idle("reading the buffers")?;
+        Ok(self.memory.read())
     }
 
     /// Notifications received since the last call. Messages are bytes; a sender whose agent

@@ -1,15 +1,15 @@
 //! Shared by the NIXL tests: the constants and the child-role switch, reporting (and the
-//! skip without the library), the layouts, caches and reference decode (as in
-//! tests/end_to_end.rs), the memcpy reference and notification polling.
+//! skip without the library), the layouts, caches, reference decode and decode-rank pull (as
+//! in tests/end_to_end.rs), the memcpy reference and notification polling.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use kvlayout::ops::CopyRun;
-use kvlayout_connector::engine::{wait, MemcpyEngine, TransferEngine};
+use kvlayout_connector::engine::{MemcpyEngine, TransferEngine};
 use kvlayout_connector::handshake::{check_compatible, CacheGroup};
 use kvlayout_connector::nixl::{self, NixlEngine};
-use kvlayout_connector::plan::{plan_pull, SeqBlocks, Side, TransferPlan};
+use kvlayout_connector::plan::{plan_pull, SeqBlocks, TransferPlan};
+use kvlayout_connector::{execute, Plan};
 
 /// Selects a child role in a re-run of this binary.
 pub(crate) const ROLE: &str = "KVLAYOUT_NIXL_ROLE";
@@ -53,37 +53,37 @@ pub(crate) fn role() -> Option<String> {
     std::env::var(ROLE).ok()
 }
 
-// The scenario's layouts, caches and reference decode (shared with tests/end_to_end.rs).
+// The scenario's layouts, caches, reference decode and decode-rank pull (shared with
+// tests/end_to_end.rs).
 pub(crate) use crate::scenario::{
-    d_layout, d_tables, decode, group, p_layout, p_tables, pattern, prefill, seqs, zeros, D, HEADS,
-    LENS, Q_PER_KV,
+    assert_rank_matches, d_layout, group, p_layout, p_tables, pattern, prefill, pull_and_decode,
+    seqs, zeros,
 };
 
-/// The plan for decode rank `rank` of 2 to pull `seqs` from a TP 1 prefill group.
+/// The plan for a decode rank (group `local`) to pull `seqs` from a TP 1 prefill group.
 pub(crate) fn plan_for(
     local: &CacheGroup,
     remote: &CacheGroup,
     seqs: &[SeqBlocks],
 ) -> TransferPlan {
     check_compatible(local, remote).unwrap();
-    plan_pull(&Side::from(local), &[Side::from(remote)], seqs).unwrap()
+    plan_pull(local, std::slice::from_ref(remote), seqs).unwrap()
 }
 
-/// The memcpy engine's result of reading `runs` from `src` into `dst`: the reference for
+/// The memcpy engine's result of running `plan` from `src` into `dst`: the reference for
 /// where NIXL must put the bytes.
 pub(crate) fn memcpy_read(
     tag: &str,
     src: Vec<Vec<u8>>,
     dst: Vec<Vec<u8>>,
-    runs: &[CopyRun],
+    plan: &TransferPlan,
 ) -> Vec<Vec<u8>> {
     let (p, d) = (format!("{tag}-memcpy-src"), format!("{tag}-memcpy-dst"));
     let from = MemcpyEngine::new(&p, src).unwrap();
     let mut to = MemcpyEngine::new(&d, dst).unwrap();
     to.add_peer(&p, p.as_bytes(), &from.regions()).unwrap();
-    let mut done = to.post_read(&p, runs, b"").unwrap();
-    wait(&mut to, &mut done, XFER_TIMEOUT).unwrap();
-    to.buffers()
+    execute(&mut to, Plan::Direct(plan), &[&p], b"", XFER_TIMEOUT).unwrap();
+    to.buffers().unwrap()
 }
 
 /// Notifications of `engine` until `want` arrived or `timeout` passed.

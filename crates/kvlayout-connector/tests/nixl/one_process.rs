@@ -5,8 +5,10 @@ use std::time::Instant;
 
 use kvlayout::ops::CopyRun;
 use kvlayout_connector::engine::{wait, EngineError, TransferEngine};
+use kvlayout_connector::executor::Cause;
 use kvlayout_connector::handshake::{CacheGroup, HandshakeError, Limits, MemRegion, PeerMetadata};
 use kvlayout_connector::nixl::{blocks_written, NixlEngine, XferKind};
+use kvlayout_connector::{execute, Plan};
 
 use crate::common::{
     d_layout, group, memcpy_read, nixl_ready, notifications, p_layout, pattern, plan_for, report,
@@ -56,25 +58,31 @@ pub(crate) fn nixl_read_of_a_plan_lands_where_memcpy_puts_it_with_notifications(
         assert!(runs.len() > 1, "a plan of several runs");
         let name = prefill.name().to_string();
         engine.add_peer(&name, &p_md, &p_group.regions).unwrap();
-        let mut pending = engine
-            .post_read(&name, runs, format!("read-{rank}").as_bytes())
-            .unwrap();
-        assert_eq!(pending.kind(), XferKind::Read);
-        assert_eq!(pending.bytes(), plan.bytes());
         let start = Instant::now();
-        wait(&mut engine, &mut pending, XFER_TIMEOUT).unwrap();
+        let note = format!("read-{rank}");
+        let plan_run = Plan::Direct(&plan);
+        execute(
+            &mut engine,
+            plan_run,
+            &[&name],
+            note.as_bytes(),
+            XFER_TIMEOUT,
+        )
+        .unwrap();
         let took = start.elapsed();
         let want = memcpy_read(
             &format!("nixl-read-{rank}"),
             prefill.buffers().unwrap(),
             zeros(&d_layout()),
-            runs,
+            &plan,
         );
         let got = engine.buffers().unwrap();
         assert!(got == want, "rank {rank}: NIXL and memcpy differ");
         assert!(got.iter().flatten().any(|&b| b != 0));
-        // The blocks a failure would leave undefined: the sequences' local blocks.
+        // The blocks a failure would leave undefined: the sequences' local blocks, as the
+        // plan states them.
         assert_eq!(blocks_written(&d_layout(), runs).unwrap(), vec![2, 5, 6]);
+        assert_eq!(plan.local_blocks, vec![2, 5, 6]);
         let notes = notifications(&mut prefill, 1, XFER_TIMEOUT);
         assert_eq!(
             notes,
@@ -122,7 +130,7 @@ pub(crate) fn nixl_write_of_a_plan_lands_where_memcpy_puts_it_with_a_notificatio
             &format!("nixl-write-{rank}"),
             prefill.buffers().unwrap(),
             zeros(&d_layout()),
-            runs,
+            &plan,
         );
         assert!(engine.buffers().unwrap() == want, "rank {rank}");
         // Nothing to move: the notification alone.
@@ -223,10 +231,16 @@ pub(crate) fn nixl_runs_outside_registered_memory_are_refused_before_posting() {
     short
         .add_peer(&peer, &prefill.local_metadata().unwrap(), &p_group.regions)
         .unwrap();
-    match short.post_read(&peer, &plan.transfers[0].runs, b"") {
-        Err(EngineError::OutOfRegion { side, .. }) => assert_eq!(side, "local"),
+    let err = execute(&mut short, Plan::Direct(&plan), &[&peer], b"", XFER_TIMEOUT).unwrap_err();
+    match &*err.cause {
+        Cause::Engine {
+            rank: 0,
+            error: EngineError::OutOfRegion { side, .. },
+        } => assert_eq!(side, "local"),
         other => panic!("{other:?}"),
     }
+    assert_eq!(err.blocks, vec![2, 5, 6], "{err}");
+    assert_eq!(short.in_flight(), 0);
     // And its handshake, published with those regions, does not decode.
     let published = PeerMetadata {
         engine_id: "nixl-bounds-short".into(),
@@ -285,6 +299,8 @@ pub(crate) fn nixl_hostile_agent_metadata_is_refused() {
         len: 1000,
     };
     let mut p = a.post_read("nixl-md-b", &[run], b"").unwrap();
+    assert_eq!(p.kind(), XferKind::Read);
+    assert_eq!(p.bytes(), 1000);
     wait(&mut a, &mut p, XFER_TIMEOUT).unwrap();
     let got = a.buffers().unwrap();
     assert!(got[0][200..1200].iter().all(|&x| x == 2));

@@ -1,19 +1,18 @@
 //! Two processes on loopback: the prefill peer as a child run of this binary, the end-to-end
-//! pull matched against the reference, and the peer killed mid-transfer.
+//! pull (direct and staged) matched against the reference, and the peer killed mid-transfer.
 
 use std::time::{Duration, Instant};
 
-use kvlayout::ops::{Backend, BufferShape};
 use kvlayout::KvCacheLayout;
 use kvlayout_connector::engine::{wait, EngineError, TransferEngine};
 use kvlayout_connector::handshake::{Limits, PeerMetadata};
 use kvlayout_connector::nixl::{blocks_written, Hello, NixlEngine};
 use kvlayout_connector::plan::SeqBlocks;
-use kvlayout_cpu::Host;
+use kvlayout_connector::{execute, Plan};
 
 use crate::common::{
-    d_layout, d_tables, decode, group, nixl_ready, notifications, p_layout, p_tables, pattern,
-    plan_for, prefill, report, role, seqs, zeros, D, HEADS, LENS, Q_PER_KV, XFER_TIMEOUT,
+    assert_rank_matches, group, nixl_ready, notifications, p_layout, p_tables, pattern, plan_for,
+    prefill, pull_and_decode, report, role, zeros, XFER_TIMEOUT,
 };
 use crate::process::{child_watchdog, connect_parent, listen, recv_frame, send_frame, Peer};
 
@@ -67,37 +66,24 @@ pub(crate) fn nixl_two_processes_prefill_tp1_to_decode_tp2_match_the_reference()
         .map(|b| f32::from_bits(u32::from_le_bytes(b.try_into().unwrap())))
         .collect();
     let remote = &hello.peer.groups[0];
-    let peer = hello.peer.engine_id.clone();
-    let d = d_layout();
-    let q_per_rank = HEADS as usize * Q_PER_KV / 2;
+    let peer = hello.peer.engine_id.as_str();
     for rank in 0..2u64 {
-        let mut engine = NixlEngine::new(&format!("nixl-e2e-decode-{rank}"), zeros(&d)).unwrap();
-        let mine = group(&d, 2, rank, engine.regions());
-        let plan = plan_for(&mine, remote, &seqs());
-        engine
-            .add_peer(&peer, &hello.agent_metadata, &remote.regions)
-            .unwrap();
-        for t in &plan.transfers {
-            let mut pending = engine
-                .post_read(&peer, &t.runs, format!("done-{rank}").as_bytes())
+        // Rank 0 pulls directly; rank 1 staged, with `scatter_blocks` on the reference backend.
+        let (staged, how) = if rank == 1 {
+            (true, "staged")
+        } else {
+            (false, "direct")
+        };
+        let engine = |buffers| {
+            let mut e = NixlEngine::new(&format!("nixl-e2e-decode-{rank}"), buffers).unwrap();
+            e.add_peer(peer, &hello.agent_metadata, &remote.regions)
                 .unwrap();
-            wait(&mut engine, &mut pending, XFER_TIMEOUT)
-                .unwrap_or_else(|e| panic!("rank {rank}: {e}\n{}", child.output()));
-        }
-        // No post-receive operation: the plan placed every byte; decode this rank's heads.
-        let be = Host::reference();
-        let mut cache = be.alloc_cache(&d, &BufferShape::exact(&d)).unwrap();
-        be.upload_cache(&mut cache, &engine.buffers().unwrap())
-            .unwrap();
-        let q = rank as usize * q_per_rank..(rank as usize + 1) * q_per_rank;
-        let out = decode(&be, &cache, &d_tables(), q.clone());
-        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        for s in 0..LENS.len() {
-            let per = HEADS as usize * Q_PER_KV * D;
-            let want = &p_out[s * per + q.start * D..s * per + q.end * D];
-            let got = &out[s * q_per_rank * D..(s + 1) * q_per_rank * D];
-            assert_eq!(bits(got), bits(want), "rank {rank} sequence {s}");
-        }
+            e
+        };
+        let note = format!("done-{rank}");
+        let out = pull_and_decode(engine, (remote, peer), rank, staged, note.as_bytes())
+            .unwrap_or_else(|e| panic!("rank {rank}: {e}\n{}", child.output()));
+        assert_rank_matches(&p_out, &out, rank, how);
     }
     send_frame(&mut s, b"bye");
     let notes = recv_frame(&mut s, 4096).unwrap();
@@ -114,7 +100,8 @@ pub(crate) fn nixl_two_processes_prefill_tp1_to_decode_tp2_match_the_reference()
         child.output()
     );
     report(&format!(
-        "nixl two processes: TP1 NHD/16 -> TP2 HND/32 padded, 2 ranks bit-equal, {:?} in all",
+        "nixl two processes: TP1 NHD/16 -> TP2 HND/32 padded, rank 0 direct and rank 1 \
+         staged, both bit-equal, {:?} in all",
         start.elapsed()
     ));
 }
@@ -194,11 +181,18 @@ pub(crate) fn nixl_peer_killed_mid_transfer_is_an_error_within_the_timeout() {
         v
     };
 
+    assert_eq!(plan.local_blocks, mapped);
+
     // A warm-up transfer completes (the connection is up).
-    let mut pending = engine.post_read(&peer, runs, b"warm-up").unwrap();
     let start = Instant::now();
-    wait(&mut engine, &mut pending, XFER_TIMEOUT)
-        .unwrap_or_else(|e| panic!("warm-up: {e}\n{}", child.output()));
+    execute(
+        &mut engine,
+        Plan::Direct(&plan),
+        &[&peer],
+        b"warm-up",
+        XFER_TIMEOUT,
+    )
+    .unwrap_or_else(|e| panic!("warm-up: {e}\n{}", child.output()));
     report(&format!(
         "nixl fault test: {} runs, {} MiB over tcp in {:?}",
         runs.len(),
@@ -251,13 +245,21 @@ pub(crate) fn nixl_peer_killed_mid_transfer_is_an_error_within_the_timeout() {
             );
         }
     }
-    // Later posts to the dead peer fail too, without hanging; the peer can be removed.
+    // Later plans from the dead peer fail too, without hanging, naming the blocks not
+    // received; the peer can be removed.
     let again = Instant::now();
-    let second = engine
-        .post_read(&peer, runs, b"")
-        .and_then(|mut p| wait(&mut engine, &mut p, XFER_TIMEOUT));
-    assert!(second.is_err(), "a transfer from a dead peer succeeded");
+    let second = execute(
+        &mut engine,
+        Plan::Direct(&plan),
+        &[&peer],
+        b"",
+        XFER_TIMEOUT,
+    )
+    .expect_err("a transfer from a dead peer succeeded");
     let again = again.elapsed();
+    assert_eq!(second.blocks, mapped, "{second}");
+    assert_eq!(second.heads.len(), 1, "{second}");
+    assert_eq!(second.heads[0], 0..2, "{second}");
     engine.remove_peer(&peer).unwrap();
     assert!(matches!(
         engine.post_read(&peer, runs, b""),
@@ -267,7 +269,7 @@ pub(crate) fn nixl_peer_killed_mid_transfer_is_an_error_within_the_timeout() {
     assert!(status.is_some(), "killed child not reaped");
     report(&format!(
         "nixl fault test: peer killed mid-transfer -> error after {after:?}: {err}; \
-         {} of {} local blocks not received; a new transfer failed after {again:?}",
+         {} of {} local blocks not received; a new plan failed after {again:?}: {second}",
         lost.len(),
         d.geometry().num_blocks
     ));

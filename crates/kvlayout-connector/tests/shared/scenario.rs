@@ -1,14 +1,20 @@
 //! The transfer scenario the end-to-end tests share (`tests/end_to_end.rs` with the memcpy
 //! engine, `tests/nixl.rs` over NIXL): a prefill cache at TP 1 (NHD, blocks of 16) holding two
 //! sequences in layers 0 and 1, a decode layout for TP 2 (HND, padded pages, blocks of 32),
-//! their block tables, and the scalar reference's decode of layer 1.
+//! their block tables, the scalar reference's decode of layer 1, and a decode rank's pull
+//! (direct or staged, run by `execute`) and decode.
 
 #![allow(dead_code)] // Each test binary uses a part.
 
+use std::time::Duration;
+
 use kvlayout::ops::{Backend, BufferShape, DecodeArgs, DecodeParams, HostTensor, WriteArgs};
 use kvlayout::{DType, KvCacheLayout};
-use kvlayout_connector::handshake::{CacheGroup, MemRegion};
-use kvlayout_connector::plan::SeqBlocks;
+use kvlayout_connector::engine::TransferEngine;
+use kvlayout_connector::handshake::{check_compatible, CacheGroup, MemRegion};
+use kvlayout_connector::plan::{plan_pull, SeqBlocks};
+use kvlayout_connector::staged::{plan_pull_staged, Scatter};
+use kvlayout_connector::{execute, ExecuteError, Plan};
 use kvlayout_cpu::Host;
 
 pub(crate) const HEADS: u64 = 4;
@@ -165,4 +171,71 @@ pub(crate) fn decode(
     be.wait(be.paged_decode(cache, &d, &mut out).unwrap())
         .unwrap();
     be.download_tensor(&out).unwrap().to_f32()
+}
+
+/// Bound on a decode rank's pull.
+pub(crate) const PULL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Decode rank `rank` of 2 pulls `seqs()` from the prefill group `remote` (engine id `peer`),
+/// notifying it with `notify`, and decodes its query heads of layer 1 on the reference
+/// backend. `engine` makes the rank's engine from its local buffers and adds the peer. Direct:
+/// the engine holds the local cache. Staged: the engine holds the staging cache, and
+/// `scatter_blocks` fills the local cache on the backend.
+pub(crate) fn pull_and_decode<E: TransferEngine>(
+    engine: impl FnOnce(Vec<Vec<u8>>) -> E,
+    (remote, peer): (&CacheGroup, &str),
+    rank: u64,
+    staged: bool,
+    notify: &[u8],
+) -> Result<Vec<f32>, ExecuteError> {
+    let d = d_layout();
+    let be = Host::reference();
+    let mut cache = be.alloc_cache(&d, &BufferShape::exact(&d)).unwrap();
+    be.upload_cache(&mut cache, &zeros(&d)).unwrap();
+    let remotes = std::slice::from_ref(remote);
+    if staged {
+        // The local cache's memory is on the backend, not the engine's: not in the group.
+        let mine = group(&d, 2, rank, Vec::new());
+        check_compatible(&mine, remote).unwrap();
+        let plan = plan_pull_staged(&mine, remotes, &seqs()).unwrap();
+        let staging = plan.staging_extents().into_iter();
+        let mut engine = engine(staging.map(|n| vec![0; n as usize]).collect());
+        let mut scatter = Scatter::new(&be, &mut cache);
+        let plan = Plan::Staged(&plan, &mut scatter);
+        execute(&mut engine, plan, &[peer], notify, PULL_TIMEOUT)?;
+    } else {
+        let mut engine = engine(zeros(&d));
+        let mine = group(&d, 2, rank, engine.regions());
+        check_compatible(&mine, remote).unwrap();
+        let plan = plan_pull(&mine, remotes, &seqs()).unwrap();
+        execute(
+            &mut engine,
+            Plan::Direct(&plan),
+            &[peer],
+            notify,
+            PULL_TIMEOUT,
+        )?;
+        be.upload_cache(&mut cache, &engine.buffers().unwrap())
+            .unwrap();
+    }
+    Ok(decode(&be, &cache, &d_tables(), rank_heads(rank)))
+}
+
+/// The query heads of decode rank `rank` of 2.
+pub(crate) fn rank_heads(rank: u64) -> std::ops::Range<usize> {
+    let per = HEADS as usize * Q_PER_KV / 2;
+    rank as usize * per..(rank as usize + 1) * per
+}
+
+/// Asserts `out`, decode rank `rank`'s output, equals its heads of the prefill side's
+/// reference `p_out`, bit for bit.
+pub(crate) fn assert_rank_matches(p_out: &[f32], out: &[f32], rank: u64, what: &str) {
+    let q = rank_heads(rank);
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for s in 0..LENS.len() {
+        let per = HEADS as usize * Q_PER_KV * D;
+        let want = &p_out[s * per + q.start * D..s * per + q.end * D];
+        let got = &out[s * q.len() * D..(s + 1) * q.len() * D];
+        assert_eq!(bits(got), bits(want), "{what}: rank {rank} sequence {s}");
+    }
 }

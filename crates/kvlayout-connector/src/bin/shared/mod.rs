@@ -1,4 +1,8 @@
-//! What the connector's bench binaries share: the CPU they run on and scattered block ids.
+//! What the connector's bench binaries share: the CPU they run on, scattered block ids, and
+//! a plan's reference of the same bytes in other runs.
+
+use kvlayout::ops::CopyRun;
+use kvlayout_connector::plan::{RankTransfer, TransferPlan};
 
 /// The CPU's model name (`/proc/cpuinfo`), for the figures' heading.
 pub fn cpu_name() -> String {
@@ -24,4 +28,19 @@ pub fn scattered(n: u64, limit: u64, seed: u64) -> Vec<u64> {
     }
     ids.truncate(n as usize);
     ids
+}
+
+/// `plan`'s first transfer with `runs` in its place: the same peer, heads and blocks, the
+/// bytes laid out otherwise (the contiguous reference a planned transfer is timed against).
+pub fn with_runs(plan: &TransferPlan, runs: Vec<CopyRun>) -> Result<TransferPlan, String> {
+    let first = plan.transfers.first().ok_or("a plan without transfers")?;
+    Ok(TransferPlan {
+        transfers: vec![RankTransfer {
+            remote_rank: first.remote_rank,
+            remote_heads: first.remote_heads.clone(),
+            local_head0: first.local_head0,
+            runs,
+        }],
+        local_blocks: plan.local_blocks.clone(),
+    })
 }
