@@ -29,9 +29,12 @@
 //! ```
 
 #![warn(missing_docs)]
+#![deny(unsafe_code)]
 
 mod device;
+#[allow(unsafe_code)]
 mod ffi;
+#[allow(unsafe_code)]
 mod mem;
 mod ops;
 
