@@ -9,6 +9,8 @@
 //! ([`backend`]: adapters over the contract's `Backend` trait). It does not implement any
 //! layout logic or op of its own beyond what a reference needs.
 
+#![forbid(unsafe_code)]
+
 pub mod backend;
 pub mod cases;
 pub mod domain;

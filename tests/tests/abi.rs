@@ -4,7 +4,10 @@
 //!
 //! The header is compiled by `build.rs` into two probes (`tests/c/abi_probe.c` as C11 and
 //! `tests/c/abi_probe_cpp.cpp` as C++14, the latter through `kernels-hip/include/kvlayout.h`);
-//! this is the one test file that calls foreign code, hence the `unsafe` blocks below.
+//! this is the one test file that calls foreign code, from the `unsafe` blocks of its `probe`
+//! module.
+
+#![deny(unsafe_code)]
 
 use std::mem::{align_of, offset_of, size_of};
 
@@ -13,66 +16,106 @@ use kvlayout_conformance::domain::reference_offset;
 use kvlayout_conformance::gen::{any_layout, DTYPES};
 use proptest::prelude::*;
 
-extern "C" {
-    fn kvl_probe_sizeof() -> usize;
-    fn kvl_probe_alignof() -> usize;
-    fn kvl_probe_offsetof(i: i32) -> i64;
-    fn kvl_probe_sizeof_member(i: i32) -> i64;
-    fn kvl_probe_dtype_code(i: i32) -> i32;
-    fn kvl_probe_field_code(i: i32) -> i32;
-    fn kvl_probe_offset(
-        a: *const KvFieldArgs,
-        layer: i64,
-        block: i64,
-        head: i64,
-        slot: i64,
-        dim: i64,
-    ) -> i64;
-    fn kvl_probe_in_domain(
-        a: *const KvFieldArgs,
-        layer: i64,
-        block: i64,
-        head: i64,
-        slot: i64,
-        dim: i64,
-    ) -> i32;
-    fn kvl_probe_slot_of_token(a: *const KvFieldArgs, token_in_block: i64) -> i64;
-    fn kvl_probe_cpp_sizeof() -> usize;
-    fn kvl_probe_cpp_offset(
-        a: *const KvFieldArgs,
-        layer: i64,
-        block: i64,
-        head: i64,
-        slot: i64,
-        dim: i64,
-    ) -> i64;
-}
+use probe::{c_in_domain, c_offset, c_slot_of_token, cpp_offset};
 
-/// C `kvl_offset` (through the C probe).
-fn c_offset(a: &KvFieldArgs, l: i64, b: i64, h: i64, n: i64, d: i64) -> i64 {
-    // SAFETY: `a` is a live reference to a `#[repr(C)]` struct whose layout equals
-    // `kvl_field_args` (checked by `struct_layout_matches`); the C function only reads it
-    // and does plain integer arithmetic on the other arguments.
-    unsafe { kvl_probe_offset(a, l, b, h, n, d) }
-}
+/// The C and C++ probes, and the safe functions that call them: the only `unsafe` of this
+/// file.
+#[allow(unsafe_code)]
+mod probe {
+    use kvlayout::KvFieldArgs;
 
-/// C++ `kvl_offset` (through the C++ probe).
-fn cpp_offset(a: &KvFieldArgs, l: i64, b: i64, h: i64, n: i64, d: i64) -> i64 {
-    // SAFETY: as in `c_offset`; the C++ function is `extern "C"` and only reads `*a`.
-    unsafe { kvl_probe_cpp_offset(a, l, b, h, n, d) }
-}
+    extern "C" {
+        fn kvl_probe_sizeof() -> usize;
+        fn kvl_probe_alignof() -> usize;
+        fn kvl_probe_offsetof(i: i32) -> i64;
+        fn kvl_probe_sizeof_member(i: i32) -> i64;
+        fn kvl_probe_dtype_code(i: i32) -> i32;
+        fn kvl_probe_field_code(i: i32) -> i32;
+        fn kvl_probe_offset(
+            a: *const KvFieldArgs,
+            layer: i64,
+            block: i64,
+            head: i64,
+            slot: i64,
+            dim: i64,
+        ) -> i64;
+        fn kvl_probe_in_domain(
+            a: *const KvFieldArgs,
+            layer: i64,
+            block: i64,
+            head: i64,
+            slot: i64,
+            dim: i64,
+        ) -> i32;
+        fn kvl_probe_slot_of_token(a: *const KvFieldArgs, token_in_block: i64) -> i64;
+        fn kvl_probe_cpp_sizeof() -> usize;
+        fn kvl_probe_cpp_offset(
+            a: *const KvFieldArgs,
+            layer: i64,
+            block: i64,
+            head: i64,
+            slot: i64,
+            dim: i64,
+        ) -> i64;
+    }
 
-/// C `kvl_in_domain`.
-fn c_in_domain(a: &KvFieldArgs, l: i64, b: i64, h: i64, n: i64, d: i64) -> i32 {
-    // SAFETY: as in `c_offset`; the C function only reads `*a` and compares integers.
-    unsafe { kvl_probe_in_domain(a, l, b, h, n, d) }
-}
+    /// `sizeof` and `alignof` of `kvl_field_args` in C, and its `sizeof` in C++.
+    pub(crate) fn sizes() -> (usize, usize, usize) {
+        // SAFETY: the probe functions take no arguments and return constants.
+        unsafe {
+            (
+                kvl_probe_sizeof(),
+                kvl_probe_alignof(),
+                kvl_probe_cpp_sizeof(),
+            )
+        }
+    }
 
-/// C `kvl_slot_of_token`.
-fn c_slot_of_token(a: &KvFieldArgs, token: i64) -> i64 {
-    // SAFETY: as in `c_offset`; `tokens_per_state` is 0 (handled) or positive, so the C
-    // division cannot trap.
-    unsafe { kvl_probe_slot_of_token(a, token) }
+    /// `offsetof` and `sizeof` of member `i` in C (-1 past the last member).
+    pub(crate) fn member(i: i32) -> (i64, i64) {
+        // SAFETY: the probes only index a static table, bounds-checked on the C side.
+        unsafe { (kvl_probe_offsetof(i), kvl_probe_sizeof_member(i)) }
+    }
+
+    /// The C value of the `i`th `KVL_DTYPE_` constant (-1 past the last).
+    pub(crate) fn dtype_code(i: i32) -> i32 {
+        // SAFETY: the probe only indexes a static table, bounds-checked on the C side.
+        unsafe { kvl_probe_dtype_code(i) }
+    }
+
+    /// The C value of the `i`th `KVL_FIELD_` constant (-1 past the last).
+    pub(crate) fn field_code(i: i32) -> i32 {
+        // SAFETY: the probe only indexes a static table, bounds-checked on the C side.
+        unsafe { kvl_probe_field_code(i) }
+    }
+
+    /// C `kvl_offset` (through the C probe).
+    pub(crate) fn c_offset(a: &KvFieldArgs, l: i64, b: i64, h: i64, n: i64, d: i64) -> i64 {
+        // SAFETY: `a` is a live reference to a `#[repr(C)]` struct whose layout equals
+        // `kvl_field_args` (checked by `struct_layout_matches`); the C function only reads it
+        // and does plain integer arithmetic on the other arguments.
+        unsafe { kvl_probe_offset(a, l, b, h, n, d) }
+    }
+
+    /// C++ `kvl_offset` (through the C++ probe).
+    pub(crate) fn cpp_offset(a: &KvFieldArgs, l: i64, b: i64, h: i64, n: i64, d: i64) -> i64 {
+        // SAFETY: as in `c_offset`; the C++ function is `extern "C"` and only reads `*a`.
+        unsafe { kvl_probe_cpp_offset(a, l, b, h, n, d) }
+    }
+
+    /// C `kvl_in_domain`.
+    pub(crate) fn c_in_domain(a: &KvFieldArgs, l: i64, b: i64, h: i64, n: i64, d: i64) -> i32 {
+        // SAFETY: as in `c_offset`; the C function only reads `*a` and compares integers.
+        unsafe { kvl_probe_in_domain(a, l, b, h, n, d) }
+    }
+
+    /// C `kvl_slot_of_token`.
+    pub(crate) fn c_slot_of_token(a: &KvFieldArgs, token: i64) -> i64 {
+        assert!(a.tokens_per_state >= 0, "a divisor C can divide by");
+        // SAFETY: as in `c_offset`; `tokens_per_state` is 0 (which C handles) or positive
+        // (asserted), so the C division is defined.
+        unsafe { kvl_probe_slot_of_token(a, token) }
+    }
 }
 
 /// Every member of `KvFieldArgs` in declaration order: (name, Rust offset, Rust size).
@@ -178,14 +221,7 @@ const ALL_FIELDS: [Field; 8] = [
 
 #[test]
 fn struct_layout_matches() {
-    // SAFETY: the probe functions take no arguments and return constants.
-    let (c_size, c_align, cpp_size) = unsafe {
-        (
-            kvl_probe_sizeof(),
-            kvl_probe_alignof(),
-            kvl_probe_cpp_sizeof(),
-        )
-    };
+    let (c_size, c_align, cpp_size) = probe::sizes();
     assert_eq!(c_size, size_of::<KvFieldArgs>());
     assert_eq!(c_align, align_of::<KvFieldArgs>());
     assert_eq!(cpp_size, size_of::<KvFieldArgs>());
@@ -195,8 +231,7 @@ fn struct_layout_matches() {
     let mut end = 0;
     for (i, &(name, rust_offset, rust_size)) in MEMBERS.iter().enumerate() {
         let i = i32::try_from(i).expect("21 members");
-        // SAFETY: the probe only indexes a static table, bounds-checked on the C side.
-        let (c_off, c_size) = unsafe { (kvl_probe_offsetof(i), kvl_probe_sizeof_member(i)) };
+        let (c_off, c_size) = probe::member(i);
         assert_eq!(c_off, rust_offset as i64, "offset of {name}");
         assert_eq!(c_size, rust_size as i64, "size of {name}");
         // Declaration order with no implicit padding.
@@ -207,34 +242,22 @@ fn struct_layout_matches() {
         end = rust_offset + rust_size;
     }
     assert_eq!(end, size_of::<KvFieldArgs>(), "no trailing padding");
-    // SAFETY: as above; index 21 is past the end and answered with -1.
-    assert_eq!(
-        unsafe { kvl_probe_offsetof(21) },
-        -1,
-        "C has no extra member"
-    );
+    assert_eq!(probe::member(21).0, -1, "C has no extra member");
 }
 
 #[test]
 fn constants_match() {
     let dtypes = all_dtypes();
     for &d in &dtypes {
-        // SAFETY: the probe only indexes a static table, bounds-checked on the C side.
-        let c = unsafe { kvl_probe_dtype_code(c_dtype_index(d)) };
+        let c = probe::dtype_code(c_dtype_index(d));
         assert_eq!(c, d.abi_code(), "KVL_DTYPE_ of {d}");
     }
     for f in ALL_FIELDS {
-        // SAFETY: as above.
-        let c = unsafe { kvl_probe_field_code(c_field_index(f)) };
+        let c = probe::field_code(c_field_index(f));
         assert_eq!(c, field_code(f), "KVL_FIELD_ of {f}");
     }
-    // SAFETY: as above; one past the end is answered with -1.
-    let (d_end, f_end) = unsafe {
-        (
-            kvl_probe_dtype_code(dtypes.len() as i32),
-            kvl_probe_field_code(ALL_FIELDS.len() as i32),
-        )
-    };
+    let d_end = probe::dtype_code(dtypes.len() as i32);
+    let f_end = probe::field_code(ALL_FIELDS.len() as i32);
     assert_eq!((d_end, f_end), (-1, -1), "C lists no extra constants");
 }
 

@@ -35,6 +35,8 @@
 //! `KVLAYOUT_BENCH_CONTEXTS=64,256` replaces the contexts, `KVLAYOUT_BENCH_ONLY="bf16 HND"`
 //! keeps the matching configurations.
 
+#![deny(unsafe_code)]
+
 use kvlayout::KvCacheLayout;
 use std::time::Instant;
 
@@ -138,7 +140,8 @@ mod peer {
 }
 
 /// The C peer's decode step of the bench's f32 cache (one buffer, contiguous rows), one
-/// (sequence, KV head) per rayon task.
+/// (sequence, KV head) per rayon task. The bench's only `unsafe`: the call into C.
+#[allow(unsafe_code)]
 fn peer_decode(be: &CpuBackend, cache: &HostCache, d: &Decode<'_>, out: &mut [f32]) {
     use kvlayout::Field;
     use rayon::prelude::*;

@@ -5,6 +5,8 @@
 //!
 //! `cargo bench -p kvlayout-cpu --bench movers` prints a markdown table.
 
+#![forbid(unsafe_code)]
+
 use half::bf16;
 use kvlayout::KvCacheLayout;
 use kvlayout_cpu::bench::{paired, MemcpyBound};

@@ -105,7 +105,7 @@ impl HostBuffer {
         let ptr = unsafe { base.add(start) };
         advise_huge(ptr, size);
         Ok(HostBuffer {
-            // SAFETY (non-null): inside a successful mapping.
+            // Non-null: inside a successful mapping.
             ptr: NonNull::new(ptr).ok_or(())?,
             len,
             backing: Backing::Mapped { base, len: map_len },

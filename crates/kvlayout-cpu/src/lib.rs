@@ -18,27 +18,39 @@
 //!
 //! It does not own layouts or the contract (the `kvlayout` crate does), device memory, or
 //! transfers.
+//!
+//! Unsafe code is allowed only in the modules that need it: the SIMD kernels and the CPU
+//! feature probes (`decode::kernels`, `decode::src`, `arch::{features, isa, prefetch}`,
+//! `quant`, `bench`), the raw writes of disjoint bytes by worker threads (`write`, `movers`),
+//! and the buffers (`hostbuf`, `guard`). Each `unsafe` block and impl states why it holds.
 
 #![warn(missing_docs)]
+#![deny(unsafe_code)]
 
 mod arch;
 pub mod args;
 mod backend;
 #[cfg(feature = "bench")]
+#[allow(unsafe_code)]
 pub mod bench;
 pub mod cache;
 mod decode;
 pub mod elem;
 mod exec;
 #[cfg(all(test, unix))]
+#[allow(unsafe_code)]
 mod guard;
 pub mod host;
+#[allow(unsafe_code)]
 pub(crate) mod hostbuf;
+#[allow(unsafe_code)]
 mod movers;
+#[allow(unsafe_code)]
 mod quant;
 pub mod reference;
 pub mod tensor;
 pub mod tolerance;
+#[allow(unsafe_code)]
 mod write;
 
 pub use arch::{CpuFeatures, PrefetchLevel, UnknownFeature, HIDE_VAR as CPU_HIDE_VAR};

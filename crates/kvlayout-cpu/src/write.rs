@@ -20,19 +20,30 @@ use crate::tensor::Activations;
 /// Destination buffers shared by the workers, each writing disjoint rows.
 #[derive(Clone, Copy)]
 struct Dst(*mut u8, usize);
-// SAFETY: workers write disjoint byte ranges (distinct slots of an injective layout).
+// SAFETY: the pointer is to caller-owned buffers that outlive the workers (the scope of one
+// `write_kv`), and nothing in them is tied to a thread.
 unsafe impl Send for Dst {}
+// SAFETY: shared use only reads the pointer and length; writes through it go by `slice`,
+// whose callers write disjoint byte ranges (distinct slots of an injective layout).
 unsafe impl Sync for Dst {}
 
 impl Dst {
     /// `len` bytes at `off`, bounds-checked.
     ///
     /// # Safety
-    /// No other live reference may cover these bytes (guaranteed by distinct slots).
+    /// No other live reference may cover these bytes (guaranteed by distinct slots), and the
+    /// buffer `Dst` points to (`self.1` bytes) must be live and writable for as long as the
+    /// slice is used.
     #[allow(clippy::mut_from_ref)]
     unsafe fn slice(&self, off: usize, len: usize) -> &mut [u8] {
-        assert!(off + len <= self.1, "row inside its buffer");
-        std::slice::from_raw_parts_mut(self.0.add(off), len)
+        assert!(
+            off.checked_add(len).is_some_and(|end| end <= self.1),
+            "row inside its buffer"
+        );
+        // SAFETY: `off + len <= self.1` (asserted, without overflow), so the range lies inside
+        // the live buffer of `self.1` bytes; no other reference covers it (the caller's
+        // contract).
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(off), len) }
     }
 }
 

@@ -3,6 +3,8 @@
 //! token- and head-major pages, heads outside the blocks, gathered (legacy) rows and inline
 //! scales.
 
+#![deny(unsafe_code)]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,17 +28,26 @@ fn count() {
     }
 }
 
-// SAFETY: forwards to the system allocator; only counts.
+// The counting allocator: this test's only unsafe code.
+#[allow(unsafe_code)]
+// SAFETY: every method forwards to the system allocator with its own arguments, and counting
+// (a relaxed atomic add, a thread-local read) neither allocates nor touches the memory.
 unsafe impl GlobalAlloc for Counting {
+    /// # Safety
+    /// As [`GlobalAlloc::alloc`].
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count();
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(layout) }
     }
+    /// # Safety
+    /// As [`GlobalAlloc::dealloc`].
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: same contract as the caller's.
         unsafe { System.dealloc(ptr, layout) }
     }
+    /// # Safety
+    /// As [`GlobalAlloc::realloc`].
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count();
         // SAFETY: same contract as the caller's.

@@ -28,9 +28,12 @@
 //! ```
 
 #![warn(missing_docs)]
+#![deny(unsafe_code)]
 
 mod device;
+#[allow(unsafe_code)]
 mod ffi;
+#[allow(unsafe_code)]
 mod mem;
 
 pub use device::{EmuBuffer, EmuDevice, EmuError};

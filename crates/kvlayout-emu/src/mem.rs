@@ -53,7 +53,7 @@ impl HostAlloc {
 
     /// Copies `src` to byte `offset`; the caller checked `offset + src.len() <= len`.
     pub(crate) fn write(&self, offset: usize, src: &[u8]) {
-        assert!(offset + src.len() <= self.len);
+        assert!(within(offset, src.len(), self.len));
         // SAFETY: the destination lies inside the cells (checked above), whose contents may be
         // written through a raw pointer while shared references to the cells exist; `src` is
         // Rust memory, not in these cells (a `&[u8]` of them cannot be made).
@@ -68,7 +68,7 @@ impl HostAlloc {
 
     /// Copies from byte `offset` into `dst`; the caller checked the range.
     pub(crate) fn read(&self, offset: usize, dst: &mut [u8]) {
-        assert!(offset + dst.len() <= self.len);
+        assert!(within(offset, dst.len(), self.len));
         // SAFETY: the source lies inside the cells (checked above), readable through a raw
         // pointer; `dst` is exclusive Rust memory outside them.
         unsafe {
@@ -82,7 +82,7 @@ impl HostAlloc {
 
     /// Copies `len` bytes between two allocations (or within one: overlap allowed).
     pub(crate) fn copy(src: &HostAlloc, so: usize, dst: &HostAlloc, dof: usize, len: usize) {
-        assert!(so + len <= src.len && dof + len <= dst.len);
+        assert!(within(so, len, src.len) && within(dof, len, dst.len));
         // SAFETY: both ranges lie inside their cells (checked above); `ptr::copy` allows the
         // ranges to overlap.
         unsafe {
@@ -93,4 +93,10 @@ impl HostAlloc {
             )
         }
     }
+}
+
+/// Whether bytes `offset .. offset + len` lie inside `size` bytes (an overflowing end does
+/// not, in release builds too).
+fn within(offset: usize, len: usize, size: usize) -> bool {
+    offset.checked_add(len).is_some_and(|end| end <= size)
 }

@@ -49,7 +49,7 @@ impl Functions {
 /// One AMD GPU through the HIP runtime: its own non-blocking stream, on which every copy and
 /// launch is enqueued in order, and the project's kernels from the first embedded code object
 /// the runtime accepts. `Send + Sync`: the HIP runtime is thread-safe, and every handle it
-/// holds is (see `ffi.rs`).
+/// holds is (see `ffi`).
 #[derive(Debug)]
 pub struct HipDevice {
     ordinal: usize,

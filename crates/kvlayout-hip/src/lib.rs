@@ -42,10 +42,12 @@
 //! the runtime does not abort the process itself, as ROCm's does on a memory access fault.
 
 #![warn(missing_docs)]
+#![deny(unsafe_code)]
 
 mod code_objects;
 mod device;
 mod error;
+#[allow(unsafe_code)]
 mod ffi;
 
 pub use code_objects::{code_objects, why_not_embedded, CodeObject};

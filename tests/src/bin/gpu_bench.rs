@@ -3,6 +3,8 @@
 //! `cuda-emu` (the emulator: for trying the bench, not for its figures). Prints one line per
 //! figure; exits 2 when the backend cannot run here, saying why.
 
+#![forbid(unsafe_code)]
+
 use kvlayout_conformance::gpu_bench::{run, BenchConfig, Figure};
 
 fn main() {

@@ -8,6 +8,8 @@
 //!
 //! Not a test: figures depend on the machine, which it names.
 
+#![forbid(unsafe_code)]
+
 #[path = "shared/mod.rs"]
 mod shared;
 use shared::scattered;

@@ -8,6 +8,8 @@
 //! Not a test: figures depend on the machine and on UCX's transport (`cma` by default between
 //! processes of one host; `UCX_TLS=tcp` for the network path), which it names.
 
+#![forbid(unsafe_code)]
+
 #[path = "shared/mod.rs"]
 mod shared;
 use shared::scattered;

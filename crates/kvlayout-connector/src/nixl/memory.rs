@@ -51,8 +51,12 @@ impl Drop for HostBuffer {
 }
 
 impl MemoryRegion for HostBuffer {
-    // SAFETY (for callers, per the trait): the pointer is valid for `size()` bytes while the
-    // buffer lives; NIXL registers it and moves bytes through it, never Rust references.
+    /// The start of the buffer: valid for `size()` bytes while the buffer lives; NIXL
+    /// registers it and moves bytes through it, never Rust references.
+    ///
+    /// # Safety
+    /// None beyond the trait's: the body only reads the pointer; a caller dereferencing it
+    /// must not outlive the buffer nor create a Rust reference to bytes a transfer may write.
     unsafe fn as_ptr(&self) -> *const u8 {
         self.ptr.as_ptr()
     }

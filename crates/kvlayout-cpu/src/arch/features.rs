@@ -226,9 +226,10 @@ fn model_name() -> String {
 /// CPUID's vendor string, family and model (leaves 0 and 1).
 #[cfg(target_arch = "x86_64")]
 fn identity() -> Option<String> {
-    // SAFETY (on toolchains where `__cpuid` is unsafe): leaf 1 exists on every x86_64 CPU and
-    // only reads identification registers.
+    // `__cpuid` is safe on newer toolchains, hence `unused_unsafe`.
     #[allow(unused_unsafe)]
+    // SAFETY: CPUID is part of x86_64; leaf 1 exists on every x86_64 CPU and only reads
+    // identification registers.
     let eax = unsafe { std::arch::x86_64::__cpuid(1) }.eax;
     let base_family = (eax >> 8) & 0xf;
     let base_model = (eax >> 4) & 0xf;

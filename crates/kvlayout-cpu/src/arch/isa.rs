@@ -33,9 +33,10 @@ pub(crate) fn available() -> Vec<Isa> {
 pub(crate) fn cpu_vendor() -> [u8; 12] {
     static VENDOR: std::sync::OnceLock<[u8; 12]> = std::sync::OnceLock::new();
     *VENDOR.get_or_init(|| {
-        // SAFETY (on toolchains where `__cpuid` is unsafe): leaf 0 exists on every x86_64
-        // CPU and only reads identification registers.
+        // `__cpuid` is safe on newer toolchains, hence `unused_unsafe`.
         #[allow(unused_unsafe)]
+        // SAFETY: CPUID is part of x86_64; leaf 0 exists on every x86_64 CPU and only reads
+        // identification registers.
         let id = unsafe { std::arch::x86_64::__cpuid(0) };
         let mut vendor = [0u8; 12];
         for (chunk, reg) in vendor.chunks_mut(4).zip([id.ebx, id.edx, id.ecx]) {

@@ -3,8 +3,12 @@
 //! sets) it runs ([`Isa`]) and the cache level rows are prefetched to ([`PrefetchLevel`]), with
 //! the prefetch hints themselves.
 
+// Each probes the CPU or issues a hint through `std::arch` intrinsics.
+#[allow(unsafe_code)]
 mod features;
+#[allow(unsafe_code)]
 mod isa;
+#[allow(unsafe_code)]
 mod prefetch;
 
 pub use features::{CpuFeatures, UnknownFeature, HIDE_VAR};

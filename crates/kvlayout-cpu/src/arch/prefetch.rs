@@ -46,9 +46,10 @@ pub(crate) fn prefetch_to(p: *const u8, level: PrefetchLevel) {
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
         let p = p as *const i8;
-        // SAFETY (on toolchains where `_mm_prefetch` is unsafe): a prefetch never faults,
-        // whatever the address, and SSE is part of x86_64.
+        // `_mm_prefetch` is safe on newer toolchains, hence `unused_unsafe`.
         #[allow(unused_unsafe)]
+        // SAFETY: SSE is part of x86_64, and a prefetch is a hint that never faults and reads
+        // nothing into the program, whatever the address.
         unsafe {
             match level {
                 PrefetchLevel::L1 => _mm_prefetch::<_MM_HINT_T0>(p),

@@ -37,11 +37,13 @@ use crate::backend::CpuBackend;
 use crate::cache::CacheRef;
 use kernels::Order;
 
+#[allow(unsafe_code)]
 pub(crate) mod kernels;
 mod plan;
 #[cfg(feature = "bench")]
 pub(crate) use plan::PREFETCH_AHEAD;
 pub(crate) mod calibrate;
+#[allow(unsafe_code)]
 mod src;
 #[cfg(test)]
 mod tests;

@@ -18,6 +18,8 @@ use crate::cache::{CacheMut, CacheRef};
 struct DstPtr(*mut u8);
 // SAFETY: workers write disjoint byte ranges of the pointee (see `execute::execute`).
 unsafe impl Send for DstPtr {}
+// SAFETY: shared use only copies the pointer out (`get`); writes through it go to disjoint
+// byte ranges, one worker each, never overlapping a source (see `run`'s soundness note).
 unsafe impl Sync for DstPtr {}
 
 impl DstPtr {

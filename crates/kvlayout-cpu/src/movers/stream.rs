@@ -45,8 +45,9 @@ pub(super) fn stream_kind(isa: Isa) -> Stream {
 pub(super) unsafe fn copy_unit(src: *const u8, dst: *mut u8, len: usize, stream: Stream) {
     #[cfg(target_arch = "x86_64")]
     if stream != Stream::No && (dst as usize).is_multiple_of(64) && len.is_multiple_of(64) {
-        // SAFETY: the build's features were detected (`stream_kind`); same contract as this
-        // function.
+        // SAFETY: the build's features are present (`stream` comes from `stream_kind` of a
+        // build this machine runs: the caller's contract); `dst` is 64-byte aligned and `len` a
+        // multiple of 64 (checked just above); the ranges as in this function's contract.
         return unsafe {
             match stream {
                 Stream::Avx512 => stream_avx512(src, dst, len),
@@ -59,13 +60,19 @@ pub(super) unsafe fn copy_unit(src: *const u8, dst: *mut u8, len: usize, stream:
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
 }
 
+/// Copies `len` bytes with 64-byte non-temporal stores.
+///
+/// # Safety
+/// AVX-512 F present; `src` and `dst` valid for `len` bytes and not overlapping; `dst`
+/// 64-byte aligned and `len` a multiple of 64.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn stream_avx512(src: *const u8, dst: *mut u8, len: usize) {
     use std::arch::x86_64::*;
     let mut i = 0;
     while i < len {
-        // SAFETY: i + 64 <= len (len is a multiple of 64); dst + i is 64-byte aligned.
+        // SAFETY: `i + 64 <= len` (`len` is a multiple of 64), so both ranges are inside the
+        // caller's; `dst + i` is 64-byte aligned, as the non-temporal store needs.
         unsafe {
             let v = _mm512_loadu_si512(src.add(i) as *const _);
             _mm512_stream_si512(dst.add(i) as *mut _, v);
@@ -74,13 +81,19 @@ unsafe fn stream_avx512(src: *const u8, dst: *mut u8, len: usize) {
     }
 }
 
+/// Copies `len` bytes with 32-byte non-temporal stores.
+///
+/// # Safety
+/// AVX present; `src` and `dst` valid for `len` bytes and not overlapping; `dst` 32-byte
+/// aligned and `len` a multiple of 32.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 unsafe fn stream_avx(src: *const u8, dst: *mut u8, len: usize) {
     use std::arch::x86_64::*;
     let mut i = 0;
     while i < len {
-        // SAFETY: i + 32 <= len; dst + i is 32-byte aligned.
+        // SAFETY: `i + 32 <= len` (`len` is a multiple of 32), so both ranges are inside the
+        // caller's; `dst + i` is 32-byte aligned, as the non-temporal store needs.
         unsafe {
             let v = _mm256_loadu_si256(src.add(i) as *const __m256i);
             _mm256_stream_si256(dst.add(i) as *mut __m256i, v);

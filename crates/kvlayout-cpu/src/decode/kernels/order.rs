@@ -239,7 +239,7 @@ fn join_even_odd(s: &[f32; 32], f: f32, d: &mut [f32; 32]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::*;
-        // SAFETY (each block): SSE2 is part of x86_64; floats `4k .. 4k + 4` and
+        // SAFETY: for each block, SSE2 is part of x86_64; floats `4k .. 4k + 4` and
         // `16 + 4k .. 20 + 4k` of `s`, `8k .. 8k + 8` of `d` lie inside the blocks of 32.
         unsafe {
             let fv = _mm_set1_ps(f);

@@ -58,7 +58,7 @@ unsafe fn pv_k<const K: u8>(a: ValueArgs<'_>) {
                 d0,
                 width,
             };
-            // SAFETY (each arm): the caller's contract, for heads `j0 .. j0 + hn` and elements
+            // SAFETY: in each arm, the caller's contract, for heads `j0 .. j0 + hn` and elements
             // `d0 .. min(d0 + 16, width)`.
             unsafe {
                 match (hn, full) {

@@ -198,7 +198,7 @@ pub(in crate::decode::kernels) unsafe fn qk_tile(kind: RowKind, raw: bool, a: Ke
         !raw,
         "fp8 rows become bf16 exactly: no power of two to fold"
     );
-    // SAFETY (each arm): the caller's contract.
+    // SAFETY: in each arm, the caller's contract.
     unsafe {
         match a.g {
             1 => by_kind!(bf16 kind, qk_k::<16, 1>(a)),
@@ -231,9 +231,10 @@ unsafe fn qk_k<const K: u8, const R: usize, const H: usize>(a: KeyArgs<'_>) {
         let mut j0 = 0;
         while j0 < g {
             let npf = if j0 == 0 { npf } else { 0 };
-            // SAFETY (whole block): packed query rows `min(j0 + h, g - 1)` hold `nb * bw` bf16
-            // at stride `qs` slots; rows `rp` hold `width` elements and `load_key` reads only
-            // the first `width - b * bw` of the last block (caller's contract).
+            // SAFETY: for the whole block, packed query rows `min(j0 + h, g - 1)` hold
+            // `nb * bw` bf16 at stride `qs` slots; rows `rp` hold `width` elements and
+            // `load_key` reads only the first `width - b * bw` of the last block (caller's
+            // contract).
             let sums = unsafe {
                 let qp: [*const u16; H] =
                     std::array::from_fn(|h| q.as_ptr().add((j0 + h).min(g - 1) * qs).cast::<u16>());
@@ -314,7 +315,7 @@ pub(in crate::decode::kernels) unsafe fn pv_tile(
             wb_heads = j0;
         }
         let a = args.pass(j0 == 0);
-        // SAFETY (each arm): heads j0 .. j0 + h are inside the group; every pass takes whole
+        // SAFETY: in each arm, heads j0 .. j0 + h are inside the group; every pass takes whole
         // blocks (`c` and `c0` are multiples of the 2 or 4 vectors of a block: `vecs` is).
         unsafe {
             match (h, c) {
@@ -378,7 +379,7 @@ unsafe fn pv_k<const K: u8, const H: usize, const C: usize>(
     let live: [bool; C] = std::array::from_fn(|c| (c0 + c) * 16 < s && valid[c / nv] > 0);
     let t = tables::<K>();
     let ap = acc.as_mut_ptr();
-    // SAFETY (whole block): accumulator rows j0 .. j0 + H hold `s` values inside `acc` and
+    // SAFETY: for the whole block, accumulator rows j0 .. j0 + H hold `s` values inside `acc` and
     // only live vectors (inside the padded width) are touched; rows hold `width` elements
     // from `hoff` and the loads read only the valid ones (caller's contract).
     unsafe {

@@ -15,7 +15,7 @@ use crate::decode::kernels::rows::{row_block, RowKind, SPLIT_PIECE};
 /// `logits.len() >= (g - 1) * ld + rows.len()`. `pf` is only prefetched.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(in crate::decode::kernels) unsafe fn qk_tile(kind: RowKind, raw: bool, a: KeyArgs<'_>) {
-    // SAFETY (each arm): the caller's contract.
+    // SAFETY: in each arm, the caller's contract.
     unsafe {
         match a.g {
             1 => by_kind!(kind, raw, qk_k::<16, 1, false>(a)),
@@ -36,7 +36,7 @@ pub(in crate::decode::kernels) unsafe fn qk_tile(kind: RowKind, raw: bool, a: Ke
 /// stride `qs`; `logits.len() >= (g - 1) * ld + rows.len()`. `pf` is only prefetched.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(in crate::decode::kernels) unsafe fn qk_tile_split(kind: RowKind, raw: bool, a: KeyArgs<'_>) {
-    // SAFETY (each arm): the caller's contract.
+    // SAFETY: in each arm, the caller's contract.
     unsafe {
         match a.g {
             1 => by_kind!(kind, raw, qk_k::<16, 1, true>(a)),
@@ -103,7 +103,7 @@ unsafe fn qk_k<const K: u8, const R: usize, const H: usize, const SPLIT: bool>(a
         let mut j0 = 0;
         while j0 < g {
             let pf_on = j0 == 0;
-            // SAFETY (whole block): query rows `min(j0 + h, g - 1)` (at stride `qs`) hold
+            // SAFETY: for the whole block, query rows `min(j0 + h, g - 1)` (at stride `qs`) hold
             // `width` values padded to whole blocks; rows `rp` hold `width` elements: `full`
             // whole blocks and `tail` elements of the next (caller's contract).
             let sums = unsafe {

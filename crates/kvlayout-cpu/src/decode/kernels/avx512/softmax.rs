@@ -25,7 +25,7 @@ pub(in crate::decode::kernels) unsafe fn softmax_tile(step: SoftmaxStep<'_>) {
     for j in 0..g {
         let l = &mut logits[j * ld..j * ld + nt];
         let sp = sums[j * SUM_LANES..(j + 1) * SUM_LANES].as_mut_ptr();
-        // SAFETY (whole block): the masked lanes stay inside `l` (and `vscale`, `nt`
+        // SAFETY: for the whole block, the masked lanes stay inside `l` (and `vscale`, `nt`
         // long); the partial sums of head `j` are `SUM_LANES` = 16 floats.
         unsafe {
             let mut sum = _mm512_loadu_ps(sp);

@@ -28,7 +28,7 @@ pub(in crate::decode::kernels) unsafe fn pv_transposed(
     raw: bool,
     a: TransposedArgs<'_>,
 ) {
-    // SAFETY (each arm): the caller's contract.
+    // SAFETY: in each arm, the caller's contract.
     unsafe { by_kind!(kind, raw, pv_transposed_k(a)) }
 }
 

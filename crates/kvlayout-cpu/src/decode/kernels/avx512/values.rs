@@ -28,7 +28,7 @@ pub(in crate::decode::kernels) unsafe fn pv_tile(
     };
     pv_passes(g, vecs, |j0, h, c0, c| {
         let a = args.pass(j0 == 0);
-        // SAFETY (each arm): heads j0 .. j0 + h are inside the group; vectors from c0
+        // SAFETY: in each arm, heads j0 .. j0 + h are inside the group; vectors from c0
         // are masked to `width` (caller's contract for the rest).
         unsafe {
             match (h, c) {
@@ -73,7 +73,7 @@ unsafe fn pv_k<const K: u8, const H: usize, const C: usize>(
     // The bytes of this pass's blocks in a row: what is prefetched of each row of `pf`.
     let pf_from = (b0 * bw * esize(K)).min(width * esize(K));
     let pf_bytes = ((b0 + nblk) * bw * esize(K)).min(width * esize(K)) - pf_from;
-    // SAFETY (whole block): accumulator rows j0 .. j0 + H hold `s` values inside `acc`
+    // SAFETY: for the whole block, accumulator rows j0 .. j0 + H hold `s` values inside `acc`
     // and only live vectors (inside the padded width) are touched; rows hold `width`
     // elements from `hoff` and `load` reads only the valid ones (caller's contract).
     unsafe {
