@@ -2,6 +2,8 @@
 
 use std::process::{Command, Output};
 
+#[path = "cli/backend.rs"]
+mod backend;
 #[path = "cli/cpu.rs"]
 mod cpu;
 #[path = "cli/decode.rs"]

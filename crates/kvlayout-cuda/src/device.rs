@@ -127,7 +127,8 @@ impl Device for CudaDevice {
         driver::copy(&self.handles, (src, src_offset), (dst, dst_offset), len)
     }
 
-    fn launch(&self, call: &KernelCall) -> Result<(), CudaError> {
+    #[allow(unsafe_code)]
+    unsafe fn launch(&self, call: &KernelCall) -> Result<(), CudaError> {
         let args = call.args.block();
         self.handles.launch(call.args.kernel(), &call.config, &args)
     }

@@ -192,15 +192,21 @@ impl<D: Device> DeviceBackend<D> {
         Ok(Some(buf))
     }
 
+    /// Launches `calls`, built from arguments the op checked and addresses of this backend's
+    /// live allocations (caches checked against their layouts by [`Self::addrs`], tensors
+    /// of checked lengths, temporaries in `keep`, which the completion holds until waited for).
+    #[allow(unsafe_code)]
     fn launch_all(
         &self,
         calls: &[KernelCall],
         keep: Vec<D::Buffer>,
     ) -> Result<DeviceCompletion<D::Buffer, D::Event>, OpError> {
         for call in calls {
-            self.device
-                .launch(call)
-                .map_err(self.fail(call.args.kernel().name()))?;
+            // SAFETY: every address in `call` is of a live allocation of this device, sized
+            // by the op's checks for what the kernel addresses (see above); the caches written
+            // are borrowed mutably by the op, the temporaries live until the completion is
+            // waited for.
+            unsafe { self.device.launch(call) }.map_err(self.fail(call.args.kernel().name()))?;
         }
         self.complete(keep, "launch")
     }
@@ -264,8 +270,13 @@ impl<D: Device> Backend for DeviceBackend<D> {
     fn kernels(&self) -> Kernels {
         let t = self.device.target();
         Kernels {
-            build: format!("{} kernels", t.name),
-            why: format!("{} runs them, warps of {}", self.device.name(), t.warp),
+            build: t.name.to_string(),
+            why: format!(
+                "{} runs the {} kernels, warps of {}",
+                self.device.name(),
+                t.name,
+                t.warp
+            ),
             threads: 0,
         }
     }

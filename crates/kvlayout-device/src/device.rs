@@ -46,7 +46,16 @@ pub trait Device {
         len: u64,
     ) -> Result<(), Self::Error>;
     /// Enqueues one kernel launch ([`KernelCall::args`]' block, [`KernelCall::config`]).
-    fn launch(&self, call: &KernelCall) -> Result<(), Self::Error>;
+    ///
+    /// # Safety
+    /// The kernel reads and writes through the addresses in the call's arguments, unchecked.
+    /// Every one must point into a live allocation of this device, large enough for what the
+    /// kernel addresses under the call's configuration (the op checks of `kvlayout::ops`
+    /// establish that for the calls `kvlayout_device::kernels` builds from checked
+    /// arguments), and nothing else may use the bytes the kernel writes until its work
+    /// completes. [`crate::DeviceBackend`] upholds this for every launch it makes.
+    #[allow(unsafe_code)]
+    unsafe fn launch(&self, call: &KernelCall) -> Result<(), Self::Error>;
     /// An event after the work enqueued so far.
     fn record(&self) -> Result<Self::Event, Self::Error>;
     /// Waits for `event`; `Err` is a failure of the work before it.

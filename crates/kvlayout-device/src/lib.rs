@@ -10,9 +10,10 @@
 //!
 //! It does not own layouts, op arguments or their checks (the `kvlayout` crate does), a
 //! runtime's calls (`kvlayout-cuda`, `kvlayout-hip`, `kvlayout-emu`), or host-memory
-//! execution (`kvlayout-cpu`). No unsafe, no I/O: addresses are device addresses as `u64`.
+//! execution (`kvlayout-cpu`). No I/O: addresses are device addresses as `u64`. Its one unsafe
+//! call is [`Device::launch`], in `DeviceBackend`'s launch of checked calls.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 mod backend;

@@ -223,13 +223,17 @@ impl Device for EmuDevice {
         Ok(())
     }
 
-    fn launch(&self, call: &KernelCall) -> Result<(), EmuError> {
+    #[allow(unsafe_code)]
+    unsafe fn launch(&self, call: &KernelCall) -> Result<(), EmuError> {
         let regions = self.regions(call);
         let launch = EmuLaunch::new(&call.config, self.target.shared_bytes, self.seed, &regions)
             .map_err(EmuError)?;
-        self.kernels
-            .run(&launch, call.args.kernel(), &call.args.block())
-            .map_err(EmuError)
+        // SAFETY: the caller's guarantee (`Device::launch`) is `Kernels::run`'s.
+        unsafe {
+            self.kernels
+                .run(&launch, call.args.kernel(), &call.args.block())
+        }
+        .map_err(EmuError)
     }
 
     fn record(&self) -> Result<(), EmuError> {

@@ -134,12 +134,13 @@ impl Kernels {
     /// parameters out of the block as a driver does; `Err` is the emulator's report (a block
     /// of the wrong size, a kernel trap, a divergent barrier, an access outside the launch's
     /// regions, a launch over a limit).
+    /// Cache accesses are also confined by the emulator to the launch's regions.
     ///
-    /// The caller guarantees what the kernel reads and writes: every address in the block
-    /// points into memory that lives, unaliased by Rust references in use, for the call, and
-    /// sized as the op's checks (`kvlayout::ops::check`) validated. Cache accesses are also
-    /// confined by the emulator to the launch's regions.
-    pub(crate) fn run(
+    /// # Safety
+    /// Every address in the block points into memory that lives, unaliased by Rust references
+    /// in use, for the call, and is sized as the op's checks (`kvlayout::ops::check`)
+    /// validated: the kernel reads and writes it unchecked.
+    pub(crate) unsafe fn run(
         &self,
         launch: &EmuLaunch,
         kernel: Kernel,

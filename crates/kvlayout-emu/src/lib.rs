@@ -9,8 +9,8 @@
 //! `kvlayout_device::kernels` builds, which the C side reads as a driver does. So [`emu`]
 //! (and [`cuda_emu`], [`hip_emu`]) is the `DeviceBackend` of the CUDA and HIP crates on host
 //! memory, and the conformance suite drives it like any other backend. Unsafe code is
-//! confined to `ffi` (the C entry points) and `mem` (memory the kernels write through raw
-//! addresses).
+//! confined to `ffi` (the C entry points), `mem` (memory the kernels write through raw
+//! addresses) and `EmuDevice`'s `Device::launch`, unsafe by the trait's contract.
 //!
 //! It does not own the kernels' arguments or launch configuration (`kvlayout-device` does),
 //! op validation (the `kvlayout` crate's checks), or GPUs.

@@ -230,7 +230,8 @@ impl Device for HipDevice {
         Allocation::copy(&self.stream, &src.0, src_offset, &dst.0, dst_offset, len)
     }
 
-    fn launch(&self, call: &KernelCall) -> Result<(), HipError> {
+    #[allow(unsafe_code)]
+    unsafe fn launch(&self, call: &KernelCall) -> Result<(), HipError> {
         self.current()?;
         let block = call.args.block();
         self.functions
