@@ -4,7 +4,7 @@
 # crates' tests, compute-sanitizer's memcheck where it is installed, and the benchmark
 # (paged_decode beside a device-to-device copy, swap_blocks beside one pinned copy).
 # Usage: scripts/gpu-check.sh [cuda|hip]   (default: cuda if nvidia-smi runs, else hip)
-# Results to record go in design/backends.md, with the device and this command.
+# Results to record go in design/gpu-backends.md, with the device and this command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh

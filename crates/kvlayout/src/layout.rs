@@ -23,11 +23,8 @@ use crate::spec::{BufferExtent, Content, Field, FieldStrides, Geometry, LayoutSp
 /// assert_eq!(at.offset, 1 * (16 * 4 * 32) + 3 * (4 * 32) + 2 * 32 + 16 + 5 * 2);
 /// # Ok::<(), kvlayout::LayoutError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(
-    try_from = "crate::serde_doc::LayoutDocument",
-    into = "crate::serde_doc::LayoutDocument"
-)]
+/// Its serde form is the versioned JSON document (`serde_doc`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct KvCacheLayout {
     spec: LayoutSpec,
     fields: Vec<FieldMap>,

@@ -68,6 +68,19 @@ impl From<KvCacheLayout> for LayoutDocument {
     }
 }
 
+impl Serialize for KvCacheLayout {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        LayoutDocument::from(self.clone()).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for KvCacheLayout {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let doc = LayoutDocument::deserialize(d)?;
+        KvCacheLayout::try_from(doc).map_err(serde::de::Error::custom)
+    }
+}
+
 impl KvCacheLayout {
     /// Parses and validates the versioned JSON form.
     ///

@@ -241,7 +241,7 @@ fn identity() -> Option<String> {
         6 => (base_family, base_model | (((eax >> 16) & 0xf) << 4)),
         _ => (base_family, base_model),
     };
-    let vendor = super::isa::cpu_vendor();
+    let vendor = cpu_vendor();
     Some(format!(
         "{} family {family} model {model}",
         String::from_utf8_lossy(&vendor)
@@ -251,6 +251,24 @@ fn identity() -> Option<String> {
 #[cfg(not(target_arch = "x86_64"))]
 fn identity() -> Option<String> {
     None
+}
+
+/// The CPU's vendor string (CPUID leaf 0), read once.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn cpu_vendor() -> [u8; 12] {
+    static VENDOR: std::sync::OnceLock<[u8; 12]> = std::sync::OnceLock::new();
+    *VENDOR.get_or_init(|| {
+        // `__cpuid` is safe on newer toolchains, hence `unused_unsafe`.
+        #[allow(unused_unsafe)]
+        // SAFETY: CPUID is part of x86_64; leaf 0 exists on every x86_64 CPU and only reads
+        // identification registers.
+        let id = unsafe { std::arch::x86_64::__cpuid(0) };
+        let mut vendor = [0u8; 12];
+        for (chunk, reg) in vendor.chunks_mut(4).zip([id.ebx, id.edx, id.ecx]) {
+            chunk.copy_from_slice(&reg.to_le_bytes());
+        }
+        vendor
+    })
 }
 
 #[cfg(test)]

@@ -28,24 +28,6 @@ pub(crate) fn available() -> Vec<Isa> {
     Isa::ALL.iter().copied().filter(|i| i.runs()).collect()
 }
 
-/// The CPU's vendor string (CPUID leaf 0), read once.
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn cpu_vendor() -> [u8; 12] {
-    static VENDOR: std::sync::OnceLock<[u8; 12]> = std::sync::OnceLock::new();
-    *VENDOR.get_or_init(|| {
-        // `__cpuid` is safe on newer toolchains, hence `unused_unsafe`.
-        #[allow(unused_unsafe)]
-        // SAFETY: CPUID is part of x86_64; leaf 0 exists on every x86_64 CPU and only reads
-        // identification registers.
-        let id = unsafe { std::arch::x86_64::__cpuid(0) };
-        let mut vendor = [0u8; 12];
-        for (chunk, reg) in vendor.chunks_mut(4).zip([id.ebx, id.edx, id.ecx]) {
-            chunk.copy_from_slice(&reg.to_le_bytes());
-        }
-        vendor
-    })
-}
-
 /// Whether this machine runs the AVX-512 kernels (the safe wrappers check it before every
 /// call into them).
 #[cfg(target_arch = "x86_64")]

@@ -83,7 +83,7 @@ pub(crate) fn prefetch_level() -> PrefetchLevel {
 #[inline]
 pub(crate) fn prefetch_level() -> PrefetchLevel {
     static LEVEL: std::sync::OnceLock<PrefetchLevel> = std::sync::OnceLock::new();
-    *LEVEL.get_or_init(|| prefetch_level_for(&super::isa::cpu_vendor()))
+    *LEVEL.get_or_init(|| prefetch_level_for(&super::features::cpu_vendor()))
 }
 
 #[cfg(test)]
