@@ -3,15 +3,18 @@
 //! This crate owns [`KvCacheLayout`]: the description of where every element of a paged KV
 //! cache lives, validated once, from which everything else is derived — the checked address
 //! function, strided views in each consumer's convention (standard `[B, H, N, C]`, vLLM paged
-//! v1, FlashAttention, FlashInfer), the `#[repr(C)]` kernel arguments mirrored by the C header
-//! in `kernels-cuda/include/`, byte regions for transfers, and transformations (TP head slice,
-//! kernel-block split, layer range) with stated post-conditions. It parses presets, compact
-//! spec strings and a versioned JSON form.
+//! v1, FlashAttention, FlashInfer), the `#[repr(C)]` field arguments every kernel takes
+//! ([`KvFieldArgs`], mirrored by the C header in `kernels-cuda/include/`), byte regions for
+//! transfers, and transformations (TP head slice, kernel-block split, layer range) with stated
+//! post-conditions. It parses presets, compact spec strings and a versioned JSON form. Its
+//! [`ops`] module is the backend contract: the ops' arguments and their checks, the one
+//! vocabulary of block moves and their plan, the [`ops::Backend`] trait, and
+//! [`ops::AnyBackend`], any backend held as one type.
 //!
-//! It does not own memory, run kernels, move bytes or read files: backends, the connector and
-//! the CLI do, and they take every offset from here. It never guesses a layout from a tensor
-//! shape; [`KvCacheLayout::check_tensor`] verifies a framework's tensor against a stated
-//! layout instead. No `unsafe`, no I/O.
+//! It does not own memory, run kernels, build kernel launches, move bytes or read files:
+//! `kvlayout-device`, the backends, the connector and the CLI do, and they take every offset
+//! from here. It never guesses a layout from a tensor shape; [`KvCacheLayout::check_tensor`]
+//! verifies a framework's tensor against a stated layout instead. No `unsafe`, no I/O.
 //!
 //! ```
 //! use kvlayout::{Convention, Coord, Field, KvCacheLayout, ViewTarget};
