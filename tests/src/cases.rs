@@ -25,7 +25,7 @@
 //! Cases whose layouts hold the same content (same [`LayoutCase::group`]) are paired for
 //! `convert` and `swap_blocks`.
 
-use kvlayout::{Content, DType, KvCacheLayout};
+use kvlayout::{DType, KvCacheLayout};
 
 mod families;
 mod workload;
@@ -199,25 +199,9 @@ fn derived_cases() -> Vec<LayoutCase> {
 
 /// `(K width, V width, is MLA)` of K/V or MLA content.
 pub fn widths(l: &KvCacheLayout) -> Option<(usize, usize, bool)> {
-    match *l.content() {
-        Content::Kv {
-            head_size,
-            head_size_v,
-        }
-        | Content::KvScaled {
-            head_size,
-            head_size_v,
-        } => Some((head_size as usize, head_size_v as usize, false)),
-        Content::Mla {
-            kv_lora_rank,
-            rope_dim,
-        } => Some((
-            (kv_lora_rank + rope_dim) as usize,
-            kv_lora_rank as usize,
-            true,
-        )),
-        _ => None,
-    }
+    let content = l.content();
+    let (k, v) = content.kv_widths()?;
+    Some((k as usize, v as usize, content.shares_latent()))
 }
 
 /// A case outside the table (refusal tests, the outside reference): one spec string.

@@ -19,7 +19,7 @@ use kvlayout::ops::{
     decode_widths, AnyBackend, AnyCache, AnyTensor, Backend, BufferShape, DecodeArgs, DecodeParams,
     HostTensor, WriteArgs,
 };
-use kvlayout::{Content, KvCacheLayout};
+use kvlayout::KvCacheLayout;
 use kvlayout_cpu::bench::{paired, Paired, ReadBound};
 use kvlayout_cpu::tolerance::{decode_error, Tolerance};
 use kvlayout_cpu::{reference, Activations, Decode, HostCache};
@@ -412,7 +412,7 @@ fn fill_cache(
 ) -> Result<f64, CliError> {
     let (qk, vw) = decode_widths(layout)?;
     let g = layout.geometry();
-    let is_mla = matches!(layout.content(), Content::Mla { .. });
+    let is_mla = layout.content().shares_latent();
     let per_seq = u64::from(a.context).div_ceil(g.block_size) as usize;
     let bs = g.block_size;
     let tokens = a.seqs * a.context as usize;
@@ -505,7 +505,7 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
     let (qk, vw) = decode_widths(&layout)?;
     let g = *layout.geometry();
     let kv_heads = g.num_kv_heads;
-    let is_mla = matches!(layout.content(), Content::Mla { .. });
+    let is_mla = layout.content().shares_latent();
     let q_heads = a.q_heads.unwrap_or(if is_mla { 16 } else { 4 * kv_heads });
     // The backend first: one that cannot run here is named before any size is checked.
     let cpu = crate::cpu::features()?;

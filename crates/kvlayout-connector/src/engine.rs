@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use kvlayout::ops::CopyRun;
+use kvlayout::ops::{run_bytes, CopyRun};
 
 use crate::handshake::MemRegion;
 
@@ -294,7 +294,7 @@ impl TransferEngine for MemcpyEngine {
                 .push((self.name.clone(), notify.to_vec()));
         }
         Ok(Copied {
-            bytes: runs.iter().map(|r| r.len).sum(),
+            bytes: run_bytes(runs),
         })
     }
 

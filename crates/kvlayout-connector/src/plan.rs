@@ -18,8 +18,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
 
-use kvlayout::ops::{check_same_model, copy_runs, merge_runs, CopyRun, Moves, OpError};
-use kvlayout::{tp_head_range, Content, KvCacheLayout};
+use kvlayout::ops::{check_same_model, copy_runs, merge_runs, run_bytes, CopyRun, Moves, OpError};
+use kvlayout::{tp_head_range, KvCacheLayout};
 
 use crate::handshake::CacheGroup;
 
@@ -85,7 +85,7 @@ pub enum PlanError {
 /// The model heads group `g` holds, checked against its layout (`side`: `local` or `remote`).
 fn held_heads(g: &CacheGroup, side: &'static str) -> Result<Range<u64>, PlanError> {
     let fail = |reason| PlanError::Tp { side, reason };
-    if matches!(g.layout.content(), Content::MambaConv { .. }) && g.tp_size > 1 {
+    if g.layout.content().tp_shards_channels() && g.tp_size > 1 {
         return Err(fail(
             "a Mamba conv state is sharded along its channels, not heads".into(),
         ));
@@ -151,11 +151,7 @@ pub struct TransferPlan {
 impl TransferPlan {
     /// Bytes moved.
     pub fn bytes(&self) -> u64 {
-        self.transfers
-            .iter()
-            .flat_map(|t| &t.runs)
-            .map(|r| r.len)
-            .sum()
+        run_bytes(self.transfers.iter().flat_map(|t| &t.runs))
     }
 
     /// Descriptors (runs) on each side.

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use kvlayout::ops::{Backend, BufferShape, CopyRun, OpError};
+use kvlayout::ops::{run_bytes, Backend, BufferShape, CopyRun, OpError};
 use kvlayout::{Geometry, KvCacheLayout, LayoutSpec, Paged, Placement};
 
 use crate::handshake::CacheGroup;
@@ -51,11 +51,7 @@ impl StagedPlan {
 
     /// Bytes on the wire.
     pub fn bytes(&self) -> u64 {
-        self.transfers
-            .iter()
-            .flat_map(|t| &t.runs)
-            .map(|r| r.len)
-            .sum()
+        run_bytes(self.transfers.iter().flat_map(|t| &t.runs))
     }
 
     /// The local blocks the plan writes, ascending (every transfer writes all of them).

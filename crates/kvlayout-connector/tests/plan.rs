@@ -14,6 +14,11 @@ use kvlayout_connector::staged::{plan_pull_staged, receive};
 use kvlayout_cpu::Host;
 use proptest::prelude::*;
 
+#[path = "../src/bin/shared/scattered.rs"]
+mod scattered;
+
+use scattered::scattered;
+
 const ORDERS: [&str; 6] = ["NHD", "HND", "LBHNC", "BLHNC", "BLNHC", "BHLNC"];
 
 /// A rank's layout: `content` with `heads` heads, `blocks` blocks of `n` tokens, pages padded
@@ -120,20 +125,6 @@ fn case() -> impl Strategy<Value = Case> {
         )
 }
 
-/// `n` distinct block ids below `limit` in a shuffled order.
-fn blocks(n: u64, limit: u64, seed: u64) -> Vec<u64> {
-    let mut ids: Vec<u64> = (0..limit).collect();
-    let mut s = seed | 1;
-    for i in (1..ids.len()).rev() {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        ids.swap(i, (s % (i as u64 + 1)) as usize);
-    }
-    ids.truncate(n as usize);
-    ids
-}
-
 /// Applies `plan` to local buffers from the remote ranks' bytes, run by run (the reference
 /// the engines are not part of).
 fn apply(
@@ -203,12 +194,12 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
         .collect();
     let local = side(&local_layout, c.total_heads, c.tp_local, c.local_rank);
     let (t0, t1) = c.tokens;
-    let rb = blocks(
+    let rb = scattered(
         t0.div_ceil(c.n_remote) + t1.div_ceil(c.n_remote),
         nbr,
         c.shuffle,
     );
-    let lb = blocks(
+    let lb = scattered(
         t0.div_ceil(c.n_local) + t1.div_ceil(c.n_local),
         nbl,
         c.shuffle >> 3,

@@ -6,7 +6,7 @@
 //! (numpy) in the conformance suite.
 
 use kvlayout::ops::{BlockMove, Moves, OpError};
-use kvlayout::{Content, Coord, DType, Field, KvCacheLayout};
+use kvlayout::{Coord, DType, Field, KvCacheLayout};
 
 use crate::args::{check_decode, check_write, Decode, WriteKv};
 use crate::cache::{CacheMut, CacheRef};
@@ -44,8 +44,7 @@ pub fn value_at(cache: &CacheRef<'_>, c: &Coord) -> f64 {
         _ => (1.0, Field::K),
     };
     let mut v = stored * f64::from(tensor);
-    if matches!(layout.content(), Content::KvScaled { .. }) && matches!(field, Field::K | Field::V)
-    {
+    if layout.content().inline_scales() && matches!(field, Field::K | Field::V) {
         let sc = Coord {
             field: inline,
             dim: 0,
@@ -73,7 +72,7 @@ fn write_tokens(cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError
     let bs = layout.geometry().block_size;
     let dtype = layout.dtype();
     let s = layout.scales();
-    let scaled = matches!(layout.content(), Content::KvScaled { .. });
+    let scaled = layout.content().inline_scales();
     for (t, &slot) in w.slot_mapping.iter().enumerate() {
         if slot < 0 {
             continue;

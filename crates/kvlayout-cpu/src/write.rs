@@ -7,7 +7,7 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use kvlayout::ops::{OpError, WriteShape};
-use kvlayout::{Content, DType, Field, FieldMap, KvCacheLayout};
+use kvlayout::{DType, Field, FieldMap, KvCacheLayout};
 use rayon::prelude::*;
 
 use crate::arch::Isa;
@@ -112,7 +112,7 @@ fn parts<'x>(
     shape: &WriteShape,
 ) -> Result<Vec<Part<'x>>, OpError> {
     let sc = layout.scales();
-    let scaled = matches!(layout.content(), Content::KvScaled { .. });
+    let scaled = layout.content().inline_scales();
     let scale_map = |f| {
         if scaled {
             layout.field_map(f).ok()

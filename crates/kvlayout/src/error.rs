@@ -169,6 +169,15 @@ pub type Result<T, E = LayoutError> = std::result::Result<T, E>;
 /// Largest byte offset the kernel ABI can carry (`INT64_MAX`).
 pub const MAX_OFFSET: u64 = i64::MAX as u64;
 
+/// `v`, or [`LayoutError::ZeroSize`] naming `what` when it is zero.
+pub(crate) fn positive(what: &'static str, v: u64) -> Result<u64> {
+    if v == 0 {
+        Err(LayoutError::ZeroSize { what })
+    } else {
+        Ok(v)
+    }
+}
+
 pub(crate) fn mul(a: u64, b: u64, what: impl FnOnce() -> String) -> Result<u64> {
     a.checked_mul(b)
         .filter(|v| *v <= MAX_OFFSET)

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::alias;
 use crate::dtype::{DType, TensorScales};
-use crate::error::{add, mul, LayoutError, Result, MAX_OFFSET};
+use crate::error::{add, mul, positive, LayoutError, Result, MAX_OFFSET};
 use crate::field_map::FieldMap;
 use crate::lower::{lower, row_fields, Extents, RowField};
 use crate::spec::{BufferExtent, Content, Field, FieldStrides, Geometry, LayoutSpec, Placement};
@@ -69,94 +69,6 @@ pub struct Location {
     pub buffer: u32,
     /// Byte offset from the buffer's start.
     pub offset: u64,
-}
-
-fn positive(what: &'static str, v: u64) -> Result<u64> {
-    if v == 0 {
-        Err(LayoutError::ZeroSize { what })
-    } else {
-        Ok(v)
-    }
-}
-
-/// The content's sizes are positive and their sums and products in range, and its kind fits
-/// the dtype and the head slots.
-fn check_content(content: &Content, dtype: DType, heads: u64) -> Result<()> {
-    let one_head = |kind: &str| {
-        if heads != 1 {
-            Err(LayoutError::Invalid(format!(
-                "{kind} content has one head slot; num_kv_heads is {heads}"
-            )))
-        } else {
-            Ok(())
-        }
-    };
-    let mul_ok = |a, b, what: &'static str| mul(a, b, || what.to_string()).map(|_| ());
-    match *content {
-        Content::Kv {
-            head_size,
-            head_size_v,
-        }
-        | Content::KvScaled {
-            head_size,
-            head_size_v,
-        } => {
-            positive("head_size", head_size)?;
-            positive("head_size_v", head_size_v)?;
-            let both = add(head_size, head_size_v, || "head_size + head_size_v".into())?;
-            mul_ok(both, 8, "head sizes")?;
-            if matches!(content, Content::KvScaled { .. }) && !dtype.is_quantized() {
-                return Err(LayoutError::Invalid(format!(
-                    "inline scales are for int8/fp8 rows; dtype is {dtype}"
-                )));
-            }
-        }
-        Content::Mla {
-            kv_lora_rank,
-            rope_dim,
-        } => {
-            positive("kv_lora_rank", kv_lora_rank)?;
-            add(kv_lora_rank, rope_dim, || "kv_lora_rank + rope_dim".into())?;
-            one_head("MLA")?;
-        }
-        Content::Opaque { row_bytes } => {
-            positive("row_bytes", row_bytes)?;
-            one_head("opaque-row")?;
-        }
-        Content::MambaConv {
-            conv_dim,
-            conv_width,
-        } => {
-            positive("conv_dim", conv_dim)?;
-            positive("conv_width", conv_width)?;
-            mul_ok(conv_dim, conv_width, "conv state size")?;
-            one_head("Mamba conv")?;
-        }
-        Content::MambaSsm {
-            head_dim,
-            state_size,
-        } => {
-            positive("head_dim", head_dim)?;
-            positive("state_size", state_size)?;
-            mul_ok(head_dim, state_size, "SSM state size")?;
-        }
-    }
-    check_byte_rows(content, dtype)
-}
-
-/// Opaque rows are `u8`, and `u8` is only for opaque rows.
-fn check_byte_rows(content: &Content, dtype: DType) -> Result<()> {
-    if matches!(content, Content::Opaque { .. }) && dtype != DType::U8 {
-        return Err(LayoutError::Invalid(format!(
-            "opaque rows are bytes: dtype must be u8, got {dtype}"
-        )));
-    }
-    if dtype == DType::U8 && !matches!(content, Content::Opaque { .. }) {
-        return Err(LayoutError::Invalid(
-            "dtype u8 is only for opaque byte rows".into(),
-        ));
-    }
-    Ok(())
 }
 
 fn check_alignment(map: &FieldMap) -> Result<()> {
@@ -275,7 +187,7 @@ fn check_scales(spec: &LayoutSpec) -> Result<()> {
             )));
         }
     }
-    if matches!(spec.content, Content::Mla { .. }) && spec.scales.k_scale != spec.scales.v_scale {
+    if spec.content.shares_latent() && spec.scales.k_scale != spec.scales.v_scale {
         return Err(LayoutError::Invalid(format!(
             "MLA stores one latent for K and V, so its scale is one: k_scale {} and v_scale \
              {} differ",
@@ -390,7 +302,7 @@ impl KvCacheLayout {
         positive("block_size", g.block_size)?;
         positive("num_kv_heads", g.num_kv_heads)?;
         positive("tokens_per_state", g.tokens_per_state)?;
-        check_content(&spec.content, spec.dtype, g.num_kv_heads)?;
+        spec.content.check(spec.dtype, g.num_kv_heads)?;
         let slots = slots_per_block(&spec)?;
         check_extents_in_range(&g)?;
         let rows = row_fields(&spec.content, spec.dtype);
@@ -409,7 +321,7 @@ impl KvCacheLayout {
             check_map(map, &extents)?;
         }
         // The maps derived from stored ones (MLA's K and V) hold the same invariants.
-        if let Content::Mla { kv_lora_rank, .. } = spec.content {
+        if let Some(kv_lora_rank) = spec.content.kv_lora_rank() {
             check_mla_aliases(&fields[0], kv_lora_rank, &extents)?;
         }
         check_fields_disjoint(&fields)?;
@@ -481,7 +393,7 @@ impl KvCacheLayout {
     /// latent: K is all of it, V its first `kv_lora_rank` elements).
     pub fn readable_fields(&self) -> Vec<Field> {
         let mut out: Vec<Field> = self.fields.iter().map(|f| f.field).collect();
-        if matches!(self.spec.content, Content::Mla { .. }) {
+        if self.spec.content.shares_latent() {
             out.extend([Field::K, Field::V]);
         }
         out
@@ -492,7 +404,7 @@ impl KvCacheLayout {
         if let Some(m) = self.fields.iter().find(|m| m.field == field) {
             return Ok(*m);
         }
-        if let Content::Mla { kv_lora_rank, .. } = self.spec.content {
+        if let Some(kv_lora_rank) = self.spec.content.kv_lora_rank() {
             if matches!(field, Field::K | Field::V) {
                 return Ok(mla_alias(&self.fields[0], field, kv_lora_rank));
             }

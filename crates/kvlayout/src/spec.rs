@@ -8,6 +8,10 @@ use strum::{Display, EnumIter, EnumString, IntoStaticStr};
 
 use crate::dtype::{DType, TensorScales};
 
+mod content;
+
+pub use content::Content;
+
 /// Extents of the logical axes `[L, B, H, N]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -27,72 +31,6 @@ pub struct Geometry {
 
 fn one() -> u64 {
     1
-}
-
-/// What one row of content (the innermost axis C) holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum Content {
-    /// `[K: head_size][V: head_size_v]` packed in one row.
-    Kv {
-        /// K width in elements.
-        head_size: u64,
-        /// V width in elements (may differ, e.g. 192 / 128).
-        head_size_v: u64,
-    },
-    /// `[K][k_scale: f32][V][v_scale: f32]`: int8/fp8 rows with per-token-head scales.
-    KvScaled {
-        /// K width in elements.
-        head_size: u64,
-        /// V width in elements.
-        head_size_v: u64,
-    },
-    /// MLA latent `kv_lora_rank + rope_dim` with one head; K reads all of it, V its first
-    /// `kv_lora_rank` elements.
-    Mla {
-        /// Compressed KV rank (512 in DeepSeek-V3).
-        kv_lora_rank: u64,
-        /// Rotary part (64 in DeepSeek-V3).
-        rope_dim: u64,
-    },
-    /// A fixed-size byte row the descriptor does not interpret (e.g. 656 B `fp8_ds_mla`).
-    Opaque {
-        /// Row size in bytes.
-        row_bytes: u64,
-    },
-    /// Mamba convolution state `[conv_dim, conv_width]`, one per block, one head slot.
-    MambaConv {
-        /// Channels (conv_dim / tp).
-        conv_dim: u64,
-        /// Kept history, `d_conv - 1`.
-        conv_width: u64,
-    },
-    /// Mamba SSM state `[head_dim, state_size]` per head, one per block.
-    MambaSsm {
-        /// Head dimension.
-        head_dim: u64,
-        /// SSM state size.
-        state_size: u64,
-    },
-}
-
-impl Content {
-    /// Short name used in spec strings.
-    pub fn spec_name(&self) -> &'static str {
-        match self {
-            Content::Kv { .. } => "kv",
-            Content::KvScaled { .. } => "kv-scaled",
-            Content::Mla { .. } => "mla",
-            Content::Opaque { .. } => "bytes",
-            Content::MambaConv { .. } => "mamba-conv",
-            Content::MambaSsm { .. } => "mamba-ssm",
-        }
-    }
-
-    /// Whether this content keeps one state per block regardless of block size.
-    pub fn is_per_block_state(&self) -> bool {
-        matches!(self, Content::MambaConv { .. } | Content::MambaSsm { .. })
-    }
 }
 
 /// A named part of the content row. K and V of MLA are readable aliases of `Latent`.
@@ -308,6 +246,32 @@ pub struct FieldStrides {
     pub dim_chunk: u64,
     /// Bytes between elements `d % dim_split`.
     pub dim: u64,
+}
+
+impl FieldStrides {
+    /// The nine numbers in declaration order, as the spec string's `@FIELD=` value lists
+    /// them: buffer, base offset, layer, block, head, slot, dim split, dim chunk, dim.
+    ///
+    /// ```
+    /// let l: kvlayout::KvCacheLayout = "kv L=1 B=3 N=4 H=1 D=8 dtype=f16 \
+    ///     @k=0:0:0:64:64:16:8:16:2 @v=0:192:0:64:16:16:8:16:2 @buf0=0..384".parse()?;
+    /// let v = l.field_map(kvlayout::Field::V)?.strides;
+    /// assert_eq!(v.to_array(), [0, 192, 0, 64, 16, 16, 8, 16, 2]);
+    /// # Ok::<(), kvlayout::LayoutError>(())
+    /// ```
+    pub fn to_array(&self) -> [u64; 9] {
+        [
+            u64::from(self.buffer),
+            self.base_offset,
+            self.layer,
+            self.block,
+            self.head,
+            self.slot,
+            self.dim_split,
+            self.dim_chunk,
+            self.dim,
+        ]
+    }
 }
 
 /// Byte range `[start, end)` of one buffer that the layout owns (its registered span).

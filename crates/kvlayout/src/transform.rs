@@ -13,7 +13,7 @@ use std::ops::Range;
 
 use crate::error::{LayoutError, Result};
 use crate::layout::KvCacheLayout;
-use crate::spec::{Content, FieldStrides, LayoutSpec, Placement, StridedField};
+use crate::spec::{FieldStrides, LayoutSpec, Placement, StridedField};
 use crate::view::{Convention, ViewTarget};
 use crate::DType;
 
@@ -69,7 +69,7 @@ impl KvCacheLayout {
             reason,
         };
         let heads = tp_head_range(self.geometry().num_kv_heads, tp_size, tp_rank)?;
-        if matches!(self.content(), Content::MambaConv { .. }) && tp_size > 1 {
+        if self.content().tp_shards_channels() && tp_size > 1 {
             return Err(refuse(
                 "Mamba conv state is sharded along its channels, not head slots".into(),
             ));

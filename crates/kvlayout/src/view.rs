@@ -477,27 +477,32 @@ mod tests {
         first.expect("at least one layer")
     }
 
+    /// The conventions that have a `kv` view.
+    const KV_CONVENTIONS: [Convention; 3] = [
+        Convention::FlashAttn,
+        Convention::Flashinfer,
+        Convention::FlashinferHnd,
+    ];
+
+    /// The layout `spec` names and its `kv` views of layer 0 in [`KV_CONVENTIONS`], each
+    /// checked element by element against `offset` in every layer.
+    fn kv_views(spec: &str) -> (KvCacheLayout, [TensorView; 3]) {
+        let l: KvCacheLayout = spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"));
+        let views = KV_CONVENTIONS.map(|c| checked_kv_view(&l, c));
+        (l, views)
+    }
+
     /// vLLM's key and value differ only in their token stride; with one token per block the
     /// stacked views exist, the size-1 token axis carrying K's stride (x = 8 elements).
     #[test]
     fn kv_view_ignores_the_strides_of_size_one_axes() {
-        let l: KvCacheLayout = "kv L=2 B=3 N=1 H=4 D=16 dtype=f16 legacy=vllm-paged-v1"
-            .parse()
-            .unwrap();
-        for (c, shape, strides) in [
-            (Convention::FlashAttn, [2, 3, 1, 4, 16], [192, 64, 8, 16, 1]),
-            (
-                Convention::Flashinfer,
-                [3, 2, 1, 4, 16],
-                [64, 192, 8, 16, 1],
-            ),
-            (
-                Convention::FlashinferHnd,
-                [3, 2, 4, 1, 16],
-                [64, 192, 16, 8, 1],
-            ),
-        ] {
-            let v = checked_kv_view(&l, c);
+        let (l, views) = kv_views("kv L=2 B=3 N=1 H=4 D=16 dtype=f16 legacy=vllm-paged-v1");
+        let want = [
+            ([2, 3, 1, 4, 16], [192, 64, 8, 16, 1]),
+            ([3, 2, 1, 4, 16], [64, 192, 8, 16, 1]),
+            ([3, 2, 4, 1, 16], [64, 192, 16, 8, 1]),
+        ];
+        for (v, (shape, strides)) in views.into_iter().zip(want) {
             assert_eq!(
                 (v.shape, v.strides, v.offset),
                 (shape.to_vec(), strides.to_vec(), 0)
@@ -514,19 +519,16 @@ mod tests {
     /// One KV head per rank (TP 8): K and V disagree only on the head stride.
     #[test]
     fn kv_view_of_one_head_with_different_head_strides() {
-        let l: KvCacheLayout = "kv L=1 B=3 N=4 H=1 D=8 dtype=f16 @k=0:0:0:64:64:16:8:16:2 \
-                                @v=0:192:0:64:16:16:8:16:2 @buf0=0..384"
-            .parse()
-            .unwrap();
-        let v = checked_kv_view(&l, Convention::FlashAttn);
-        assert_eq!(v.shape, [2, 3, 4, 1, 8]);
-        assert_eq!(v.strides, [96, 32, 8, 32, 1]);
-        let v = checked_kv_view(&l, Convention::Flashinfer);
-        assert_eq!(v.shape, [3, 2, 4, 1, 8]);
-        assert_eq!(v.strides, [32, 96, 8, 32, 1]);
-        let v = checked_kv_view(&l, Convention::FlashinferHnd);
-        assert_eq!(v.shape, [3, 2, 1, 4, 8]);
-        assert_eq!(v.strides, [32, 96, 32, 8, 1]);
+        let (_, [flash_attn, flashinfer, flashinfer_hnd]) = kv_views(
+            "kv L=1 B=3 N=4 H=1 D=8 dtype=f16 @k=0:0:0:64:64:16:8:16:2 \
+             @v=0:192:0:64:16:16:8:16:2 @buf0=0..384",
+        );
+        assert_eq!(flash_attn.shape, [2, 3, 4, 1, 8]);
+        assert_eq!(flash_attn.strides, [96, 32, 8, 32, 1]);
+        assert_eq!(flashinfer.shape, [3, 2, 4, 1, 8]);
+        assert_eq!(flashinfer.strides, [32, 96, 8, 32, 1]);
+        assert_eq!(flashinfer_hnd.shape, [3, 2, 1, 4, 8]);
+        assert_eq!(flashinfer_hnd.strides, [32, 96, 32, 8, 1]);
     }
 
     /// A per-layer view does not span the layer axis: K and V may have different layer
@@ -534,17 +536,10 @@ mod tests {
     #[test]
     fn kv_view_of_a_layer_ignores_the_layer_strides() {
         // K layers 32 B apart from byte 0; V layers 64 B apart from byte 64.
-        let l: KvCacheLayout = "kv L=2 B=2 N=2 H=1 D=4 dtype=f16 @k=0:0:32:16:64:8:4:8:2 \
-                                @v=0:64:64:16:64:8:4:8:2 @buf0=0..160"
-            .parse()
-            .unwrap();
-        for c in [
-            Convention::FlashAttn,
-            Convention::Flashinfer,
-            Convention::FlashinferHnd,
-        ] {
-            checked_kv_view(&l, c);
-        }
+        let (l, _) = kv_views(
+            "kv L=2 B=2 N=2 H=1 D=4 dtype=f16 @k=0:0:32:16:64:8:4:8:2 \
+             @v=0:64:64:16:64:8:4:8:2 @buf0=0..160",
+        );
         let kv_stride = |layer| {
             l.view(Convention::FlashAttn, ViewTarget::Kv, layer)
                 .unwrap()
@@ -566,11 +561,7 @@ mod tests {
         // K head-major, V token-major in each 256-byte block: tokens 16 vs 32 bytes apart.
         let mixed = "kv L=1 B=3 N=4 H=2 D=8 dtype=f16 @k=0:0:0:256:64:16:8:16:2 \
                      @v=0:128:0:256:16:32:8:16:2 @buf0=0..768";
-        for c in [
-            Convention::FlashAttn,
-            Convention::Flashinfer,
-            Convention::FlashinferHnd,
-        ] {
+        for c in KV_CONVENTIONS {
             assert_eq!(
                 reason(mixed, c),
                 "K and V have different token strides (16 vs 32 bytes, 4 tokens)"

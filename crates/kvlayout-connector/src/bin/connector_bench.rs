@@ -83,9 +83,11 @@ fn main() {
         let l = layout(spec);
         let g = l.geometry();
         let heads = g.num_kv_heads;
-        let tensors = match l.content() {
-            kvlayout::Content::Kv { .. } | kvlayout::Content::KvScaled { .. } => 2,
-            _ => 1,
+        let c = l.content();
+        let tensors = if c.holds_keys_and_values() && !c.shares_latent() {
+            2
+        } else {
+            1
         };
         let vllm = (g.num_layers * tensors) as f64;
         match per_block(spec, spec, heads, 1, 1) {

@@ -18,8 +18,9 @@
 //! ```
 //!
 //! `content` is the kind's spec name (`kv`, `kv-scaled`, `mla`, `bytes`, `mamba-conv`,
-//! `mamba-ssm`), followed by its sizes: `head_size` and `head_size_v`; `kv_lora_rank` and
-//! `rope_dim`; `row_bytes`; `conv_dim` and `conv_width`; or `head_dim` and `state_size`.
+//! `mamba-ssm`), followed by its sizes ([`kvlayout::Content::sizes`]): `head_size` and
+//! `head_size_v`; `kv_lora_rank` and `rope_dim`; `row_bytes`; `conv_dim` and `conv_width`; or
+//! `head_dim` and `state_size`.
 //! `dtype` is the dtype's name (`bf16`, `fp8_e4m3`, ...). The scales are the IEEE bit
 //! patterns of the f32 values, 8 lowercase hex digits. Numbers are decimal.
 //!
@@ -27,8 +28,6 @@
 //! blocks, physical order, placement, padding and base offsets, group and engine names.
 
 use sha2::{Digest, Sha256};
-
-use kvlayout::Content;
 
 use super::error::HandshakeError;
 use super::CacheGroup;
@@ -41,34 +40,11 @@ pub(crate) fn compat_fields(group: &CacheGroup) -> Vec<(&'static str, String)> {
     let layout = &group.layout;
     let content = layout.content();
     let mut out = vec![("content", content.spec_name().to_string())];
-    let sizes: [(&'static str, u64); 2] = match *content {
-        Content::Kv {
-            head_size,
-            head_size_v,
-        }
-        | Content::KvScaled {
-            head_size,
-            head_size_v,
-        } => [("head_size", head_size), ("head_size_v", head_size_v)],
-        Content::Mla {
-            kv_lora_rank,
-            rope_dim,
-        } => [("kv_lora_rank", kv_lora_rank), ("rope_dim", rope_dim)],
-        Content::Opaque { row_bytes } => [("row_bytes", row_bytes), ("", 0)],
-        Content::MambaConv {
-            conv_dim,
-            conv_width,
-        } => [("conv_dim", conv_dim), ("conv_width", conv_width)],
-        Content::MambaSsm {
-            head_dim,
-            state_size,
-        } => [("head_dim", head_dim), ("state_size", state_size)],
-    };
     out.extend(
-        sizes
-            .iter()
-            .filter(|(name, _)| !name.is_empty())
-            .map(|&(name, v)| (name, v.to_string())),
+        content
+            .sizes()
+            .into_iter()
+            .map(|(name, v)| (name, v.to_string())),
     );
     let scales = layout.scales();
     let g = layout.geometry();

@@ -35,7 +35,7 @@
 
 use std::ops::Range;
 
-use kvlayout::{Content, KvCacheLayout};
+use kvlayout::KvCacheLayout;
 use serde::{Deserialize, Serialize};
 
 pub mod compat;
@@ -217,7 +217,7 @@ impl CacheGroup {
             tp_size,
             reason,
         };
-        if matches!(self.layout.content(), Content::MambaConv { .. }) && tp_size > 1 {
+        if self.layout.content().tp_shards_channels() && tp_size > 1 {
             return Err(refused(
                 "Mamba conv state is sharded along its channels, not head slots".into(),
             ));

@@ -37,7 +37,7 @@ use std::ffi::{CStr, CString};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
-use kvlayout::ops::CopyRun;
+use kvlayout::ops::{run_bytes, CopyRun};
 use nixl_sys::{Agent, Backend, NixlError, RegistrationHandle, XferRequest};
 
 use crate::engine::EngineError;
@@ -191,7 +191,7 @@ impl NixlPending {
 
     /// Bytes posted.
     pub fn bytes(&self) -> u64 {
-        self.runs.iter().map(|r| r.len).sum()
+        run_bytes(&self.runs)
     }
 
     /// Releases the request and records how it ended.

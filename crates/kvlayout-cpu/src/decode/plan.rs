@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use kvlayout::ops::OpError;
-use kvlayout::{Content, Field};
+use kvlayout::Field;
 
 use super::kernels::{self, Order, Role, RowKind, RowSet, SUM_LANES, TILE};
 use super::src::{Rows, Src};
@@ -155,7 +155,7 @@ impl<'a> Plan<'a> {
             // `pv_transposed` adds into the accumulators in natural order, as f32 rows do.
             v.set_order(Order::of(isa, RowKind::F32, Role::Value));
         }
-        let scaled = matches!(layout.content(), Content::KvScaled { .. });
+        let scaled = layout.content().inline_scales();
         let inline = |f: Field| -> Result<Option<Src<'a>>, OpError> {
             Ok(if scaled {
                 Some(Src::new(cache, layout.field_map(f)?, isa, Role::Value)?)

@@ -5,7 +5,6 @@ use crate::guard::Guarded;
 use crate::tolerance::decode_error;
 use crate::{reference, Activations, DecodeParams, HostCache, HostExec, ScalarReference, WriteKv};
 use half::{bf16, f16};
-use kvlayout::Content;
 use kvlayout::KvCacheLayout;
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
@@ -122,7 +121,7 @@ fn written_cache(c: &Case) -> (HostCache, Vec<i32>, usize) {
     let g = *l.geometry();
     let (kw, vw) = kvlayout::ops::decode_widths(&l).unwrap();
     let (kw, vw) = (kw as usize, vw as usize);
-    let mla = matches!(l.content(), Content::Mla { .. });
+    let mla = l.content().shares_latent();
     let heads = g.num_kv_heads as usize;
     let bs = g.block_size as usize;
     let seqs = c.lens.len();

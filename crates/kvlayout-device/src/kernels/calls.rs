@@ -9,9 +9,9 @@
 
 use kvlayout::ops::{DecodeParams, DecodeShape, Moves, OpError, WriteShape};
 use kvlayout::DType;
+use kvlayout::Field;
 use kvlayout::KvCacheLayout;
 use kvlayout::KvFieldArgs;
-use kvlayout::{Content, Field};
 
 use super::launch::{
     move_launch, paged_decode_launch, row_unit_bytes, write_kv_launch, DecodeLaunch, GpuTarget,
@@ -219,7 +219,7 @@ fn unused() -> KvFieldArgs {
 /// first `kv_lora_rank` elements, so writes (of the latent, as K, with no value) and decodes
 /// take the same arguments.
 fn kv_args(layout: &KvCacheLayout) -> Result<([KvFieldArgs; 4], bool), OpError> {
-    let inline = matches!(layout.content(), Content::KvScaled { .. });
+    let inline = layout.content().inline_scales();
     let (ks, vs) = if inline {
         (args(layout, Field::KScale)?, args(layout, Field::VScale)?)
     } else {

@@ -7,32 +7,20 @@ use super::args::{DecodeArgs, DecodeShape, TensorDesc, WriteArgs, WriteShape};
 use super::error::OpError;
 use crate::error::LayoutError;
 use crate::layout::KvCacheLayout;
-use crate::spec::Content;
 
 /// Widths the decode reads: `(qk_width, v_width)`: K|V head sizes, or the MLA latent and its
-/// first `kv_lora_rank` elements.
+/// first `kv_lora_rank` elements ([`crate::Content::kv_widths`]).
 pub fn decode_widths(layout: &KvCacheLayout) -> Result<(u64, u64), OpError> {
-    match *layout.content() {
-        Content::Kv {
-            head_size,
-            head_size_v,
-        }
-        | Content::KvScaled {
-            head_size,
-            head_size_v,
-        } => Ok((head_size, head_size_v)),
-        Content::Mla {
-            kv_lora_rank,
-            rope_dim,
-        } => Ok((kv_lora_rank + rope_dim, kv_lora_rank)),
-        _ => Err(OpError::Unsupported {
-            op: "paged_decode",
-            reason: format!(
-                "content {} holds no keys and values",
-                layout.content().spec_name()
-            ),
-        }),
-    }
+    kv_widths(layout, "paged_decode")
+}
+
+/// The content's K and V widths, or `Unsupported` for `op` on content without them.
+fn kv_widths(layout: &KvCacheLayout, op: &'static str) -> Result<(u64, u64), OpError> {
+    let content = layout.content();
+    content.kv_widths().ok_or_else(|| OpError::Unsupported {
+        op,
+        reason: format!("content {} holds no keys and values", content.spec_name()),
+    })
 }
 
 /// Checks a slot mapping: every non-negative slot is `< num_blocks * block_size`, and no
@@ -274,67 +262,45 @@ pub fn check_write<T: TensorDesc>(
     no_compressed(layout, "write_kv")?;
     let tokens = w.slot_mapping.len();
     let heads = layout.geometry().num_kv_heads as usize;
-    let shape = match *layout.content() {
-        Content::Kv {
-            head_size,
-            head_size_v,
+    let (k, v) = kv_widths(layout, "write_kv")?;
+    let (k, v) = (k as usize, v as usize);
+    let shape = if layout.content().shares_latent() {
+        check_tensor_len("latent", &w.key, &[tokens, 1, k])?;
+        if w.value.is_some() {
+            return Err(OpError::Shape {
+                what: "value".into(),
+                expected: "none (MLA stores one latent)".into(),
+                got: "a tensor".into(),
+            });
         }
-        | Content::KvScaled {
-            head_size,
-            head_size_v,
-        } => {
-            let (k, v) = (head_size as usize, head_size_v as usize);
-            check_tensor_len("key", &w.key, &[tokens, heads, k])?;
-            let Some(value) = &w.value else {
-                return Err(OpError::Shape {
-                    what: "value".into(),
-                    expected: format!("[{tokens}, {heads}, {v}]"),
-                    got: "none".into(),
-                });
-            };
-            check_tensor_len("value", value, &[tokens, heads, v])?;
-            if value.dtype() != w.key.dtype() {
-                return Err(OpError::Shape {
-                    what: "value dtype".into(),
-                    expected: w.key.dtype().to_string(),
-                    got: value.dtype().to_string(),
-                });
-            }
-            WriteShape {
-                heads,
-                k_width: k,
-                v_width: v,
-                mla: false,
-            }
+        WriteShape {
+            heads: 1,
+            k_width: k,
+            v_width: 0,
+            mla: true,
         }
-        Content::Mla {
-            kv_lora_rank,
-            rope_dim,
-        } => {
-            let k = (kv_lora_rank + rope_dim) as usize;
-            check_tensor_len("latent", &w.key, &[tokens, 1, k])?;
-            if w.value.is_some() {
-                return Err(OpError::Shape {
-                    what: "value".into(),
-                    expected: "none (MLA stores one latent)".into(),
-                    got: "a tensor".into(),
-                });
-            }
-            WriteShape {
-                heads: 1,
-                k_width: k,
-                v_width: 0,
-                mla: true,
-            }
+    } else {
+        check_tensor_len("key", &w.key, &[tokens, heads, k])?;
+        let Some(value) = &w.value else {
+            return Err(OpError::Shape {
+                what: "value".into(),
+                expected: format!("[{tokens}, {heads}, {v}]"),
+                got: "none".into(),
+            });
+        };
+        check_tensor_len("value", value, &[tokens, heads, v])?;
+        if value.dtype() != w.key.dtype() {
+            return Err(OpError::Shape {
+                what: "value dtype".into(),
+                expected: w.key.dtype().to_string(),
+                got: value.dtype().to_string(),
+            });
         }
-        _ => {
-            return Err(OpError::Unsupported {
-                op: "write_kv",
-                reason: format!(
-                    "content {} holds no keys and values",
-                    layout.content().spec_name()
-                ),
-            })
+        WriteShape {
+            heads,
+            k_width: k,
+            v_width: v,
+            mla: false,
         }
     };
     check_slot_mapping(layout, w.slot_mapping)?;

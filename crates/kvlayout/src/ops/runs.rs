@@ -173,6 +173,17 @@ pub fn copy_runs(
     Some(merge_runs(units))
 }
 
+/// The bytes `runs` copy: the sum of their lengths.
+///
+/// ```
+/// use kvlayout::ops::{run_bytes, CopyRun};
+/// let run = |len| CopyRun { src_offset: 0, dst_offset: 0, len, src_buffer: 0, dst_buffer: 0 };
+/// assert_eq!(run_bytes(&[run(4096), run(512)]), 4608);
+/// ```
+pub fn run_bytes<'a>(runs: impl IntoIterator<Item = &'a CopyRun>) -> u64 {
+    runs.into_iter().map(|r| r.len).sum()
+}
+
 /// `runs` sorted by source position (when they are not already), each merged into the
 /// previous one it continues on both sides.
 pub fn merge_runs(mut runs: Vec<CopyRun>) -> Vec<CopyRun> {
@@ -191,10 +202,6 @@ mod tests {
     use super::*;
     use crate::ops::BlockMove;
 
-    fn bytes(runs: &[CopyRun]) -> u64 {
-        runs.iter().map(|r| r.len).sum()
-    }
-
     #[test]
     fn whole_blocks_of_one_layout_merge_across_pairs() {
         // B=3 H=4 N=16 D=8, one layer, K|V rows: a block is one run of 4*16*16*2 bytes.
@@ -204,7 +211,7 @@ mod tests {
             .unwrap();
         let runs = copy_runs(&a, &a, &m, 1 << 16).unwrap();
         let block = 4 * 16 * 16 * 2;
-        assert_eq!(bytes(&runs), 3 * block);
+        assert_eq!(run_bytes(&runs), 3 * block);
         // (0,1) and (1,2) continue each other on both sides; (2,0) does not.
         assert_eq!(runs.len(), 2);
         assert_eq!(runs[0].len, 2 * block);
@@ -217,7 +224,7 @@ mod tests {
         let hnd: KvCacheLayout = "kv B=2 N=16 H=4 D=8 dtype=f16 order=HND".parse().unwrap();
         let m = BlockMove::Convert.plan(Some(&nhd), &hnd).unwrap();
         let runs = copy_runs(&nhd, &hnd, &m, 1 << 16).unwrap();
-        assert_eq!(bytes(&runs), 2 * 2 * 16 * 4 * 8 * 2);
+        assert_eq!(run_bytes(&runs), 2 * 2 * 16 * 4 * 8 * 2);
         // One K|V row of 32 bytes each, except that the last row of block 0 and the first of
         // block 1 continue each other on both sides.
         assert_eq!(runs.len(), 2 * 16 * 4 - 1);

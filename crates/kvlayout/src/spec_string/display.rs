@@ -50,28 +50,22 @@ impl fmt::Display for LayoutSpec {
 
 /// The content's size keys: ` D= Dv=`, ` rank= rope=`, ` row=`, and so on.
 fn write_content_sizes(f: &mut fmt::Formatter<'_>, content: &Content) -> fmt::Result {
-    match *content {
-        Content::Kv {
-            head_size,
-            head_size_v,
-        }
-        | Content::KvScaled {
-            head_size,
-            head_size_v,
-        } => write!(f, " D={head_size} Dv={head_size_v}"),
-        Content::Mla {
-            kv_lora_rank,
-            rope_dim,
-        } => write!(f, " rank={kv_lora_rank} rope={rope_dim}"),
-        Content::Opaque { row_bytes } => write!(f, " row={row_bytes}"),
-        Content::MambaConv {
-            conv_dim,
-            conv_width,
-        } => write!(f, " conv_dim={conv_dim} conv_width={conv_width}"),
-        Content::MambaSsm {
-            head_dim,
-            state_size,
-        } => write!(f, " head_dim={head_dim} state={state_size}"),
+    for (name, value) in content.sizes() {
+        write!(f, " {}={value}", size_key(name))?;
+    }
+    Ok(())
+}
+
+/// The spec-string key of a content size named as in the JSON form.
+fn size_key(name: &'static str) -> &'static str {
+    match name {
+        "head_size" => "D",
+        "head_size_v" => "Dv",
+        "kv_lora_rank" => "rank",
+        "rope_dim" => "rope",
+        "row_bytes" => "row",
+        "state_size" => "state",
+        same => same,
     }
 }
 
@@ -103,21 +97,8 @@ fn write_strided(
     extents: &[BufferExtent],
 ) -> fmt::Result {
     for sf in fields {
-        let s = sf.strides;
-        write!(
-            f,
-            " @{}={}:{}:{}:{}:{}:{}:{}:{}:{}",
-            sf.field,
-            s.buffer,
-            s.base_offset,
-            s.layer,
-            s.block,
-            s.head,
-            s.slot,
-            s.dim_split,
-            s.dim_chunk,
-            s.dim
-        )?;
+        let numbers = sf.strides.to_array().map(|n| n.to_string());
+        write!(f, " @{}={}", sf.field, numbers.join(":"))?;
     }
     for (i, x) in extents.iter().enumerate() {
         write!(f, " @buf{i}={}..{}", x.start, x.end)?;

@@ -4,6 +4,10 @@
 use kvlayout::ops::CopyRun;
 use kvlayout_connector::plan::{RankTransfer, TransferPlan};
 
+mod scattered;
+
+pub use scattered::scattered;
+
 /// The CPU's model name (`/proc/cpuinfo`), for the figures' heading.
 pub fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
@@ -14,20 +18,6 @@ pub fn cpu_name() -> String {
                 .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
         })
         .unwrap_or_else(|| "unknown CPU".into())
-}
-
-/// `n` distinct block ids below `limit` in a pseudo-random order (a seeded shuffle).
-pub fn scattered(n: u64, limit: u64, seed: u64) -> Vec<u64> {
-    let mut ids: Vec<u64> = (0..limit).collect();
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for i in (1..ids.len()).rev() {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        ids.swap(i, (s % (i as u64 + 1)) as usize);
-    }
-    ids.truncate(n as usize);
-    ids
 }
 
 /// `plan`'s first transfer with `runs` in its place: the same peer, heads and blocks, the
