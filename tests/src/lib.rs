@@ -26,3 +26,10 @@ pub fn report(line: &str) {
     // Best effort: a closed stderr must not fail the test that reports.
     let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
+
+/// Every view target of `l`: each readable field, and K and V together.
+pub fn view_targets(l: &kvlayout::KvCacheLayout) -> Vec<kvlayout::ViewTarget> {
+    let fields = l.readable_fields().into_iter();
+    let targets = fields.map(kvlayout::ViewTarget::Field);
+    targets.chain([kvlayout::ViewTarget::Kv]).collect()
+}

@@ -13,8 +13,10 @@ use std::mem::{align_of, offset_of, size_of};
 
 use kvlayout::{field_code, Coord, DType, Field, KvCacheLayout, KvFieldArgs};
 use kvlayout_conformance::domain::reference_offset;
-use kvlayout_conformance::gen::{any_layout, DTYPES};
+use kvlayout_conformance::gen::any_layout;
 use proptest::prelude::*;
+use DType::{Bf16, Fp8E4m3, Fp8E5m2, Int8, F16, F32, U8};
+use Field::{Bytes, Conv, KScale, Latent, Ssm, VScale, K, V};
 
 use probe::{c_in_domain, c_offset, c_slot_of_token, cpp_offset};
 
@@ -22,8 +24,9 @@ use probe::{c_in_domain, c_offset, c_slot_of_token, cpp_offset};
 /// file.
 #[allow(unsafe_code)]
 mod probe {
-    use kvlayout::KvFieldArgs;
+    use kvlayout::KvFieldArgs as Args;
 
+    // Coordinates `(l, b, h, n, d)`: layer, block, head, slot (token), dim.
     extern "C" {
         fn kvl_probe_sizeof() -> usize;
         fn kvl_probe_alignof() -> usize;
@@ -31,32 +34,11 @@ mod probe {
         fn kvl_probe_sizeof_member(i: i32) -> i64;
         fn kvl_probe_dtype_code(i: i32) -> i32;
         fn kvl_probe_field_code(i: i32) -> i32;
-        fn kvl_probe_offset(
-            a: *const KvFieldArgs,
-            layer: i64,
-            block: i64,
-            head: i64,
-            slot: i64,
-            dim: i64,
-        ) -> i64;
-        fn kvl_probe_in_domain(
-            a: *const KvFieldArgs,
-            layer: i64,
-            block: i64,
-            head: i64,
-            slot: i64,
-            dim: i64,
-        ) -> i32;
-        fn kvl_probe_slot_of_token(a: *const KvFieldArgs, token_in_block: i64) -> i64;
+        fn kvl_probe_offset(a: *const Args, l: i64, b: i64, h: i64, n: i64, d: i64) -> i64;
+        fn kvl_probe_in_domain(a: *const Args, l: i64, b: i64, h: i64, n: i64, d: i64) -> i32;
+        fn kvl_probe_slot_of_token(a: *const Args, token_in_block: i64) -> i64;
         fn kvl_probe_cpp_sizeof() -> usize;
-        fn kvl_probe_cpp_offset(
-            a: *const KvFieldArgs,
-            layer: i64,
-            block: i64,
-            head: i64,
-            slot: i64,
-            dim: i64,
-        ) -> i64;
+        fn kvl_probe_cpp_offset(a: *const Args, l: i64, b: i64, h: i64, n: i64, d: i64) -> i64;
     }
 
     /// `sizeof` and `alignof` of `kvl_field_args` in C, and its `sizeof` in C++.
@@ -90,7 +72,7 @@ mod probe {
     }
 
     /// C `kvl_offset` (through the C probe).
-    pub(crate) fn c_offset(a: &KvFieldArgs, l: i64, b: i64, h: i64, n: i64, d: i64) -> i64 {
+    pub(crate) fn c_offset(a: &Args, l: i64, b: i64, h: i64, n: i64, d: i64) -> i64 {
         // SAFETY: `a` is a live reference to a `#[repr(C)]` struct whose layout equals
         // `kvl_field_args` (checked by `struct_layout_matches`); the C function only reads it
         // and does plain integer arithmetic on the other arguments.
@@ -98,19 +80,19 @@ mod probe {
     }
 
     /// C++ `kvl_offset` (through the C++ probe).
-    pub(crate) fn cpp_offset(a: &KvFieldArgs, l: i64, b: i64, h: i64, n: i64, d: i64) -> i64 {
+    pub(crate) fn cpp_offset(a: &Args, l: i64, b: i64, h: i64, n: i64, d: i64) -> i64 {
         // SAFETY: as in `c_offset`; the C++ function is `extern "C"` and only reads `*a`.
         unsafe { kvl_probe_cpp_offset(a, l, b, h, n, d) }
     }
 
     /// C `kvl_in_domain`.
-    pub(crate) fn c_in_domain(a: &KvFieldArgs, l: i64, b: i64, h: i64, n: i64, d: i64) -> i32 {
+    pub(crate) fn c_in_domain(a: &Args, l: i64, b: i64, h: i64, n: i64, d: i64) -> i32 {
         // SAFETY: as in `c_offset`; the C function only reads `*a` and compares integers.
         unsafe { kvl_probe_in_domain(a, l, b, h, n, d) }
     }
 
     /// C `kvl_slot_of_token`.
-    pub(crate) fn c_slot_of_token(a: &KvFieldArgs, token: i64) -> i64 {
+    pub(crate) fn c_slot_of_token(a: &Args, token: i64) -> i64 {
         assert!(a.tokens_per_state >= 0, "a divisor C can divide by");
         // SAFETY: as in `c_offset`; `tokens_per_state` is 0 (which C handles) or positive
         // (asserted), so the C division is defined.
@@ -118,106 +100,42 @@ mod probe {
     }
 }
 
+/// `(name, Rust offset, size)` of each member named, the members of each size in a list.
+macro_rules! members {
+    ($($size:literal: [$($name:ident),* $(,)?]),* $(,)?) => {
+        [$($((stringify!($name), offset_of!(KvFieldArgs, $name), $size)),*),*]
+    };
+}
+
 /// Every member of `KvFieldArgs` in declaration order: (name, Rust offset, Rust size).
-const MEMBERS: [(&str, usize, usize); 21] = [
-    (
-        "base_offset_bytes",
-        offset_of!(KvFieldArgs, base_offset_bytes),
-        8,
-    ),
-    (
-        "layer_stride_bytes",
-        offset_of!(KvFieldArgs, layer_stride_bytes),
-        8,
-    ),
-    (
-        "block_stride_bytes",
-        offset_of!(KvFieldArgs, block_stride_bytes),
-        8,
-    ),
-    (
-        "head_stride_bytes",
-        offset_of!(KvFieldArgs, head_stride_bytes),
-        8,
-    ),
-    (
-        "slot_stride_bytes",
-        offset_of!(KvFieldArgs, slot_stride_bytes),
-        8,
-    ),
-    (
-        "dim_chunk_stride_bytes",
-        offset_of!(KvFieldArgs, dim_chunk_stride_bytes),
-        8,
-    ),
-    (
-        "dim_stride_bytes",
-        offset_of!(KvFieldArgs, dim_stride_bytes),
-        8,
-    ),
-    ("num_layers", offset_of!(KvFieldArgs, num_layers), 8),
-    ("num_blocks", offset_of!(KvFieldArgs, num_blocks), 8),
-    ("num_heads", offset_of!(KvFieldArgs, num_heads), 8),
-    ("num_slots", offset_of!(KvFieldArgs, num_slots), 8),
-    ("width", offset_of!(KvFieldArgs, width), 8),
-    ("dim_split", offset_of!(KvFieldArgs, dim_split), 8),
-    ("block_size", offset_of!(KvFieldArgs, block_size), 8),
-    (
-        "tokens_per_state",
-        offset_of!(KvFieldArgs, tokens_per_state),
-        8,
-    ),
-    ("buffer", offset_of!(KvFieldArgs, buffer), 4),
-    ("dtype", offset_of!(KvFieldArgs, dtype), 4),
-    ("elem_bytes", offset_of!(KvFieldArgs, elem_bytes), 4),
-    ("field", offset_of!(KvFieldArgs, field), 4),
-    ("scale", offset_of!(KvFieldArgs, scale), 4),
-    ("reserved", offset_of!(KvFieldArgs, reserved), 4),
+const MEMBERS: [(&str, usize, usize); 21] = members![
+    8: [
+        base_offset_bytes, layer_stride_bytes, block_stride_bytes, head_stride_bytes,
+        slot_stride_bytes, dim_chunk_stride_bytes, dim_stride_bytes,
+        num_layers, num_blocks, num_heads, num_slots, width, dim_split, block_size,
+        tokens_per_state,
+    ],
+    4: [buffer, dtype, elem_bytes, field, scale, reserved],
 ];
 
-/// Index of a dtype in the C probe's `KVL_DTYPE_*` list. Exhaustive on purpose: a new
-/// `DType` variant does not compile here until the header and the probe list it.
-fn c_dtype_index(d: DType) -> i32 {
+/// Every dtype, in the order of the C probe's `KVL_DTYPE_*` list (a dtype's index here is its
+/// index there).
+const C_DTYPES: [DType; 7] = [F32, F16, Bf16, Fp8E4m3, Fp8E5m2, Int8, U8];
+
+/// Every field, in the order of the C probe's `KVL_FIELD_*` list.
+const C_FIELDS: [Field; 8] = [K, V, KScale, VScale, Latent, Bytes, Conv, Ssm];
+
+/// Exhaustive on purpose: a new `DType` or `Field` variant does not compile here until the
+/// lists above (and the header and the probe) have it.
+const _: fn(DType, Field) = every_variant_is_listed;
+fn every_variant_is_listed(d: DType, f: Field) {
     match d {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::Bf16 => 2,
-        DType::Fp8E4m3 => 3,
-        DType::Fp8E5m2 => 4,
-        DType::Int8 => 5,
-        DType::U8 => 6,
+        F32 | F16 | Bf16 | Fp8E4m3 | Fp8E5m2 | Int8 | U8 => {}
     }
-}
-
-/// Index of a field in the C probe's `KVL_FIELD_*` list (exhaustive, as `c_dtype_index`).
-fn c_field_index(f: Field) -> i32 {
     match f {
-        Field::K => 0,
-        Field::V => 1,
-        Field::KScale => 2,
-        Field::VScale => 3,
-        Field::Latent => 4,
-        Field::Bytes => 5,
-        Field::Conv => 6,
-        Field::Ssm => 7,
+        K | V | KScale | VScale | Latent | Bytes | Conv | Ssm => {}
     }
 }
-
-/// Every dtype: the element types the generator draws, and raw bytes.
-fn all_dtypes() -> Vec<DType> {
-    DTYPES.iter().copied().chain([DType::U8]).collect()
-}
-
-const ALL_FIELDS: [Field; 8] = [
-    Field::K,
-    Field::V,
-    Field::KScale,
-    Field::VScale,
-    Field::Latent,
-    Field::Bytes,
-    Field::Conv,
-    Field::Ssm,
-];
 
 #[test]
 fn struct_layout_matches() {
@@ -247,30 +165,32 @@ fn struct_layout_matches() {
 
 #[test]
 fn constants_match() {
-    let dtypes = all_dtypes();
-    for &d in &dtypes {
-        let c = probe::dtype_code(c_dtype_index(d));
-        assert_eq!(c, d.abi_code(), "KVL_DTYPE_ of {d}");
+    for (i, d) in (0..).zip(C_DTYPES) {
+        assert_eq!(probe::dtype_code(i), d.abi_code(), "KVL_DTYPE_ of {d}");
     }
-    for f in ALL_FIELDS {
-        let c = probe::field_code(c_field_index(f));
-        assert_eq!(c, field_code(f), "KVL_FIELD_ of {f}");
+    for (i, f) in (0..).zip(C_FIELDS) {
+        assert_eq!(probe::field_code(i), field_code(f), "KVL_FIELD_ of {f}");
     }
-    let d_end = probe::dtype_code(dtypes.len() as i32);
-    let f_end = probe::field_code(ALL_FIELDS.len() as i32);
+    let d_end = probe::dtype_code(C_DTYPES.len() as i32);
+    let f_end = probe::field_code(C_FIELDS.len() as i32);
     assert_eq!((d_end, f_end), (-1, -1), "C lists no extra constants");
 }
 
-/// Coordinates `(l, b, h, n, d)` of a field: all of them below 4096 elements, else about 2000
-/// evenly strided ones (row-major index), plus the last one.
-fn sample(a: &KvFieldArgs) -> Vec<[i64; 5]> {
-    let ext = [
+/// `[L, B, H, N, width]` of a field: the extent of each coordinate.
+fn extents(a: &KvFieldArgs) -> [i64; 5] {
+    [
         a.num_layers,
         a.num_blocks,
         a.num_heads,
         a.num_slots,
         a.width,
-    ];
+    ]
+}
+
+/// Coordinates `(l, b, h, n, d)` of a field: all of them below 4096 elements, else about 2000
+/// evenly strided ones (row-major index), plus the last one.
+fn sample(a: &KvFieldArgs) -> Vec<[i64; 5]> {
+    let ext = extents(a);
     let total: i64 = ext.iter().product();
     let step = if total < 4096 { 1 } else { total / 2000 };
     let decode = |mut i: i64| {
@@ -332,13 +252,7 @@ fn check_field(layout: &KvCacheLayout, field: Field) -> Result<(), TestCaseError
     }
 
     // Just outside each axis (one past the end, and -1), from the origin and the last corner.
-    let ext = [
-        a.num_layers,
-        a.num_blocks,
-        a.num_heads,
-        a.num_slots,
-        a.width,
-    ];
+    let ext = extents(&a);
     for corner in [[0i64; 5], ext.map(|e| e - 1)] {
         let [l, b, h, n, d] = corner;
         prop_assert_eq!(c_in_domain(&a, l, b, h, n, d), 1);
@@ -398,16 +312,7 @@ fn large_layout_offsets_are_64_bit() {
         let a = layout.kernel_args(field).expect("K and V are readable");
         assert_eq!(a.block_stride_bytes, block);
         assert_eq!(a.layer_stride_bytes, layer);
-        assert_eq!(
-            (
-                a.num_layers,
-                a.num_blocks,
-                a.num_heads,
-                a.num_slots,
-                a.width
-            ),
-            (2, 40_000, 8, 16, 128)
-        );
+        assert_eq!(extents(&a), [2, 40_000, 8, 16, 128]);
 
         // Last block of layer 0: above 2^31.
         let last0 = 39_999 * block + 15 * token + 7 * row + field_start + 127 * 2;

@@ -23,7 +23,9 @@ mod single_head;
 #[path = "anchors/swaps.rs"]
 mod swaps;
 
-use kvlayout::{ByteRange, Convention, Coord, Field, KvCacheLayout, LayoutError, ViewTarget};
+use kvlayout::{
+    ByteRange, Convention, Coord, DType, Field, KvCacheLayout, LayoutError, TensorClaim, ViewTarget,
+};
 
 fn layout(spec: &str) -> KvCacheLayout {
     spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"))
@@ -131,6 +133,28 @@ fn view(l: &KvCacheLayout, c: Convention, t: ViewTarget, layer: u64) -> (Vec<u64
     (v.shape, v.strides, v.offset)
 }
 
+/// The claim that a tensor of `dtype` with `shape` and `strides` (in elements), at storage
+/// offset `offset` (elements), is `target` of `layer` under convention `c`.
+fn claim<'a>(
+    c: Convention,
+    target: ViewTarget,
+    layer: u64,
+    dtype: DType,
+    shape: &'a [u64],
+    strides: &'a [u64],
+    offset: u64,
+) -> TensorClaim<'a> {
+    TensorClaim {
+        convention: c,
+        target,
+        layer,
+        shape,
+        strides,
+        dtype,
+        storage_offset: Some(offset),
+    }
+}
+
 fn view_refused(l: &KvCacheLayout, c: Convention, t: ViewTarget) -> bool {
     matches!(l.view(c, t, 0), Err(LayoutError::ViewRefused { .. }))
 }
@@ -185,6 +209,27 @@ fn dense_strides(order: &str, [nl, nb, nh, nn]: [u64; 4], row: u64) -> [u64; 4] 
         running *= ext;
     }
     strides
+}
+
+/// Checks K and V of every element of `l`: one layer of `[nb, nh, nn]` blocks, heads and
+/// tokens in dense rows `[K d][V d]` of `e`-byte elements, token-major (`nhd`) or head-major.
+fn sweep_dense_kv(l: &KvCacheLayout, nhd: bool, [nb, nh, nn]: [u64; 3], d: u64, e: u64) {
+    let g = Dense {
+        nb,
+        nh,
+        nn,
+        row: 2 * d * e,
+    };
+    for (f, off) in [(Field::K, 0), (Field::V, d * e)] {
+        sweep(l, f, [1, nb, nh, nn, d], |a, b, h, n, i| {
+            let row = if nhd {
+                g.nhd(a, b, h, n)
+            } else {
+                g.hnd(a, b, h, n)
+            };
+            row + off + e * i
+        });
+    }
 }
 
 /// Byte offset of the start of row `(l, b, h, n)` in a dense token-major (NHD) or head-major

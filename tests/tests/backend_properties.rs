@@ -15,8 +15,8 @@ use kvlayout_conformance::cases::widths;
 use kvlayout_conformance::gen::any_layout;
 use kvlayout_cpu::tolerance::{decode_error, Tolerance};
 use kvlayout_cpu::{
-    reference, Activations, CpuBackend, Decode, HostCache, HostExec, PrefetchLevel,
-    ScalarReference, WriteKv,
+    reference, Activations, CacheMut, CpuBackend, Decode, HostCache, HostExec, OpError,
+    PrefetchLevel, ScalarReference, WriteKv,
 };
 use kvlayout_device::DeviceBackend;
 use kvlayout_emu::EmuDevice;
@@ -105,33 +105,24 @@ fn movers(
     // copy_blocks within `a`
     if nb >= 2 {
         let pairs = [(pick % nb, (pick + 1) % nb)];
-        let (mut fast, mut slow) = (filled(a, 1), filled(a, 1));
-        be.copy_blocks(&mut fast.as_mut(), &pairs).unwrap();
-        ScalarReference
-            .copy_blocks(&mut slow.as_mut(), &pairs)
-            .unwrap();
-        prop_assert!(same(&fast, &slow), "{name}: copy_blocks on {a}");
+        let what = format!("{name}: copy_blocks on {a}");
+        as_reference(be, &what, a, 1, |x, c| x.copy_blocks(c, &pairs))?;
     }
     // convert / swap into `b` when the content matches
     if kvlayout::ops::check_same_content(a, b).is_ok() {
         let src = filled(a, 2);
-        let (mut fast, mut slow) = (filled(b, 3), filled(b, 3));
         let pairs = [(pick % nb, (pick / 7) % b.geometry().num_blocks)];
-        be.swap_blocks(&src.as_ref(), &mut fast.as_mut(), &pairs)
-            .unwrap();
-        ScalarReference
-            .swap_blocks(&src.as_ref(), &mut slow.as_mut(), &pairs)
-            .unwrap();
-        prop_assert!(same(&fast, &slow), "{name}: swap {a} -> {b}");
+        let what = format!("{name}: swap {a} -> {b}");
+        as_reference(be, &what, b, 3, |x, c| {
+            x.swap_blocks(&src.as_ref(), c, &pairs)
+        })?;
         if nb == b.geometry().num_blocks {
-            be.convert(&src.as_ref(), &mut fast.as_mut()).unwrap();
-            ScalarReference
-                .convert(&src.as_ref(), &mut slow.as_mut())
-                .unwrap();
-            prop_assert!(same(&fast, &slow), "{name}: convert {a} -> {b}");
+            let what = format!("{name}: convert {a} -> {b}");
+            as_reference(be, &what, b, 3, |x, c| x.convert(&src.as_ref(), c))?;
         }
     }
-    // gather a head slice into a staging layout of the same kind (`a` sliced by TP).
+    // gather a head slice into a staging layout of the same kind (`a` sliced by TP), and
+    // scatter it back.
     let h = a.geometry().num_kv_heads;
     if h.is_multiple_of(2) {
         let staging_layout: KvCacheLayout = {
@@ -144,28 +135,69 @@ fn movers(
         };
         let cache = filled(a, 4);
         let blocks = [pick % nb];
-        let (mut fast, mut slow) = (filled(&staging_layout, 5), filled(&staging_layout, 5));
-        be.gather_blocks(&cache.as_ref(), &blocks, h / 2..h, &mut fast.as_mut())
-            .unwrap();
-        ScalarReference
-            .gather_blocks(&cache.as_ref(), &blocks, h / 2..h, &mut slow.as_mut())
-            .unwrap();
-        prop_assert!(same(&fast, &slow), "{name}: gather {a}");
-        let (mut fast_c, mut slow_c) = (filled(a, 6), filled(a, 6));
-        be.scatter_blocks(&fast.as_ref(), &blocks, h / 2..h, &mut fast_c.as_mut())
-            .unwrap();
-        ScalarReference
-            .scatter_blocks(&slow.as_ref(), &blocks, h / 2..h, &mut slow_c.as_mut())
-            .unwrap();
-        prop_assert!(same(&fast_c, &slow_c), "{name}: scatter {a}");
+        let gather = |x: &dyn HostExec, c: &mut CacheMut<'_>| {
+            x.gather_blocks(&cache.as_ref(), &blocks, h / 2..h, c)
+        };
+        let what = format!("{name}: gather {a}");
+        let staging = as_reference(be, &what, &staging_layout, 5, gather)?;
+        let scatter = |x: &dyn HostExec, c: &mut CacheMut<'_>| {
+            x.scatter_blocks(&staging.as_ref(), &blocks, h / 2..h, c)
+        };
+        as_reference(be, &format!("{name}: scatter {a}"), a, 6, scatter)?;
     }
     Ok(())
+}
+
+/// `op` run by `be` and by the reference, each on its own cache of `l` filled with `seed`:
+/// checks that both leave the same bytes, and returns the reference's cache.
+fn as_reference(
+    be: &dyn HostExec,
+    what: &str,
+    l: &KvCacheLayout,
+    seed: u8,
+    op: impl Fn(&dyn HostExec, &mut CacheMut<'_>) -> Result<(), OpError>,
+) -> Result<HostCache, TestCaseError> {
+    let (mut fast, mut slow) = (filled(l, seed), filled(l, seed));
+    op(be, &mut fast.as_mut()).unwrap();
+    op(&ScalarReference, &mut slow.as_mut()).unwrap();
+    prop_assert!(same(&fast, &slow), "{}", what);
+    Ok(slow)
 }
 
 fn bytes_of(c: &HostCache) -> Vec<Vec<u8>> {
     (0..c.layout().num_buffers())
         .map(|i| c.bytes(i).to_vec())
         .collect()
+}
+
+/// A cache of the emulated device.
+type EmuCache = <DeviceBackend<EmuDevice> as Backend>::Cache;
+
+/// `swap_blocks` of `pairs` on `be` from `src` (a cache on `be` that holds the bytes of the
+/// host cache given with it) into `dst` (a cache on `be`, first uploaded with `filled(_, seed)`
+/// of its layout), checked against the reference's swap of the same bytes; that swap's
+/// result, which `dst` now holds.
+fn swap_as_reference(
+    be: &DeviceBackend<EmuDevice>,
+    (src, src_bytes): (&EmuCache, &HostCache),
+    (dst, seed): (&mut EmuCache, u8),
+    pairs: &[(u64, u64)],
+) -> Result<HostCache, TestCaseError> {
+    let (from, to) = (src_bytes.layout(), dst.layout().clone());
+    let mut want = filled(&to, seed);
+    ScalarReference
+        .swap_blocks(&src_bytes.as_ref(), &mut want.as_mut(), pairs)
+        .unwrap();
+    be.upload_cache(dst, &bytes_of(&filled(&to, seed))).unwrap();
+    be.wait(be.swap_blocks(src, dst, pairs).unwrap()).unwrap();
+    prop_assert_eq!(
+        be.download_cache(dst).unwrap(),
+        bytes_of(&want),
+        "{} -> {}",
+        from,
+        to
+    );
+    Ok(want)
 }
 
 /// Device -> pinned host and back on the device backend, against the reference, and the
@@ -190,16 +222,13 @@ fn host_device_swaps(a: &KvCacheLayout, b: &KvCacheLayout, pick: u64) -> Result<
         let plan = m.plan(a, b).unwrap();
         let total: u64 = runs.iter().map(|r| r.len).sum();
         prop_assert_eq!(total, plan.bytes_per_pair() * pairs.len() as u64);
-        let mut dst: Vec<_> = runs
-            .iter()
-            .map(|r| (r.dst_buffer, r.dst_offset, r.len))
-            .collect();
-        dst.sort_unstable();
-        for w in dst.windows(2) {
-            prop_assert!(
-                w[0].0 != w[1].0 || w[0].1 + w[0].2 <= w[1].1,
-                "overlap in {a} -> {b}"
-            );
+        // In destination order, each run ends before the next begins.
+        let mut by_dst = runs.clone();
+        by_dst.sort_unstable_by_key(|r| (r.dst_buffer, r.dst_offset, r.len));
+        for w in by_dst.windows(2) {
+            let apart =
+                w[0].dst_buffer != w[1].dst_buffer || w[0].dst_offset + w[0].len <= w[1].dst_offset;
+            prop_assert!(apart, "overlap in {a} -> {b}");
         }
         for w in runs.windows(2) {
             let joined = w[0].src_buffer == w[1].src_buffer
@@ -209,43 +238,15 @@ fn host_device_swaps(a: &KvCacheLayout, b: &KvCacheLayout, pick: u64) -> Result<
             prop_assert!(!joined, "unmerged runs in {a} -> {b}");
         }
     }
-    // Device `a` -> pinned host `b`.
+    // Device `a` -> pinned host `b`, and back: pinned host `b` -> device `a`, the pairs
+    // reversed.
     let src = filled(a, 11);
-    let mut slow = filled(b, 12);
-    ScalarReference
-        .swap_blocks(&src.as_ref(), &mut slow.as_mut(), &pairs)
-        .unwrap();
     let mut dev = be.alloc_cache(a, &BufferShape::exact(a)).unwrap();
     be.upload_cache(&mut dev, &bytes_of(&src)).unwrap();
     let mut host = be.alloc_host_cache(b).unwrap();
-    be.upload_cache(&mut host, &bytes_of(&filled(b, 12)))
-        .unwrap();
-    be.wait(be.swap_blocks(&dev, &mut host, &pairs).unwrap())
-        .unwrap();
-    prop_assert_eq!(
-        be.download_cache(&host).unwrap(),
-        bytes_of(&slow),
-        "{} -> {}",
-        a,
-        b
-    );
-    // And back: pinned host `b` -> device `a`, the pairs reversed.
+    let on_host = swap_as_reference(be, (&dev, &src), (&mut host, 12), &pairs)?;
     let back: Vec<(u64, u64)> = pairs.iter().map(|&(s, d)| (d, s)).collect();
-    let mut slow_a = filled(a, 13);
-    ScalarReference
-        .swap_blocks(&slow.as_ref(), &mut slow_a.as_mut(), &back)
-        .unwrap();
-    be.upload_cache(&mut dev, &bytes_of(&filled(a, 13)))
-        .unwrap();
-    be.wait(be.swap_blocks(&host, &mut dev, &back).unwrap())
-        .unwrap();
-    prop_assert_eq!(
-        be.download_cache(&dev).unwrap(),
-        bytes_of(&slow_a),
-        "{} <- {}",
-        a,
-        b
-    );
+    swap_as_reference(be, (&host, &on_host), (&mut dev, 13), &back)?;
     Ok(())
 }
 

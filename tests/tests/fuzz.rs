@@ -15,12 +15,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use kvlayout::ops::DecodeParams;
-use kvlayout::{ByteRange, Content, KvCacheLayout, ViewTarget};
+use kvlayout::{ByteRange, Content, KvCacheLayout};
 use kvlayout_conformance::domain::{
     coord_of, coords, for_each_index, reference_offset, CONVENTIONS,
 };
 use kvlayout_conformance::gen::any_layout;
 use kvlayout_conformance::inputs::edited_spec;
+use kvlayout_conformance::view_targets;
 use kvlayout_cpu::{
     Activations, CpuBackend, Decode, HostCache, HostExec, ScalarReference, WriteKv,
 };
@@ -159,12 +160,7 @@ fn check_offsets(l: &KvCacheLayout) -> Result<(), String> {
 
 /// Every view that exists, of the first and the last layer, element by element.
 fn check_views(l: &KvCacheLayout) -> Result<(), String> {
-    let mut targets: Vec<ViewTarget> = l
-        .readable_fields()
-        .into_iter()
-        .map(ViewTarget::Field)
-        .collect();
-    targets.push(ViewTarget::Kv);
+    let targets = view_targets(l);
     let last = l.geometry().num_layers - 1;
     for conv in CONVENTIONS {
         for &t in &targets {

@@ -10,6 +10,7 @@ use kvlayout_conformance::domain::{
     coord_of, coords, for_each_index, reference_offset, CONVENTIONS,
 };
 use kvlayout_conformance::gen::{any_layout, base_layout};
+use kvlayout_conformance::view_targets;
 use proptest::prelude::*;
 
 #[path = "properties/edited.rs"]
@@ -98,8 +99,7 @@ proptest! {
     /// byte strides agree; and `check_tensor` accepts exactly it.
     #[test]
     fn views_reproduce_address_map(l in any_layout()) {
-        let mut targets: Vec<ViewTarget> = l.readable_fields().into_iter().map(ViewTarget::Field).collect();
-        targets.push(ViewTarget::Kv);
+        let targets = view_targets(&l);
         let layer = l.geometry().num_layers - 1;
         for c in CONVENTIONS {
             for &t in &targets {

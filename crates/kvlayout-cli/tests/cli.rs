@@ -97,10 +97,26 @@ fn temp_path(tag: &str) -> std::path::PathBuf {
     ))
 }
 
+/// `kvlayout explain <layout>`, checked as [`ok`] checks it.
+fn explain(layout: &str) -> String {
+    ok(&["explain", layout])
+}
+
+/// `kvlayout explain` of a temp file holding `contents` (removed after): the file's path,
+/// and the run.
+fn explain_file(tag: &str, contents: &str) -> (String, Output) {
+    let path = temp_path(tag);
+    std::fs::write(&path, contents).expect("temp file written");
+    let p = path.to_string_lossy().into_owned();
+    let run = kvlayout(&["explain", &p]);
+    let _ = std::fs::remove_file(&path);
+    (p, run)
+}
+
 #[test]
 fn explain_every_preset_mentions_its_registered_span() {
     for (name, _, _) in kvlayout::PRESETS {
-        let out = ok(&["explain", name]);
+        let out = explain(name);
         assert!(out.contains("registered span"), "{name}:\n{out}");
         let spans = kvlayout::preset(name)
             .expect("preset parses")
@@ -120,7 +136,7 @@ fn explain_every_preset_mentions_its_registered_span() {
 fn explain_llama_span_is_the_whole_cache() {
     // 32 layers x 1024 blocks x 16 tokens x 8 heads x (128 K + 128 V) bf16 elements.
     let bytes: u64 = 32 * 1024 * 16 * 8 * (128 + 128) * 2;
-    let out = ok(&["explain", "llama-3-8b"]);
+    let out = explain("llama-3-8b");
     assert!(out.contains(&format!("({bytes} B)")), "{out}");
     let j = parse_json(&ok(&["explain", "llama-3-8b", "--json"]));
     let spans = j["registered_spans"].as_array().expect("registered_spans");
@@ -247,42 +263,35 @@ fn json_file_spec_round_trips() {
     let layout: kvlayout::KvCacheLayout = "llama-3-8b B=4096 dtype=fp8_e4m3 order=HND"
         .parse()
         .expect("spec parses");
-    let path = temp_path("roundtrip");
-    std::fs::write(&path, layout.to_json()).expect("temp file written");
-    let p = path.to_string_lossy().into_owned();
-    let from_file = kvlayout(&["explain", &p]);
-    let from_spec = ok(&["explain", &layout.to_string()]);
-    let _ = std::fs::remove_file(&path);
+    let (_, from_file) = explain_file("roundtrip", &layout.to_json());
+    let from_spec = explain(&layout.to_string());
     assert!(from_file.status.success(), "{}", stderr(&from_file));
     assert_eq!(stdout(&from_file), from_spec);
 }
 
+/// A bad spec names the column, an unknown preset is one line that lists the presets, a
+/// missing file names its path.
 #[test]
-fn bad_spec_names_the_column() {
-    let line = user_error(&["explain", "kv L=1 B=x N=16 H=4 D=8 dtype=f16 order=NHD"]);
-    assert!(line.contains("column 8"), "{line}");
-}
-
-#[test]
-fn unknown_preset_is_one_line() {
-    let line = user_error(&["explain", "gpt-5"]);
-    assert!(line.contains("unknown preset 'gpt-5'"), "{line}");
-    assert!(line.contains("llama-3-8b"), "{line}");
-}
-
-#[test]
-fn missing_file_names_the_path() {
-    let line = user_error(&["explain", "/nonexistent/x.json"]);
-    assert!(line.contains("/nonexistent/x.json"), "{line}");
+fn bad_layout_arguments_name_what_is_wrong() {
+    for (arg, says) in [
+        (
+            "kv L=1 B=x N=16 H=4 D=8 dtype=f16 order=NHD",
+            &["column 8"][..],
+        ),
+        ("gpt-5", &["unknown preset 'gpt-5'", "llama-3-8b"]),
+        ("/nonexistent/x.json", &["/nonexistent/x.json"]),
+    ] {
+        let line = user_error(&["explain", arg]);
+        for s in says {
+            assert!(line.contains(s), "{arg}: {line}");
+        }
+    }
 }
 
 #[test]
 fn bad_json_file_names_the_path() {
-    let path = temp_path("bad");
-    std::fs::write(&path, "{\"version\": 1,\n \"geometry\": ").expect("temp file written");
-    let p = path.to_string_lossy().into_owned();
-    let line = user_error(&["explain", &p]);
-    let _ = std::fs::remove_file(&path);
+    let (p, run) = explain_file("bad", "{\"version\": 1,\n \"geometry\": ");
+    let line = expect_user_error(&["explain", &p], run);
     assert!(line.contains(&p) && line.contains("JSON"), "{line}");
 }
 
@@ -354,10 +363,7 @@ fn padding_refusal_names_the_axis_outside_the_block() {
 #[test]
 fn explain_one_head_outside_the_block_with_padded_pages() {
     // N=16, D=8 f16: dense page 16 * 32 = 512 B, padded to 544; span 2 * 3 * 544.
-    let text = ok(&[
-        "explain",
-        "kv L=2 B=3 N=16 H=1 D=8 dtype=f16 order=LHBNC page=544",
-    ]);
+    let text = explain("kv L=2 B=3 N=16 H=1 D=8 dtype=f16 order=LHBNC page=544");
     assert!(
         text.contains("dense 512 B per (layer, block), padded to 544 B (32 B padding)"),
         "{text}"
@@ -388,10 +394,7 @@ fn explain_one_head_outside_the_block_with_padded_pages() {
 
 #[test]
 fn explain_separate_buffers_picture_each_buffer() {
-    let text = ok(&[
-        "explain",
-        "kv L=1 B=2 N=2 H=2 D=4 dtype=f16 legacy=separate-nhd",
-    ]);
+    let text = explain("kv L=1 B=2 N=2 H=2 D=4 dtype=f16 legacy=separate-nhd");
     let k = text
         .find("page of layer 0, block 0, buffer 0 (offsets from its first byte)")
         .unwrap_or_else(|| panic!("{text}"));

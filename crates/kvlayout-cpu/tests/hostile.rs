@@ -1,11 +1,12 @@
 //! Arguments whose counts overflow when multiplied: refused with a typed error by the checks,
 //! the fast path and the reference alike, before anything is read or written.
 
+mod common;
+
+use common::decode_step;
 use kvlayout::ops::{check_block_table, OpError};
 use kvlayout::KvCacheLayout;
-use kvlayout_cpu::{
-    Activations, CpuBackend, Decode, DecodeParams, HostCache, HostExec, ScalarReference,
-};
+use kvlayout_cpu::{CpuBackend, Decode, DecodeParams, HostCache, HostExec, ScalarReference};
 
 fn layout() -> KvCacheLayout {
     "kv L=1 B=4 N=16 H=2 D=8 dtype=f16 order=NHD"
@@ -22,19 +23,13 @@ fn step<'a>(
     num_q_heads: u64,
     soft_cap: Option<f32>,
 ) -> Decode<'a> {
-    Decode {
-        layer: 0,
-        query: Activations::F32(query),
-        block_table,
-        blocks_per_seq,
-        seq_lens,
-        params: DecodeParams {
-            num_q_heads,
-            scale: 1.0,
-            sliding_window: None,
-            soft_cap,
-        },
-    }
+    let params = DecodeParams {
+        num_q_heads,
+        scale: 1.0,
+        sliding_window: None,
+        soft_cap,
+    };
+    decode_step(query, block_table, blocks_per_seq, seq_lens, params)
 }
 
 /// Three sequences x 6148914691236517206 blocks wraps to 2 in 64 bits: a 2-entry table
@@ -125,33 +120,16 @@ fn staging_differing_in_one_property_is_refused() {
     ] {
         let l: KvCacheLayout = other.parse().unwrap();
         let mut staging = HostCache::new(l).unwrap();
-        let refused = |r: Result<(), OpError>| matches!(r, Err(OpError::Incompatible(_)));
-        assert!(
-            refused(be.gather_blocks(&cache.as_ref(), &[1], 0..2, &mut staging.as_mut())),
-            "{other}"
-        );
-        assert!(
-            refused(ScalarReference.gather_blocks(
-                &cache.as_ref(),
-                &[1],
-                0..2,
-                &mut staging.as_mut()
-            )),
-            "{other}"
-        );
         let mut back = HostCache::new(cache.layout().clone()).unwrap();
-        assert!(
-            refused(be.scatter_blocks(&staging.as_ref(), &[1], 0..2, &mut back.as_mut())),
-            "{other}"
-        );
-        assert!(
-            refused(ScalarReference.scatter_blocks(
-                &staging.as_ref(),
-                &[1],
-                0..2,
-                &mut back.as_mut()
-            )),
-            "{other}"
-        );
+        let refused = |r: Result<(), OpError>| matches!(r, Err(OpError::Incompatible(_)));
+        for (name, exec) in [
+            ("fast", &be as &dyn HostExec),
+            ("reference", &ScalarReference),
+        ] {
+            let gather = exec.gather_blocks(&cache.as_ref(), &[1], 0..2, &mut staging.as_mut());
+            assert!(refused(gather), "{name} gather: {other}");
+            let scatter = exec.scatter_blocks(&staging.as_ref(), &[1], 0..2, &mut back.as_mut());
+            assert!(refused(scatter), "{name} scatter: {other}");
+        }
     }
 }

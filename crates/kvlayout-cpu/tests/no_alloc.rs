@@ -9,8 +9,11 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+mod common;
+
+use common::decode_step;
 use kvlayout::KvCacheLayout;
-use kvlayout_cpu::{Activations, CpuBackend, Decode, DecodeParams, HostCache, HostExec};
+use kvlayout_cpu::{CpuBackend, DecodeParams, HostCache, HostExec};
 
 struct Counting;
 
@@ -69,19 +72,13 @@ fn steps(spec: &str, threads: usize, seqs: usize, context: u32, count: usize) ->
     let q = vec![0.5f32; seqs * 8 * 64];
     let mut out = vec![0f32; seqs * 8 * 64];
     let be = CpuBackend::new(Some(threads));
-    let d = Decode {
-        layer: 0,
-        query: Activations::F32(&q),
-        block_table: &table,
-        blocks_per_seq: per_seq,
-        seq_lens: &lens,
-        params: DecodeParams {
-            num_q_heads: 8,
-            scale: 0.125,
-            sliding_window: None,
-            soft_cap: Some(30.0),
-        },
+    let params = DecodeParams {
+        num_q_heads: 8,
+        scale: 0.125,
+        sliding_window: None,
+        soft_cap: Some(30.0),
     };
+    let d = decode_step(&q, &table, per_seq, &lens, params);
     let cache = cache.as_ref(); // held across steps, as a serving loop holds its cache
     for _ in 0..3 {
         be.paged_decode(&cache, &d, &mut out).unwrap(); // warm-up: scratch grows

@@ -8,16 +8,9 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
+use common::shared::{kernels_sh, sha256_hex};
 use common::{check_entries, entry_slots, report, skip};
 use kvlayout_cuda::{embedded_ptx, kernels::ptx_version};
-use sha2::{Digest, Sha256};
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 /// Whether PTX is embedded; a visible skip (a failure under `KVLAYOUT_REQUIRE_CLANG=1`) when
 /// not.
@@ -64,20 +57,8 @@ fn embedded_ptx_is_what_kernels_sh_compiles() {
         skip("embedded ptx rebuild", &why, "KVLAYOUT_REQUIRE_CLANG");
         return;
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ptx-{}", std::process::id()));
-    let run = Command::new("bash")
-        .arg(root.join("scripts/kernels.sh"))
-        .arg(&out)
-        .arg("cuda")
-        .output()
-        .expect("run bash scripts/kernels.sh");
-    assert!(
-        run.status.success(),
-        "scripts/kernels.sh failed:\n{}{}",
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr)
-    );
+    kernels_sh(&out, "cuda");
     for e in embedded_ptx() {
         let fresh = std::fs::read(out.join(format!("kvlayout.{}.ptx", e.arch))).unwrap();
         assert_eq!(

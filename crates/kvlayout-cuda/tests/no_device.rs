@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::shared::moved;
 use common::{report, skip};
 use kvlayout::ops::{Backend, BufferShape};
 use kvlayout::KvCacheLayout;
@@ -87,33 +88,6 @@ fn buffers_round_trip_and_refuse_ranges_past_their_end() {
         dev.download(&empty, &mut []).unwrap();
     }
     dev.synchronize().unwrap();
-}
-
-/// `bytes` with each `(src, dst)` block of `pairs` copied over, region by region.
-fn moved(
-    layout: &KvCacheLayout,
-    src: &[Vec<u8>],
-    dst: &[Vec<u8>],
-    pairs: &[(u64, u64)],
-) -> Vec<Vec<u8>> {
-    let g = layout.geometry();
-    let mut out = dst.to_vec();
-    for &(s, d) in pairs {
-        let from = layout
-            .block_regions(s, 0..g.num_layers, 0..g.num_kv_heads)
-            .unwrap();
-        let to = layout
-            .block_regions(d, 0..g.num_layers, 0..g.num_kv_heads)
-            .unwrap();
-        assert_eq!(from.len(), to.len());
-        for (f, t) in from.iter().zip(&to) {
-            assert_eq!(f.len, t.len);
-            let (fo, to_, n) = (f.offset as usize, t.offset as usize, f.len as usize);
-            out[t.buffer as usize][to_..to_ + n]
-                .copy_from_slice(&src[f.buffer as usize][fo..fo + n]);
-        }
-    }
-    out
 }
 
 fn pattern(layout: &KvCacheLayout, seed: u32) -> Vec<Vec<u8>> {

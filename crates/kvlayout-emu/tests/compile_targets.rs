@@ -4,8 +4,12 @@
 //! Skipped, visibly, without clang-19, unless `KVLAYOUT_REQUIRE_CLANG=1` (the test command
 //! sets it, and its set-up installs clang-19).
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
+
+use common::run_script;
 
 #[test]
 fn kernels_compile_to_ptx_and_amdgpu_code_objects() {
@@ -21,20 +25,8 @@ fn kernels_compile_to_ptx_and_amdgpu_code_objects() {
         );
         return;
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kernels");
-    let run = Command::new("bash")
-        .arg(root.join("scripts/kernels.sh"))
-        .arg(&out)
-        .output()
-        .expect("run scripts/kernels.sh");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr)
-    );
-    assert!(run.status.success(), "scripts/kernels.sh failed:\n{text}");
-    eprint!("{text}");
+    eprint!("{}", run_script("scripts/kernels.sh", &[&out]));
     for arch in ["sm_80", "sm_90"] {
         let ptx = std::fs::read_to_string(out.join(format!("kvlayout.{arch}.ptx"))).unwrap();
         assert!(ptx.contains(&format!(".target {arch}")));

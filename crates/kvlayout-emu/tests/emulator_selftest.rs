@@ -7,22 +7,13 @@
 //! fallback, and under AddressSanitizer; and a kernel that writes past a heap buffer, built
 //! with AddressSanitizer, must be reported as a heap-buffer-overflow.
 
-use std::path::Path;
-use std::process::Command;
+mod common;
+
+use common::run_script;
 
 #[test]
 fn emulator_selftest_and_asan_catches_a_planted_overflow() {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels-cuda/emu/selftest.sh");
-    let run = Command::new("bash")
-        .arg(&script)
-        .output()
-        .expect("run selftest.sh");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr)
-    );
-    assert!(run.status.success(), "selftest.sh failed:\n{text}");
+    let text = run_script("kernels-cuda/emu/selftest.sh", &[]);
     assert!(!text.contains("FAIL"), "{text}");
     for needle in [
         "PASS g++ -O1 warp 32",

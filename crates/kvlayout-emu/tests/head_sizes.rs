@@ -2,7 +2,10 @@
 //! reference's bytes, and `paged_decode` (GQA 4, a window, two partitions for the longest
 //! sequence) agrees with the scalar reference within the contract's tolerance.
 
-use kvlayout::ops::{Backend, BufferShape, DecodeArgs, DecodeParams, HostTensor, WriteArgs};
+mod common;
+
+use common::{write_layer0, zeroed_cache};
+use kvlayout::ops::{Backend, DecodeArgs, DecodeParams, HostTensor};
 use kvlayout::{DType, KvCacheLayout};
 use kvlayout_cpu::reference::paged_decode_magnitudes;
 use kvlayout_cpu::tolerance::{decode_error, Tolerance};
@@ -32,26 +35,14 @@ fn run<B: Backend>(
             slots.push(i64::from(table[s * bps + (t / bs) as usize]) * bs + t % bs);
         }
     }
-    let mut cache = be.alloc_cache(l, &BufferShape::exact(l)).unwrap();
-    let zeros: Vec<Vec<u8>> = l
-        .extents()
-        .iter()
-        .map(|x| vec![0; x.end as usize])
-        .collect();
-    be.upload_cache(&mut cache, &zeros).unwrap();
+    let mut cache = zeroed_cache(be, l);
     let key = be
         .upload_tensor(&HostTensor::F32(values(slots.len() * h * d, 1)))
         .unwrap();
     let value = be
         .upload_tensor(&HostTensor::F32(values(slots.len() * h * dv, 2)))
         .unwrap();
-    let w = WriteArgs {
-        layer: 0,
-        key: &key,
-        value: Some(&value),
-        slot_mapping: &slots,
-    };
-    be.wait(be.write_kv(&mut cache, &w).unwrap()).unwrap();
+    write_layer0(be, &mut cache, (&key, &value), &slots);
     let q_heads = params.num_q_heads as usize;
     let query = HostTensor::from_f32(DType::F16, &values(lens.len() * q_heads * d, 3)).unwrap();
     let query = be.upload_tensor(&query).unwrap();

@@ -3,7 +3,10 @@
 //! `convert` produce, on both builds. A kernel that read shared memory before the barrier
 //! that publishes it would differ between orders (or read the 0xff fill).
 
-use kvlayout::ops::{Backend, BufferShape, DecodeArgs, DecodeParams, HostTensor, WriteArgs};
+mod common;
+
+use common::{write_layer0, zeroed_cache};
+use kvlayout::ops::{Backend, BufferShape, DecodeArgs, DecodeParams, HostTensor};
 use kvlayout::{DType, KvCacheLayout};
 use kvlayout_device::DeviceBackend;
 use kvlayout_emu::EmuDevice;
@@ -15,13 +18,7 @@ const SPEC: &str = "kv L=1 B=80 N=16 H=2 D=64 dtype=bf16 order=HND";
 fn run(warp: u32, seed: u64) -> (Vec<Vec<u8>>, Vec<f32>, Vec<Vec<u8>>) {
     let be = DeviceBackend::new(EmuDevice::new(warp).unwrap().with_seed(seed));
     let l: KvCacheLayout = SPEC.parse().unwrap();
-    let mut cache = be.alloc_cache(&l, &BufferShape::exact(&l)).unwrap();
-    let zeros: Vec<Vec<u8>> = l
-        .extents()
-        .iter()
-        .map(|x| vec![0; x.end as usize])
-        .collect();
-    be.upload_cache(&mut cache, &zeros).unwrap();
+    let mut cache = zeroed_cache(&be, &l);
     let tokens = 1100usize;
     let vals = |seed: usize| -> Vec<f32> {
         (0..tokens * 2 * 64)
@@ -31,13 +28,7 @@ fn run(warp: u32, seed: u64) -> (Vec<Vec<u8>>, Vec<f32>, Vec<Vec<u8>>) {
     let key = be.upload_tensor(&HostTensor::F32(vals(1))).unwrap();
     let value = be.upload_tensor(&HostTensor::F32(vals(2))).unwrap();
     let slots: Vec<i64> = (0..tokens as i64).collect();
-    let w = WriteArgs {
-        layer: 0,
-        key: &key,
-        value: Some(&value),
-        slot_mapping: &slots,
-    };
-    be.wait(be.write_kv(&mut cache, &w).unwrap()).unwrap();
+    write_layer0(&be, &mut cache, (&key, &value), &slots);
     let q = be
         .upload_tensor(&HostTensor::from_f32(DType::Bf16, &vals(3)[..4 * 64]).unwrap())
         .unwrap();

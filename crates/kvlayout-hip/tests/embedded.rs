@@ -4,6 +4,9 @@
 //! Tools that are missing (clang-19, llvm-readelf-19) skip visibly; with
 //! `KVLAYOUT_REQUIRE_CLANG=1` they fail instead.
 
+#[path = "../../kvlayout-device/tests/shared/mod.rs"]
+mod shared;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -16,7 +19,7 @@ use kvlayout_device::kernels::{
     DecodeSite, GpuTarget, Kernel, KernelCall, WriteAddrs,
 };
 use kvlayout_hip::{code_objects, why_not_embedded, CodeObject};
-use sha2::{Digest, Sha256};
+use shared::{kernels_sh, sha256_hex, succeeded};
 
 fn require_clang() -> bool {
     std::env::var("KVLAYOUT_REQUIRE_CLANG").is_ok_and(|v| v == "1")
@@ -46,13 +49,6 @@ fn embedded(what: &str) -> Option<&'static [CodeObject]> {
         return None;
     }
     Some(objects)
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// A fresh directory under the system's temporary directory, removed on drop.
@@ -120,21 +116,8 @@ fn kernels_sh_reproduces_the_embedded_objects() {
     if let Err(why) = runs(&clang).and_then(|()| runs(&readelf)) {
         return skip("hip code objects vs kernels.sh", &why);
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/kernels.sh");
     let dir = TempDir::new("kernels");
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg(&dir.0)
-        .arg("hip")
-        .output()
-        .expect("run bash");
-    assert!(
-        out.status.success(),
-        "{} failed:\n{}{}",
-        script.display(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    kernels_sh(&dir.0, "hip");
     for o in objects {
         let path = dir.0.join(format!("kvlayout.{}.co", o.arch));
         let bytes = std::fs::read(&path).expect("read a compiled code object");
@@ -230,17 +213,7 @@ fn parse_kernels(notes: &str) -> Vec<MetaKernel> {
 fn notes(readelf: &str, dir: &Path, object: &CodeObject) -> String {
     let path = dir.join(format!("kvlayout.{}.co", object.arch));
     std::fs::write(&path, object.bytes).expect("write the code object");
-    let out = Command::new(readelf)
-        .arg("--notes")
-        .arg(&path)
-        .output()
-        .expect("run readelf");
-    assert!(
-        out.status.success(),
-        "{readelf} --notes {}: {}",
-        path.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = succeeded(Command::new(readelf).arg("--notes").arg(&path));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 

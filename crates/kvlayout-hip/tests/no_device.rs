@@ -5,10 +5,14 @@
 //! through a pinned host cache with `swap_blocks`. `KVLAYOUT_REQUIRE_GPU=1` makes a device
 //! that does not open a failure.
 
+#[path = "../../kvlayout-device/tests/shared/mod.rs"]
+mod shared;
+
 use kvlayout::ops::{Backend, BufferShape, HostTensor};
 use kvlayout::KvCacheLayout;
 use kvlayout_device::{Device, DeviceBackend, Place};
 use kvlayout_hip::{hip, HipDevice, HipError};
+use shared::moved;
 
 fn require_gpu() -> bool {
     std::env::var("KVLAYOUT_REQUIRE_GPU").is_ok_and(|v| v == "1" || v == "hip")
@@ -85,33 +89,6 @@ fn pattern(len: u64, b: usize, salt: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31) ^ (b as u8).wrapping_mul(7) ^ salt)
         .collect()
-}
-
-/// `bytes` after copying each `(src, dst)` block by hand, region by region of the layout.
-fn moved(
-    layout: &KvCacheLayout,
-    src: &[Vec<u8>],
-    dst: &[Vec<u8>],
-    pairs: &[(u64, u64)],
-) -> Vec<Vec<u8>> {
-    let g = layout.geometry();
-    let mut out = dst.to_vec();
-    for &(s, d) in pairs {
-        let from = layout
-            .block_regions(s, 0..g.num_layers, 0..g.num_kv_heads)
-            .expect("source regions");
-        let to = layout
-            .block_regions(d, 0..g.num_layers, 0..g.num_kv_heads)
-            .expect("destination regions");
-        assert_eq!(from.len(), to.len());
-        for (f, t) in from.iter().zip(&to) {
-            assert_eq!((f.buffer, f.len), (t.buffer, t.len));
-            let (fo, to_, n) = (f.offset as usize, t.offset as usize, f.len as usize);
-            out[t.buffer as usize][to_..to_ + n]
-                .copy_from_slice(&src[f.buffer as usize][fo..fo + n]);
-        }
-    }
-    out
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 use kvlayout::{Convention, DType, Field, KvCacheLayout, LayoutError, TensorClaim};
 
-use crate::{at, layout, range, span, sweep, view, K, KV, V};
+use crate::{at, claim, layout, range, span, sweep, view, K, KV, V};
 
 /// L=4 B=3 N=16 H=4 D=8 f16 at byte 4096: row 32, token 128, block 2048, layer 6144.
 const BASED: &str = "kv L=4 B=3 N=16 H=4 D=8 dtype=f16 order=NHD base=4096";
@@ -38,15 +38,16 @@ fn base_offset() {
         (vec![3, 4, 16, 8], vec![1024, 16, 64, 1], 2048)
     );
     // A tensor that forgets the base offset is refused.
-    let claim = TensorClaim {
-        convention: Convention::Standard,
-        target: K,
-        layer: 0,
-        shape: &[3, 4, 16, 8],
-        strides: &[1024, 16, 64, 1],
-        dtype: DType::F16,
-        storage_offset: Some(2048),
-    };
+    let (shape, strides) = ([3, 4, 16, 8], [1024, 16, 64, 1]);
+    let claim = claim(
+        Convention::Standard,
+        K,
+        0,
+        DType::F16,
+        &shape,
+        &strides,
+        2048,
+    );
     based.check_tensor(&claim).unwrap();
     assert!(matches!(
         based.check_tensor(&TensorClaim {

@@ -113,24 +113,12 @@ fn int8_token_major() {
         }
     }
     // Scale views in f32 elements: offsets 8/4 and 20/4, strides 1536/4, 24/4, 96/4.
-    assert_eq!(
-        view(
-            &l,
-            Convention::Standard,
-            ViewTarget::Field(Field::KScale),
-            0
-        ),
-        (vec![3, 4, 16, 1], vec![384, 6, 24, 1], 2)
-    );
-    assert_eq!(
-        view(
-            &l,
-            Convention::Standard,
-            ViewTarget::Field(Field::VScale),
-            0
-        ),
-        (vec![3, 4, 16, 1], vec![384, 6, 24, 1], 5)
-    );
+    for (f, offset) in [(Field::KScale, 2), (Field::VScale, 5)] {
+        assert_eq!(
+            view(&l, Convention::Standard, ViewTarget::Field(f), 0),
+            (vec![3, 4, 16, 1], vec![384, 6, 24, 1], offset)
+        );
+    }
 }
 
 fn scales_of_other_rows() {

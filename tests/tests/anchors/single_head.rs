@@ -4,7 +4,7 @@
 
 use kvlayout::{Convention, Coord, DType, Field, KvCacheLayout, LayoutError, TensorClaim};
 
-use crate::{at, layout, sweep, view, K, V};
+use crate::{at, claim, layout, sweep, view, K, V};
 
 #[test]
 fn case03_single_head_with_any_stride_and_mla() {
@@ -17,15 +17,8 @@ fn single_head_any_head_stride() {
     // f16, row 16 el; H = 1: token stride 16, block stride 16*16 = 256 el.
     for order in ["NHD", "HND"] {
         let l = layout(&format!("kv B=3 N=16 H=1 D=8 dtype=f16 order={order}"));
-        let fa = TensorClaim {
-            convention: Convention::FlashAttn,
-            target: K,
-            layer: 0,
-            shape: &[3, 16, 1, 8],
-            strides: &[256, 16, 12345, 1],
-            dtype: DType::F16,
-            storage_offset: Some(0),
-        };
+        let (shape, strides) = ([3, 16, 1, 8], [256, 16, 12345, 1]);
+        let fa = claim(Convention::FlashAttn, K, 0, DType::F16, &shape, &strides, 0);
         l.check_tensor(&fa).unwrap();
         let std = TensorClaim {
             convention: Convention::Standard,
@@ -59,22 +52,24 @@ fn one_head_of_a_tp_slice() {
     let rank3 = full.tp_slice(8, 3).unwrap();
     assert_eq!(rank3.geometry().num_kv_heads, 1);
     let layer = 5u64;
-    let claim = TensorClaim {
-        convention: Convention::FlashAttn,
-        target: V,
+    let (shape, strides) = ([4, 16, 1, 128], [32768, 2048, 12345, 1]);
+    let offset = layer * 131072 + 3 * 256 + 128;
+    let right = claim(
+        Convention::FlashAttn,
+        V,
         layer,
-        shape: &[4, 16, 1, 128],
-        strides: &[32768, 2048, 12345, 1],
-        dtype: DType::Bf16,
-        storage_offset: Some(layer * 131072 + 3 * 256 + 128),
-    };
-    rank3.check_tensor(&claim).unwrap();
+        DType::Bf16,
+        &shape,
+        &strides,
+        offset,
+    );
+    rank3.check_tensor(&right).unwrap();
     sweep(&rank3, Field::V, [80, 4, 1, 16, 128], |l_, b, _, n, d| {
         2 * (l_ * 131072 + b * 32768 + n * 2048 + 3 * 256 + 128 + d)
     });
     let wrong_token = TensorClaim {
         strides: &[32768, 256, 12345, 1], // a dense single-head token stride: wrong here
-        ..claim
+        ..right
     };
     assert!(matches!(
         rank3.check_tensor(&wrong_token),
@@ -93,15 +88,17 @@ fn mla_one_head() {
     assert_eq!((ks[0], ks[2], ks[3]), (64 * 576, 576, 1));
     assert_eq!(ks, vs, "V is a prefix of the latent: same strides as K");
     assert_eq!((koff, voff), (1024 * 64 * 576, 1024 * 64 * 576));
-    let mla_claim = TensorClaim {
-        convention: Convention::Standard,
-        target: V,
-        layer: 1,
-        shape: &[1024, 1, 64, 512],
-        strides: &[36864, 12345, 576, 1],
-        dtype: DType::Bf16,
-        storage_offset: Some(1024 * 64 * 576),
-    };
+    let (shape, strides) = ([1024, 1, 64, 512], [36864, 12345, 576, 1]);
+    let offset = 1024 * 64 * 576;
+    let mla_claim = claim(
+        Convention::Standard,
+        V,
+        1,
+        DType::Bf16,
+        &shape,
+        &strides,
+        offset,
+    );
     mla.check_tensor(&mla_claim).unwrap();
     let (ka, va) = (
         mla.kernel_args(Field::K).unwrap(),

@@ -2,9 +2,9 @@
 // Case 2: sizes that expose swaps, and the ambiguous ones.
 // ---------------------------------------------------------------------------------------------
 
-use kvlayout::{Convention, DType, Field, KvCacheLayout, LayoutError, TensorClaim};
+use kvlayout::{Convention, DType, Field, KvCacheLayout, LayoutError, TensorClaim, ViewTarget};
 
-use crate::{at, layout, sweep, view, Dense, K, KV, V};
+use crate::{at, claim, layout, sweep, sweep_dense_kv, view, K, KV, V};
 
 #[test]
 fn case02_sizes_that_expose_swaps() {
@@ -20,20 +20,8 @@ fn b3_h4_n16() {
     // B=3, H=4, N=16, D=8, f16: row [K 8][V 8] = 16 elements (32 B); page = 16*4*16 = 1024 el.
     let nhd = layout("kv B=3 N=16 H=4 D=8 dtype=f16 order=NHD");
     let hnd = layout("kv B=3 N=16 H=4 D=8 dtype=f16 order=HND");
-    let g = Dense {
-        nb: 3,
-        nh: 4,
-        nn: 16,
-        row: 32,
-    };
-    for (f, off) in [(Field::K, 0), (Field::V, 16)] {
-        sweep(&nhd, f, [1, 3, 4, 16, 8], |a, b, h, n, d| {
-            g.nhd(a, b, h, n) + off + 2 * d
-        });
-        sweep(&hnd, f, [1, 3, 4, 16, 8], |a, b, h, n, d| {
-            g.hnd(a, b, h, n) + off + 2 * d
-        });
-    }
+    sweep_dense_kv(&nhd, true, [3, 4, 16], 8, 2);
+    sweep_dense_kv(&hnd, false, [3, 4, 16], 8, 2);
     // Spot values with every index distinct: V[b=2, h=3, n=5, d=7].
     assert_eq!(
         at(&nhd, Field::V, 0, 2, 3, 5, 7),
@@ -46,51 +34,44 @@ fn b3_h4_n16() {
     b3_h4_n16_views_and_args(&nhd, &hnd);
 }
 
+/// A view of layer 0 as a test states it: `(layout, convention, target, shape, strides,
+/// offset)`, in elements.
+type ViewRow<'a> = (
+    &'a KvCacheLayout,
+    Convention,
+    ViewTarget,
+    &'a [u64],
+    &'a [u64],
+    u64,
+);
+
+/// Checks each view of `want`.
+fn views(want: &[ViewRow<'_>]) {
+    for &(l, c, t, shape, strides, offset) in want {
+        let want = (shape.to_vec(), strides.to_vec(), offset);
+        assert_eq!(view(l, c, t, 0), want, "{l}: {c} {t}");
+    }
+}
+
 /// The views and kernel arguments of the B=3, H=4, N=16 layouts.
 fn b3_h4_n16_views_and_args(nhd: &KvCacheLayout, hnd: &KvCacheLayout) {
-    // Standard [B, H, N, D].
-    assert_eq!(
-        view(nhd, Convention::Standard, K, 0),
-        (vec![3, 4, 16, 8], vec![1024, 16, 64, 1], 0)
-    );
-    assert_eq!(
-        view(hnd, Convention::Standard, K, 0),
-        (vec![3, 4, 16, 8], vec![1024, 256, 16, 1], 0)
-    );
-    assert_eq!(
-        view(nhd, Convention::Standard, V, 0),
-        (vec![3, 4, 16, 8], vec![1024, 16, 64, 1], 8)
-    );
-    assert_eq!(
-        view(hnd, Convention::Standard, V, 0),
-        (vec![3, 4, 16, 8], vec![1024, 256, 16, 1], 8)
-    );
-    // FlashAttention [B, N, H, D] per field, (2, B, N, H, D) together.
-    assert_eq!(
-        view(nhd, Convention::FlashAttn, V, 0),
-        (vec![3, 16, 4, 8], vec![1024, 64, 16, 1], 8)
-    );
-    assert_eq!(
-        view(hnd, Convention::FlashAttn, V, 0),
-        (vec![3, 16, 4, 8], vec![1024, 16, 256, 1], 8)
-    );
-    assert_eq!(
-        view(nhd, Convention::FlashAttn, KV, 0),
-        (vec![2, 3, 16, 4, 8], vec![8, 1024, 64, 16, 1], 0)
-    );
-    assert_eq!(
-        view(hnd, Convention::FlashAttn, KV, 0),
-        (vec![2, 3, 16, 4, 8], vec![8, 1024, 16, 256, 1], 0)
-    );
+    use Convention::{FlashAttn, Flashinfer, FlashinferHnd, Standard};
+    // Standard [B, H, N, D]; FlashAttention [B, N, H, D] per field, (2, B, N, H, D) together;
     // FlashInfer (B, 2, N, H, D) and (B, 2, H, N, D).
-    assert_eq!(
-        view(nhd, Convention::Flashinfer, KV, 0),
-        (vec![3, 2, 16, 4, 8], vec![1024, 8, 64, 16, 1], 0)
-    );
-    assert_eq!(
-        view(hnd, Convention::FlashinferHnd, KV, 0),
-        (vec![3, 2, 4, 16, 8], vec![1024, 8, 256, 16, 1], 0)
-    );
+    #[rustfmt::skip] // a table: one view a row
+    let want: [ViewRow; 10] = [
+        (nhd, Standard, K, &[3, 4, 16, 8], &[1024, 16, 64, 1], 0),
+        (hnd, Standard, K, &[3, 4, 16, 8], &[1024, 256, 16, 1], 0),
+        (nhd, Standard, V, &[3, 4, 16, 8], &[1024, 16, 64, 1], 8),
+        (hnd, Standard, V, &[3, 4, 16, 8], &[1024, 256, 16, 1], 8),
+        (nhd, FlashAttn, V, &[3, 16, 4, 8], &[1024, 64, 16, 1], 8),
+        (hnd, FlashAttn, V, &[3, 16, 4, 8], &[1024, 16, 256, 1], 8),
+        (nhd, FlashAttn, KV, &[2, 3, 16, 4, 8], &[8, 1024, 64, 16, 1], 0),
+        (hnd, FlashAttn, KV, &[2, 3, 16, 4, 8], &[8, 1024, 16, 256, 1], 0),
+        (nhd, Flashinfer, KV, &[3, 2, 16, 4, 8], &[1024, 8, 64, 16, 1], 0),
+        (hnd, FlashinferHnd, KV, &[3, 2, 4, 16, 8], &[1024, 8, 256, 16, 1], 0),
+    ];
+    views(&want);
     // Kernel arguments: head and token strides never swapped.
     let (kn, kh) = (
         nhd.kernel_args(Field::V).unwrap(),
@@ -133,15 +114,16 @@ fn b2_flash_attn_or_flashinfer() {
     ));
     // The same tensor is right for one layout and wrong for the other under a stated
     // convention: only the descriptor disambiguates, never the shape.
-    let claim = TensorClaim {
-        convention: Convention::FlashAttn,
-        target: KV,
-        layer: 0,
-        shape: &[2, 2, 16, 4, 8],
-        strides: &[1024, 512, 32, 8, 1],
-        dtype: DType::F16,
-        storage_offset: Some(0),
-    };
+    let (shape, strides) = ([2, 2, 16, 4, 8], [1024, 512, 32, 8, 1]);
+    let claim = claim(
+        Convention::FlashAttn,
+        KV,
+        0,
+        DType::F16,
+        &shape,
+        &strides,
+        0,
+    );
     fa.check_tensor(&claim).unwrap();
     match fi.check_tensor(&claim) {
         Err(LayoutError::TensorMismatch(m)) => {
@@ -164,17 +146,7 @@ fn h2_token_major_rows() {
     // H = 2: a token-major [B, N, 2, 256] bf16 page with D = 128 reads as (heads, K|V row);
     // K of head 1 is 256 elements (512 B) into the token, V of head 0 128 elements in.
     let h2 = layout("kv B=3 N=16 H=2 D=128 dtype=bf16 order=NHD");
-    let g2 = Dense {
-        nb: 3,
-        nh: 2,
-        nn: 16,
-        row: 512,
-    };
-    for (f, off) in [(Field::K, 0), (Field::V, 256)] {
-        sweep(&h2, f, [1, 3, 2, 16, 128], |a, b, h, n, d| {
-            g2.nhd(a, b, h, n) + off + 2 * d
-        });
-    }
+    sweep_dense_kv(&h2, true, [3, 2, 16], 128, 2);
     assert_eq!(at(&h2, Field::K, 0, 0, 1, 0, 0), 512);
     assert_eq!(at(&h2, Field::V, 0, 0, 0, 0, 0), 256);
     assert_eq!(at(&h2, Field::K, 0, 0, 0, 1, 0), 1024);
@@ -189,20 +161,8 @@ fn small_extents() {
     for (nb, nh, nn) in [(2u64, 2u64, 2u64), (3, 4, 4)] {
         let s = |o: &str| format!("kv B={nb} N={nn} H={nh} D=8 dtype=f32 order={o}");
         let (a, b) = (layout(&s("NHD")), layout(&s("HND")));
-        let g = Dense {
-            nb,
-            nh,
-            nn,
-            row: 64,
-        };
-        for (f, off) in [(Field::K, 0), (Field::V, 32)] {
-            sweep(&a, f, [1, nb, nh, nn, 8], |l_, b_, h, n, d| {
-                g.nhd(l_, b_, h, n) + off + 4 * d
-            });
-            sweep(&b, f, [1, nb, nh, nn, 8], |l_, b_, h, n, d| {
-                g.hnd(l_, b_, h, n) + off + 4 * d
-            });
-        }
+        sweep_dense_kv(&a, true, [nb, nh, nn], 8, 4);
+        sweep_dense_kv(&b, false, [nb, nh, nn], 8, 4);
         assert_eq!(at(&a, Field::K, 0, 0, 1, 0, 0), 64);
         assert_eq!(at(&a, Field::K, 0, 0, 0, 1, 0), nh * 64);
         assert_eq!(at(&b, Field::K, 0, 0, 1, 0, 0), nn * 64);

@@ -188,72 +188,29 @@ fn decode_refusals_are_one_line() {
     assert!(e.contains("holds no keys and values"), "{e}");
     let e = user_error(&["decode", small, "--seqs", "3", "--context", "48"]);
     assert!(e.contains("need 9 blocks") && e.contains("B=8"), "{e}");
-    let e = user_error(&[
-        "decode",
-        small,
-        "--context",
-        "16",
-        "--seqs",
-        "1",
-        "--layer",
-        "1",
-    ]);
-    assert!(e.contains("layer") && e.contains('1'), "{e}");
     let e = user_error(&["decode", small, "--runs", "0"]);
     assert!(e.contains("--runs 0"), "{e}");
     let e = user_error(&["decode", small, "--check-seqs", "0"]);
     assert!(e.contains("--check-seqs 0"), "{e}");
-    let e = user_error(&[
-        "decode",
-        small,
-        "--q-heads",
-        "3",
-        "--seqs",
-        "1",
-        "--context",
-        "16",
-    ]);
-    assert!(e.contains("multiple of 2"), "{e}");
-    let e = user_error(&[
-        "decode",
-        small,
-        "--seqs",
-        "1",
-        "--context",
-        "16",
-        "--max-cache-gib",
-        "NaN",
-    ]);
-    assert!(e.contains("--max-cache-gib NaN"), "{e}");
     let e = user_error(&["decode", "llama-3-8b B=100000"]);
     assert!(e.contains("--max-cache-gib 8"), "{e}");
-    // Sized before anything is allocated: counts that overflow 64 bits, and sizes no machine
-    // of any kind holds (petabytes), are one line each, not an abort.
+    // One sequence of 16 tokens and one argument wrong. Sized before anything is allocated:
+    // counts that overflow 64 bits, and sizes no machine of any kind holds (petabytes), are
+    // one line each, not an abort.
+    let step = ["--seqs", "1", "--context", "16"];
     for (flag, value, says) in [
+        ("--layer", "1", "layer index 1"),
+        ("--q-heads", "3", "multiple of 2"),
+        ("--max-cache-gib", "NaN", "--max-cache-gib NaN"),
         ("--q-heads", "18446744073709551615", "overflows 64 bits"),
         ("--bound-mib", "17592186044416", "overflows 64 bits"),
         ("--q-heads", "1099511627776", "GiB"),
         ("--bound-mib", "1000000000", "GiB"),
     ] {
-        let e = user_error(&[
-            "decode",
-            small,
-            "--seqs",
-            "1",
-            "--context",
-            "16",
-            flag,
-            value,
-        ]);
+        let e = user_error(&[&["decode", small][..], &step, &[flag, value]].concat());
         assert!(e.contains(says), "{flag} {value}: {e}");
     }
-    let e = user_error(&[
-        "decode",
-        "mla L=1 B=8 N=64 tps=4 rank=64 rope=16 dtype=bf16 order=NHD",
-        "--seqs",
-        "1",
-        "--context",
-        "16",
-    ]);
+    let mla = "mla L=1 B=8 N=64 tps=4 rank=64 rope=16 dtype=bf16 order=NHD";
+    let e = user_error(&[&["decode", mla][..], &step].concat());
     assert!(e.contains("tokens_per_state"), "{e}");
 }

@@ -1,7 +1,11 @@
-//! What the integration tests share: skip reports, and a reader of PTX entry parameters
-//! checked against the argument slots of `kvlayout_device::kernels`.
+//! What the integration tests share: skip reports, a reader of PTX entry parameters checked
+//! against the argument slots of `kvlayout_device::kernels`, and what the HIP backend's tests
+//! share too (`kvlayout-device/tests/shared`).
 
 #![allow(dead_code)] // Each test binary uses a part.
+
+#[path = "../../../kvlayout-device/tests/shared/mod.rs"]
+pub mod shared;
 
 use kvlayout::{Field, KvCacheLayout};
 use kvlayout_device::kernels::{
