@@ -1,6 +1,6 @@
 //! Independent enumeration of a layout's domain, for reference checks.
 
-use kvlayout::{Content, Convention, Coord, Field, KvCacheLayout, ViewTarget};
+use kvlayout::{Convention, Coord, Field, KvCacheLayout, ViewTarget};
 
 /// Every coordinate of every readable field (stored fields first), in row-major order.
 pub fn coords(l: &KvCacheLayout, stored_only: bool) -> Vec<Coord> {
@@ -39,9 +39,9 @@ pub fn coords(l: &KvCacheLayout, stored_only: bool) -> Vec<Coord> {
 pub fn reference_offset(l: &KvCacheLayout, c: &Coord) -> (u32, u64) {
     // MLA's K and V are the latent's elements of the same index (V its first kv_lora_rank):
     // computed from the stored latent's map, not from the layout's derived maps.
-    let stored = match (l.content(), c.field) {
-        (Content::Mla { .. }, Field::K | Field::V) => Field::Latent,
-        (_, field) => field,
+    let stored = match c.field {
+        Field::K | Field::V if l.content().shares_latent() => Field::Latent,
+        field => field,
     };
     let m = l.field_map(stored).expect("readable field");
     let s = m.strides;

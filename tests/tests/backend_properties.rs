@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use kvlayout::ops::DecodeParams;
 use kvlayout::ops::{Backend, BufferShape};
-use kvlayout::{AxisOrder, Content, KvCacheLayout, Paged, Placement};
+use kvlayout::{AxisOrder, KvCacheLayout, Paged, Placement};
 use kvlayout_conformance::backend::Hosted;
 use kvlayout_conformance::cases::widths;
 use kvlayout_conformance::gen::any_layout;
@@ -467,7 +467,7 @@ fn wild_write(
         .map(|i| (i % 13) as f32 * 0.25 - 1.5)
         .collect();
     let slots: Vec<i64> = a.slots.iter().copied().take(a.tokens).collect();
-    let mla = matches!(l.content(), Content::Mla { .. });
+    let mla = l.content().shares_latent();
     let w = WriteKv {
         layer: a.layer,
         key: Activations::F32(&k),
@@ -695,7 +695,7 @@ fn written(be: &CpuBackend, l: &KvCacheLayout, seed: u32) -> HostCache {
     let g = *l.geometry();
     let (kw, vw) = kvlayout::ops::decode_widths(l).unwrap();
     let (kw, vw) = (kw as usize, vw as usize);
-    let mla = matches!(l.content(), Content::Mla { .. });
+    let mla = l.content().shares_latent();
     let heads = g.num_kv_heads as usize;
     let slots = (g.num_blocks * g.block_size) as usize;
     let k: Vec<f32> = (0..slots * heads * kw).map(|i| value(i, seed)).collect();

@@ -15,7 +15,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use kvlayout::ops::DecodeParams;
-use kvlayout::{ByteRange, Content, KvCacheLayout};
+use kvlayout::{ByteRange, KvCacheLayout};
 use kvlayout_conformance::domain::{
     coord_of, coords, for_each_index, reference_offset, CONVENTIONS,
 };
@@ -340,7 +340,7 @@ fn check_ops(be: &CpuBackend, a: &OpArgs) -> Result<bool, String> {
     let l = &a.layout;
     let (kw, vw) = kvlayout::ops::decode_widths(l).map_err(|e| e.to_string())?;
     let heads = l.geometry().num_kv_heads as usize;
-    let mla = matches!(l.content(), Content::Mla { .. });
+    let mla = l.content().shares_latent();
     // A shape's element count when it is small enough to allocate, else none.
     let small = |xs: &[usize]| {
         xs.iter()

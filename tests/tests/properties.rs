@@ -209,7 +209,7 @@ proptest! {
                 }
                 Err(_) => {
                     let divisible = if tp <= h { h % tp == 0 } else { tp % h == 0 };
-                    let conv = matches!(l.content(), kvlayout::Content::MambaConv { .. }) && tp > 1;
+                    let conv = l.content().tp_shards_channels() && tp > 1;
                     prop_assert!(!divisible || conv, "tp {tp} refused on {l}");
                 }
             }

@@ -20,20 +20,12 @@ fn data(n: usize, seed: u32) -> Vec<f32> {
 
 /// Key and value widths per head, and whether the content is one MLA latent.
 fn widths(l: &KvCacheLayout) -> (usize, usize, bool) {
-    match *l.content() {
-        kvlayout::Content::Kv {
-            head_size,
-            head_size_v,
-        }
-        | kvlayout::Content::KvScaled {
-            head_size,
-            head_size_v,
-        } => (head_size as usize, head_size_v as usize, false),
-        kvlayout::Content::Mla {
-            kv_lora_rank,
-            rope_dim,
-        } => ((kv_lora_rank + rope_dim) as usize, 0, true),
-        _ => unreachable!(),
+    let c = l.content();
+    let (k, v) = c.kv_widths().expect("a content of keys and values");
+    if c.shares_latent() {
+        (k as usize, 0, true)
+    } else {
+        (k as usize, v as usize, false)
     }
 }
 

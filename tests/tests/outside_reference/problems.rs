@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use kvlayout::{Content, KvCacheLayout};
+use kvlayout::KvCacheLayout;
 use kvlayout_conformance::backend::HostTensor;
 use kvlayout_conformance::cases::{widths, workload, DecodeCase, LayoutCase, Workload};
 use kvlayout_cpu::{
@@ -75,7 +75,7 @@ fn cache_meta(l: &KvCacheLayout) -> serde_json::Value {
         "dtype": l.dtype().to_string(),
         "k_scale": l.scales().k_scale,
         "v_scale": l.scales().v_scale,
-        "inline": matches!(l.content(), Content::KvScaled { .. }),
+        "inline": l.content().inline_scales(),
     })
 }
 

@@ -32,7 +32,7 @@ fn explain_page_runs_partition_the_page() {
 /// (inline or per-tensor scales) and explicit-strided placements.
 #[test]
 fn gen_shares() {
-    use kvlayout::{Content, LegacyKind, Placement};
+    use kvlayout::{LegacyKind, Placement};
     use proptest::strategy::ValueTree;
     let mut runner = proptest::test_runner::TestRunner::deterministic();
     let strategy = any_layout();
@@ -49,7 +49,7 @@ fn gen_shares() {
             _ => {}
         }
         let s = l.scales();
-        if matches!(l.content(), Content::KvScaled { .. }) || s.k_scale != 1.0 || s.v_scale != 1.0 {
+        if l.content().inline_scales() || s.k_scale != 1.0 || s.v_scale != 1.0 {
             scaled += 1;
         }
     }
