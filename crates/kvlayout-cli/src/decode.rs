@@ -48,8 +48,8 @@ pub(crate) struct StepArgs {
     /// Logits soft-cap C: s = C * tanh(s / C) (Gemma 2: 50).
     #[arg(long, value_name = "C")]
     pub soft_cap: Option<f32>,
-    /// Backend to run the step on: cpu, cpu:<build>, reference, cuda-emu, hip-emu, cuda[:<n>],
-    /// hip[:<n>]. The emulators run the GPU kernels on the CPU one thread block at a time,
+    /// Backend to run the step on: cpu, cpu:BUILD, reference, cuda-emu, hip-emu, cuda or
+    /// cuda:N, hip or hip:N. The emulators run the GPU kernels on the CPU one thread block at a time,
     /// thousands of times slower than a GPU: give them a small step (e.g. a spec with B=64 and
     /// --seqs 2 --context 64 --runs 1).
     #[arg(long, value_name = "NAME", default_value = "cpu")]
@@ -58,7 +58,7 @@ pub(crate) struct StepArgs {
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// Kernel build of the CPU backend (avx512-bf16, avx512, avx2, scalar; default: the one
-    /// this machine prefers): the same as --backend cpu:<BUILD>.
+    /// this machine prefers): the same as --backend cpu:BUILD.
     #[arg(long, value_name = "BUILD")]
     pub kernels: Option<String>,
     /// Timed runs, each right after a pass of the read bound.
