@@ -37,7 +37,7 @@ descriptor_files=(
     crates/kvlayout/src/field_map.rs
     crates/kvlayout/src/ops/check.rs
     crates/kvlayout/src/ops/moves.rs
-    crates/kvlayout/src/ops/dynamic.rs
+    crates/kvlayout/src/ops/dynamic/mod.rs
     crates/kvlayout/src/layout.rs
     crates/kvlayout/src/view.rs
     crates/kvlayout/src/regions.rs

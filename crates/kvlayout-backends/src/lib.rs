@@ -87,14 +87,20 @@ pub fn open_with(name: &str, options: &Options) -> Result<AnyBackend, OpenError>
     let be = match (kind, rest.as_slice()) {
         ("cpu", []) => AnyBackend::new(Host::cpu(name, options.threads)),
         ("cpu", [build, more @ ..]) => {
-            let be = CpuBackend::with_kernels(options.threads, build)
-                .map_err(|e| unavailable(e.to_string()))?;
-            let be = match more {
-                [] => be,
-                [arrangement] => {
-                    be.with_prefetch_level(prefetch_level(arrangement).ok_or_else(unknown)?)
-                }
+            // The name is read whole before a build is tried: a malformed name is unknown on
+            // every machine.
+            let level = match more {
+                [] => None,
+                [arrangement] => Some(prefetch_level(arrangement).ok_or_else(unknown)?),
                 _ => return Err(unknown()),
+            };
+            let be = CpuBackend::with_kernels(options.threads, build).map_err(|e| match e {
+                kvlayout::ops::OpError::Unsupported { reason, .. } => unavailable(reason),
+                other => unavailable(other.to_string()),
+            })?;
+            let be = match level {
+                Some(level) => be.with_prefetch_level(level),
+                None => be,
             };
             AnyBackend::new(Host::new(name, be))
         }
@@ -184,10 +190,14 @@ mod tests {
     /// Malformed names are unknown; a build the CPU cannot run is unavailable, with why.
     #[test]
     fn bad_names_are_refused_by_kind() {
+        // The name is read before a build is tried, so a malformed name with a build this
+        // machine lacks is unknown too.
         for name in [
             "",
             "gpu",
-            "cpu:avx2:prefetch-L3",
+            "cpu:scalar:prefetch-L3",
+            "cpu:avx512-bf16:prefetch-L3",
+            "cpu:scalar:prefetch-L1:x",
             "cuda:x",
             "cuda:0:1",
             "reference:1",
@@ -203,6 +213,10 @@ mod tests {
             OpenError::Unavailable { name, reason } => {
                 assert_eq!(name, "cpu:sse9");
                 assert!(reason.contains("sse9"), "{reason}");
+                assert!(
+                    !reason.contains("does not apply"),
+                    "the reason alone: {reason}"
+                );
             }
             other => panic!("{other}"),
         }
