@@ -10,6 +10,17 @@ use crate::layout::KvCacheLayout;
 
 /// Widths the decode reads: `(qk_width, v_width)`: K|V head sizes, or the MLA latent and its
 /// first `kv_lora_rank` elements ([`crate::Content::kv_widths`]).
+///
+/// ```
+/// use kvlayout::ops::{decode_widths, OpError};
+/// let kv: kvlayout::KvCacheLayout = "kv B=3 N=16 H=4 D=192 Dv=128 dtype=f16 order=HND".parse()?;
+/// assert_eq!(decode_widths(&kv)?, (192, 128));
+/// let mla: kvlayout::KvCacheLayout = "mla L=1 B=3 N=16 rank=512 rope=64 dtype=bf16 order=LBNHC".parse()?;
+/// assert_eq!(decode_widths(&mla)?, (576, 512));
+/// let ssm: kvlayout::KvCacheLayout = "mamba2-2.7b".parse()?;
+/// assert!(matches!(decode_widths(&ssm), Err(OpError::Unsupported { op: "paged_decode", .. })));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn decode_widths(layout: &KvCacheLayout) -> Result<(u64, u64), OpError> {
     kv_widths(layout, "paged_decode")
 }

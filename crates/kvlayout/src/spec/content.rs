@@ -313,6 +313,19 @@ mod tests {
     }
 
     #[test]
+    fn spec_names_are_the_spec_string_kinds() {
+        let names = [KV, KV_SCALED, MLA, OPAQUE, CONV, SSM].map(|c| c.spec_name());
+        assert_eq!(
+            names,
+            ["kv", "kv-scaled", "mla", "bytes", "mamba-conv", "mamba-ssm"]
+        );
+        let l: crate::KvCacheLayout = "mla L=1 B=3 N=16 rank=512 rope=64 dtype=bf16 order=LBNHC"
+            .parse()
+            .unwrap();
+        assert!(l.to_string().starts_with(MLA.spec_name()), "{l}");
+    }
+
+    #[test]
     fn sizes_are_named_as_in_json() {
         assert_eq!(KV.sizes(), [("head_size", 192), ("head_size_v", 128)]);
         assert_eq!(MLA.sizes(), [("kv_lora_rank", 512), ("rope_dim", 64)]);

@@ -150,6 +150,7 @@ fn any_backend_forwards_and_refuses_what_another_backend_made() {
     assert_eq!((a.kernels().build.as_str(), a.kernels().threads), ("a", 7));
     assert!(a.bf16_products(DType::Bf16) && !a.bf16_products(DType::F16));
     assert_eq!(a.synchronize(), Err("a synchronized".into()));
+    assert_eq!(format!("{a:?}"), "AnyBackend(a)");
     assert_eq!(a.named("cuda:1").name(), "cuda:1");
     let a = AnyBackend::new(Toy::<CacheA, TensorA>("a", Default::default()));
 
