@@ -120,4 +120,18 @@ if [ ! -e "$nixl_dir/.nixl_cu12.mesonpy.libs/libnixl_capi.so" ] \
     fi
 fi
 
+# --- The project's Python environment (.venv): the Python package's build and tests -------
+# maturin builds crates/kvlayout-py (`pip install ./crates/kvlayout-py`); numpy and ml_dtypes
+# (bf16 and fp8 arrays) are what the package works on; pytest runs its tests. Pinned; made
+# and filled only when something is missing.
+VENV_PYTHON_PACKAGES=(maturin==1.16.0 "numpy==${NUMPY_VERSION}" ml_dtypes==0.6.0 pytest==9.2.0)
+venv="$(cd "$(dirname "$0")/.." && pwd)/.venv"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv" >/dev/null 2>&1 \
+    || { apt_install python3-venv && python3 -m venv "$venv"; }
+if ! "$venv/bin/python" -c "import numpy, ml_dtypes, pytest, maturin" >/dev/null 2>&1 \
+    || [ "$("$venv/bin/python" -c "import numpy; print(numpy.__version__)")" != "$NUMPY_VERSION" ]; then
+    log "pip install ${VENV_PYTHON_PACKAGES[*]} into .venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${VENV_PYTHON_PACKAGES[@]}"
+fi
+
 # --- Later issues add here ------------------------------------------------------------------

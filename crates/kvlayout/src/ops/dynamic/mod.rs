@@ -17,18 +17,18 @@ use crate::dtype::DType;
 use crate::layout::KvCacheLayout;
 
 /// A cache of an [`AnyBackend`]: the cache of the backend inside.
-pub struct AnyCache(Box<dyn Any>);
+pub struct AnyCache(Box<dyn Any + Send>);
 
 /// A dense activation tensor of an [`AnyBackend`]: its element type and count, and the tensor
 /// of the backend inside.
 pub struct AnyTensor {
     dtype: DType,
     len: usize,
-    inner: Box<dyn Any>,
+    inner: Box<dyn Any + Send>,
 }
 
 /// Enqueued work of an [`AnyBackend`].
-pub struct AnyCompletion(Box<dyn Any>);
+pub struct AnyCompletion(Box<dyn Any + Send>);
 
 impl fmt::Debug for AnyCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -108,9 +108,9 @@ trait Erased {
 impl<B> Erased for B
 where
     B: Backend,
-    B::Cache: 'static,
-    B::Tensor: 'static,
-    B::Completion: 'static,
+    B::Cache: Send + 'static,
+    B::Tensor: Send + 'static,
+    B::Completion: Send + 'static,
 {
     fn available(&self) -> Result<(), String> {
         Backend::available(self)
@@ -248,7 +248,7 @@ fn refused(why: String) -> OpError {
 /// run time. Every call but [`Backend::name`] goes to the backend inside.
 pub struct AnyBackend {
     name: String,
-    inner: Box<dyn Erased>,
+    inner: Box<dyn Erased + Send>,
 }
 
 impl fmt::Debug for AnyBackend {
@@ -261,10 +261,10 @@ impl AnyBackend {
     /// `backend`, held as one type, under its own name.
     pub fn new<B>(backend: B) -> Self
     where
-        B: Backend + 'static,
-        B::Cache: 'static,
-        B::Tensor: 'static,
-        B::Completion: 'static,
+        B: Backend + Send + 'static,
+        B::Cache: Send + 'static,
+        B::Tensor: Send + 'static,
+        B::Completion: Send + 'static,
     {
         let name = backend.name().to_string();
         AnyBackend {

@@ -1,0 +1,21 @@
+"""kvlayout: one validated descriptor for the memory layout of a paged KV cache.
+
+A :class:`Layout` states where every element of a paged KV cache lives (made from a preset,
+a spec string or its JSON form). From it come the offset of any element, zero-copy views of
+a field in a consumer's convention, the check of a tensor a framework hands over, byte
+regions to register for transfers, and the transformations (TP slice, layer range,
+kernel-block split, slot range). Errors are exceptions of :mod:`kvlayout.errors`, one class
+per error kind, carrying the value and the limit as attributes.
+
+>>> import kvlayout
+>>> layout = kvlayout.Layout("kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD")
+>>> layout.offset("v", block=1, head=2, slot=3, dim=5)  # 1*2048 + 3*128 + 2*32 + 16 + 5*2
+(0, 2522)
+>>> layout.view("flash-attn", "k").shape
+[3, 16, 4, 8]
+"""
+
+from . import errors
+from ._native import Layout, View, __version__, conventions, presets
+
+__all__ = ["Layout", "View", "conventions", "errors", "presets", "__version__"]

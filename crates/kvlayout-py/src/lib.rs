@@ -1,0 +1,32 @@
+//! # kvlayout-py: the Python package `kvlayout`
+//!
+//! This crate owns the Python bindings (PyO3, one abi3 extension module `kvlayout._native`,
+//! built by maturin with the pure-Python part under `python/kvlayout/`): the layout as a
+//! Python class ([`layout`]), Rust errors as Python exceptions carrying their values
+//! ([`errors`]), the check of a framework's tensor and zero-copy views of its allocation, the
+//! backends on memory the caller owns, the test harness for other people's kernels, and the
+//! connector's handshake.
+//!
+//! It does not own any layout logic, op, backend or wire format: every answer comes from the
+//! `kvlayout` crate, the backends and the connector. What an object exposes about its memory
+//! (`__array_interface__`, `__cuda_array_interface__`, `__dlpack__`) is read by the Python
+//! side (`kvlayout/_arrays.py`) and handed here as plain integers; nothing is guessed from a
+//! shape.
+
+#![deny(unsafe_code)]
+
+use pyo3::prelude::*;
+
+mod convert;
+mod errors;
+mod layout;
+mod testing;
+
+/// The native module, `kvlayout._native` (the package re-exports it).
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    layout::register(m)?;
+    testing::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The Python package's tests: builds crates/kvlayout-py with maturin and installs it into the
+# project's virtual environment (.venv, made by scripts/setup.sh) exactly as a user does
+# (`pip install ./crates/kvlayout-py`), then runs its pytest suite and the README's Python
+# example. Arguments go to pytest. Ends with pytest's summary line.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PWD/.venv/bin:$PATH"
+echo "== pip install ./crates/kvlayout-py (maturin, release)"
+python -m pip install --quiet --disable-pip-version-check --no-build-isolation ./crates/kvlayout-py
+echo "== pytest crates/kvlayout-py/tests"
+python -m pytest crates/kvlayout-py/tests -q -rs -p no:cacheprovider "$@"
