@@ -16,6 +16,10 @@
 //! | `cuda`, `cuda:<n>` | the CUDA backend on device `n` (0) |
 //! | `hip`, `hip:<n>` | the HIP backend on device `n` (0) |
 //!
+//! [`open_executor`] gives the same backends by where their memory lives: an executor on
+//! host memory ([`Executor::Host`], the `cpu` and `reference` names) runs on buffers the
+//! caller owns without a copy; the others ([`Executor::Device`]) allocate their own.
+//!
 //! It does not own any backend (each crate does), the contract (`kvlayout::ops`), or the
 //! type-erased handle ([`AnyBackend`], in `kvlayout::ops`).
 //!
@@ -32,7 +36,7 @@
 #![warn(missing_docs)]
 
 use kvlayout::ops::AnyBackend;
-use kvlayout_cpu::{CpuBackend, Host, PrefetchLevel, ScalarReference};
+use kvlayout_cpu::{CpuBackend, Host, HostExec, PrefetchLevel, ScalarReference};
 use thiserror::Error;
 
 pub use kvlayout::ops::{AnyCache, AnyCompletion, AnyTensor};
@@ -74,6 +78,42 @@ pub fn open(name: &str) -> Result<AnyBackend, OpenError> {
 
 /// The backend `name` with `options`.
 pub fn open_with(name: &str, options: &Options) -> Result<AnyBackend, OpenError> {
+    Ok(match open_executor(name, options)? {
+        Executor::Host { name, exec } => AnyBackend::new(Host::new(name, exec)),
+        Executor::Device(be) => be,
+    })
+}
+
+/// A host executor that any thread may run.
+pub type HostExecutor = Box<dyn HostExec + Send + Sync>;
+
+/// A backend by where its memory lives.
+pub enum Executor {
+    /// An executor on host memory (`cpu...`, `reference`): it runs on buffers the caller
+    /// owns ([`kvlayout_cpu::CacheMut`]), without a copy.
+    Host {
+        /// The name it was opened by.
+        name: String,
+        /// The executor.
+        exec: HostExecutor,
+    },
+    /// A backend with memory of its own (the emulators, CUDA, HIP): caches and tensors are
+    /// allocated by it and copied in and out.
+    Device(AnyBackend),
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Executor::Host { name, .. } => write!(f, "Executor::Host({name})"),
+            Executor::Device(be) => write!(f, "Executor::Device({be:?})"),
+        }
+    }
+}
+
+/// The backend `name` with `options`, as an [`Executor`]: host executors are given as such,
+/// so a caller can run them on its own memory.
+pub fn open_executor(name: &str, options: &Options) -> Result<Executor, OpenError> {
     let unknown = || OpenError::Unknown {
         name: name.to_string(),
     };
@@ -81,11 +121,15 @@ pub fn open_with(name: &str, options: &Options) -> Result<AnyBackend, OpenError>
         name: name.to_string(),
         reason,
     };
+    let host = |exec: HostExecutor| Executor::Host {
+        name: name.to_string(),
+        exec,
+    };
     let mut parts = name.split(':');
     let kind = parts.next().unwrap_or_default();
     let rest: Vec<&str> = parts.collect();
     let be = match (kind, rest.as_slice()) {
-        ("cpu", []) => AnyBackend::new(Host::cpu(name, options.threads)),
+        ("cpu", []) => host(Box::new(CpuBackend::new(options.threads))),
         ("cpu", [build, more @ ..]) => {
             // The name is read whole before a build is tried: a malformed name is unknown on
             // every machine.
@@ -102,20 +146,20 @@ pub fn open_with(name: &str, options: &Options) -> Result<AnyBackend, OpenError>
                 Some(level) => be.with_prefetch_level(level),
                 None => be,
             };
-            AnyBackend::new(Host::new(name, be))
+            host(Box::new(be))
         }
-        ("reference", []) => AnyBackend::new(Host::new(name, ScalarReference)),
-        ("cuda-emu", []) => AnyBackend::new(kvlayout_emu::cuda_emu()).named(name),
-        ("hip-emu", []) => AnyBackend::new(kvlayout_emu::hip_emu()).named(name),
+        ("reference", []) => host(Box::new(ScalarReference)),
+        ("cuda-emu", []) => Executor::Device(AnyBackend::new(kvlayout_emu::cuda_emu()).named(name)),
+        ("hip-emu", []) => Executor::Device(AnyBackend::new(kvlayout_emu::hip_emu()).named(name)),
         ("cuda", _) => {
             let ordinal = ordinal(&rest).ok_or_else(unknown)?;
             let be = kvlayout_cuda::cuda(ordinal).map_err(|e| unavailable(e.to_string()))?;
-            AnyBackend::new(be).named(format!("cuda:{ordinal}"))
+            Executor::Device(AnyBackend::new(be).named(format!("cuda:{ordinal}")))
         }
         ("hip", _) => {
             let ordinal = ordinal(&rest).ok_or_else(unknown)?;
             let be = kvlayout_hip::hip(ordinal).map_err(|e| unavailable(e.to_string()))?;
-            AnyBackend::new(be).named(format!("hip:{ordinal}"))
+            Executor::Device(AnyBackend::new(be).named(format!("hip:{ordinal}")))
         }
         _ => return Err(unknown()),
     };

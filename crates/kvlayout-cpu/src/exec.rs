@@ -89,6 +89,39 @@ pub trait HostExec {
     }
 }
 
+/// A boxed executor is an executor (a host backend chosen at run time).
+impl<E: HostExec + ?Sized> HostExec for Box<E> {
+    fn write_kv(&self, cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError> {
+        (**self).write_kv(cache, w)
+    }
+
+    fn paged_decode(
+        &self,
+        cache: &CacheRef<'_>,
+        d: &Decode<'_>,
+        out: &mut [f32],
+    ) -> Result<(), OpError> {
+        (**self).paged_decode(cache, d, out)
+    }
+
+    fn move_blocks(
+        &self,
+        src: Option<&CacheRef<'_>>,
+        dst: &mut CacheMut<'_>,
+        op: &BlockMove<'_>,
+    ) -> Result<(), OpError> {
+        (**self).move_blocks(src, dst, op)
+    }
+
+    fn kernels(&self) -> Kernels {
+        (**self).kernels()
+    }
+
+    fn bf16_products(&self, dtype: DType) -> bool {
+        (**self).bf16_products(dtype)
+    }
+}
+
 /// The fast path: each op is its module's (`write`, `decode`, `movers`).
 impl HostExec for CpuBackend {
     fn write_kv(&self, cache: &mut CacheMut<'_>, w: &WriteKv<'_>) -> Result<(), OpError> {

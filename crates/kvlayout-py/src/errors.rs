@@ -336,3 +336,35 @@ impl PyErrorKind for OpenError {
         }
     }
 }
+
+/// An object whose memory cannot be used as the call needs: not on the host, not
+/// contiguous, read-only where the op writes, misaligned, or overlapping another argument.
+pub struct ArrayError(pub String);
+
+impl std::fmt::Display for ArrayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl PyErrorKind for ArrayError {
+    fn class_and_fields(&self) -> (&'static str, Vec<(&'static str, Attr)>) {
+        ("ArrayError", vec![("reason", (&self.0).into())])
+    }
+}
+
+/// A failure of a backend's memory call (no memory, no device), reported as text by the
+/// contract.
+pub struct BackendFailure(pub String);
+
+impl std::fmt::Display for BackendFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl PyErrorKind for BackendFailure {
+    fn class_and_fields(&self) -> (&'static str, Vec<(&'static str, Attr)>) {
+        ("BackendFailure", vec![("reason", (&self.0).into())])
+    }
+}

@@ -17,9 +17,12 @@
 
 use pyo3::prelude::*;
 
+mod backend;
 mod convert;
 mod errors;
 mod layout;
+#[allow(unsafe_code)]
+mod memory;
 mod testing;
 
 /// The native module, `kvlayout._native` (the package re-exports it).
@@ -27,6 +30,7 @@ mod testing;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     layout::register(m)?;
+    backend::register(m)?;
     testing::register(m)?;
     Ok(())
 }

@@ -16,6 +16,18 @@ per error kind, carrying the value and the limit as attributes.
 """
 
 from . import errors
-from ._native import Layout, View, __version__, conventions, presets
+from ._native import Backend, Layout, View, __version__, backend_names, conventions, open, presets
+from .cache import Cache
 
-__all__ = ["Layout", "View", "conventions", "errors", "presets", "__version__"]
+__all__ = [
+    "Backend",
+    "Cache",
+    "Layout",
+    "View",
+    "backend_names",
+    "conventions",
+    "errors",
+    "open",
+    "presets",
+    "__version__",
+]

@@ -1,0 +1,601 @@
+//! `kvlayout.open(name)` and `kvlayout.Backend`: the backends of `kvlayout-backends` on
+//! arrays the caller owns.
+//!
+//! A host executor (`cpu...`, `reference`) runs on the caller's arrays in place: no copy.
+//! A backend with memory of its own (`cuda-emu`, `hip-emu`, `cuda:N`, `hip:N`) gets the
+//! caller's host arrays copied into its memory and the results copied back. Every op
+//! validates its arguments (the contract's checks) before it writes anything, and the GIL is
+//! released while it runs.
+
+use std::sync::Mutex;
+
+use half::{bf16, f16};
+use kvlayout::ops::{
+    decode_widths, AnyBackend, AnyCache, Backend as _, BlockMove, BufferShape, DecodeArgs,
+    DecodeParams, HostTensor, OpError, WriteArgs,
+};
+use kvlayout::KvCacheLayout;
+use kvlayout_backends::{Executor, HostExecutor, Options};
+use kvlayout_cpu::{Activations, CacheMut, CacheRef, HostExec};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::{raise, ArrayError, BackendFailure};
+use crate::layout::Layout;
+use crate::memory::{typed, typed_mut, Call, HostArray};
+
+/// The module's backend class and functions.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyBackend>()?;
+    m.add_function(wrap_pyfunction!(open, m)?)?;
+    m.add_function(wrap_pyfunction!(backend_names, m)?)?;
+    Ok(())
+}
+
+/// Opens the backend ``name``: ``cpu`` (the kernel build it picks for this CPU),
+/// ``cpu:<build>`` (``avx512-bf16``, ``avx512``, ``avx2``, ``scalar``), ``reference`` (the
+/// scalar f64 reference), ``cuda-emu`` / ``hip-emu`` (the GPU kernels under the host
+/// emulator), ``cuda[:n]``, ``hip[:n]``. ``threads`` sizes the CPU backend's pool (one per
+/// core when ``None``). Raises ``UnknownBackendError`` or ``BackendUnavailableError`` (with
+/// the reason: no device, a build this CPU lacks).
+#[pyfunction]
+#[pyo3(signature = (name, threads=None))]
+fn open(name: &str, threads: Option<usize>) -> PyResult<PyBackend> {
+    let exec = kvlayout_backends::open_executor(name, &Options { threads }).map_err(raise)?;
+    Ok(match exec {
+        Executor::Host { name, exec } => PyBackend {
+            name,
+            exec: Exec::Host(exec),
+        },
+        Executor::Device(be) => PyBackend {
+            name: be.name().to_string(),
+            exec: Exec::Device(Mutex::new(be)),
+        },
+    })
+}
+
+/// Every backend name of this build, in report order (some may not open here).
+#[pyfunction]
+fn backend_names() -> Vec<String> {
+    kvlayout_backends::names()
+}
+
+enum Exec {
+    Host(HostExecutor),
+    Device(Mutex<AnyBackend>),
+}
+
+/// A backend: ``write_kv``, ``paged_decode`` and the block movers on caches and tensors the
+/// caller owns. A cache is any object with ``layout`` (a ``Layout``) and ``buffers`` (one
+/// contiguous host array per layout buffer, e.g. ``kvlayout.Cache.zeros(layout)``);
+/// activations are contiguous f32, f16 or bf16 arrays; index arguments are integer arrays or
+/// lists.
+#[pyclass(name = "Backend", module = "kvlayout", frozen)]
+pub struct PyBackend {
+    name: String,
+    exec: Exec,
+}
+
+/// Why a call on a backend with its own memory failed.
+enum Fail {
+    Op(OpError),
+    Memory(String),
+}
+
+impl From<OpError> for Fail {
+    fn from(e: OpError) -> Self {
+        Fail::Op(e)
+    }
+}
+
+fn raise_fail(f: Fail) -> PyErr {
+    match f {
+        Fail::Op(e) => raise(e),
+        Fail::Memory(m) => raise(BackendFailure(m)),
+    }
+}
+
+fn array_error(reason: String) -> PyErr {
+    raise(ArrayError(reason))
+}
+
+/// A cache argument: its layout and buffers.
+struct CacheArg<'py> {
+    layout: Bound<'py, Layout>,
+    buffers: Vec<HostArray<'py>>,
+}
+
+fn cache_arg<'py>(
+    py: Python<'py>,
+    cache: &Bound<'py, PyAny>,
+    what: &str,
+) -> PyResult<CacheArg<'py>> {
+    let layout = cache.getattr("layout")?;
+    let layout = layout.cast_into::<Layout>().map_err(|_| {
+        array_error(format!(
+            "{what}.layout is not a kvlayout.Layout (a cache is kvlayout.Cache(layout, buffers))"
+        ))
+    })?;
+    let mut buffers = Vec::new();
+    for (i, b) in cache.getattr("buffers")?.try_iter()?.enumerate() {
+        buffers.push(HostArray::read(py, &b?, &format!("{what} buffer {i}"))?);
+    }
+    Ok(CacheArg { layout, buffers })
+}
+
+/// An index argument as a contiguous array of `dtype` (`kvlayout._ops.index_array` converts
+/// lists and other integer types, refusing values that do not fit).
+fn index_arg<'py>(
+    py: Python<'py>,
+    obj: &Bound<'py, PyAny>,
+    dtype: &str,
+    what: &str,
+) -> PyResult<HostArray<'py>> {
+    let arr = py
+        .import("kvlayout._ops")?
+        .call_method1("index_array", (obj, dtype, what))?;
+    HostArray::read(py, &arr, what)
+}
+
+fn activations<'a>(a: &HostArray, b: &'a [u8]) -> PyResult<Activations<'a>> {
+    Ok(match a.dtype.as_str() {
+        "f32" => Activations::F32(typed(a, b)?),
+        "f16" => Activations::F16(typed::<f16>(a, b)?),
+        "bf16" => Activations::Bf16(typed::<bf16>(a, b)?),
+        other => {
+            return Err(raise(OpError::Shape {
+                what: format!("{} dtype", a.what),
+                expected: "f32, f16 or bf16".into(),
+                got: other.into(),
+            }))
+        }
+    })
+}
+
+fn host_tensor(a: &Activations<'_>) -> HostTensor {
+    match a {
+        Activations::F32(x) => HostTensor::F32(x.to_vec()),
+        Activations::F16(x) => HostTensor::F16(x.to_vec()),
+        Activations::Bf16(x) => HostTensor::Bf16(x.to_vec()),
+    }
+}
+
+/// A device cache holding a copy of `bufs` (checked against the layout as a host cache is).
+fn upload(be: &AnyBackend, layout: &KvCacheLayout, bufs: &[&[u8]]) -> Result<AnyCache, Fail> {
+    let lens: Vec<(u64, u64)> = bufs
+        .iter()
+        .map(|b| (b.len() as u64, b.as_ptr() as u64))
+        .collect();
+    kvlayout::ops::check_buffers(layout, &lens)?;
+    let shapes = BufferShape::exact(layout);
+    let mut cache = be.alloc_cache(layout, &shapes).map_err(Fail::Memory)?;
+    let copies: Vec<Vec<u8>> = bufs
+        .iter()
+        .zip(&shapes)
+        .map(|(b, s)| b[..s.len as usize].to_vec())
+        .collect();
+    be.upload_cache(&mut cache, &copies).map_err(Fail::Memory)?;
+    Ok(cache)
+}
+
+/// Copies a device cache back into the caller's buffers.
+fn download(be: &AnyBackend, cache: &AnyCache, bufs: &mut [&mut [u8]]) -> Result<(), Fail> {
+    let bytes = be.download_cache(cache).map_err(Fail::Memory)?;
+    for (dst, src) in bufs.iter_mut().zip(&bytes) {
+        dst[..src.len()].copy_from_slice(src);
+    }
+    Ok(())
+}
+
+fn lock(be: &Mutex<AnyBackend>) -> std::sync::MutexGuard<'_, AnyBackend> {
+    // A panic while holding the lock leaves no state behind that a later call depends on.
+    be.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Block ids or pairs of them from Python: non-negative integers.
+fn block_pairs(obj: &Bound<'_, PyAny>) -> PyResult<Vec<(u64, u64)>> {
+    let list = if obj.hasattr("tolist")? {
+        obj.call_method0("tolist")?
+    } else {
+        obj.clone()
+    };
+    let pairs: Vec<Vec<i64>> = list.extract()?;
+    pairs
+        .into_iter()
+        .enumerate()
+        .map(|(index, pair)| {
+            let [s, d] = pair[..] else {
+                return Err(raise(OpError::Shape {
+                    what: format!("pairs[{index}]"),
+                    expected: "a (src, dst) pair of block ids".into(),
+                    got: format!("{pair:?}"),
+                }));
+            };
+            if s < 0 || d < 0 {
+                Err(raise(OpError::BadPair {
+                    index,
+                    src: s.max(0) as u64,
+                    dst: d.max(0) as u64,
+                    reason: format!("block ids must be non-negative, got ({s}, {d})"),
+                }))
+            } else {
+                Ok((s as u64, d as u64))
+            }
+        })
+        .collect()
+}
+
+fn block_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    let list = if obj.hasattr("tolist")? {
+        obj.call_method0("tolist")?
+    } else {
+        obj.clone()
+    };
+    let ids: Vec<i64> = list.extract()?;
+    ids.into_iter()
+        .enumerate()
+        .map(|(i, b)| {
+            u64::try_from(b).map_err(|_| {
+                raise(OpError::Shape {
+                    what: format!("blocks[{i}]"),
+                    expected: "a non-negative block id".into(),
+                    got: b.to_string(),
+                })
+            })
+        })
+        .collect()
+}
+
+#[pymethods]
+impl PyBackend {
+    /// The name it was opened by (``cuda`` reports as ``cuda:0``).
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// ``"host"`` when it runs on the caller's arrays in place, ``"device"`` when it copies
+    /// them into memory of its own and back.
+    #[getter]
+    fn memory(&self) -> &'static str {
+        match self.exec {
+            Exec::Host(_) => "host",
+            Exec::Device(_) => "device",
+        }
+    }
+
+    /// What runs the ops: ``{"build": ..., "why": ..., "threads": ...}``.
+    #[getter]
+    fn kernels<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let k = match &self.exec {
+            Exec::Host(e) => e.kernels(),
+            Exec::Device(be) => lock(be).kernels(),
+        };
+        let d = PyDict::new(py);
+        d.set_item("build", k.build)?;
+        d.set_item("why", k.why)?;
+        d.set_item("threads", k.threads)?;
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("kvlayout.open({:?})", self.name)
+    }
+
+    /// Writes new tokens' K and V of one layer at their slots: ``key`` is
+    /// ``[tokens, num_kv_heads, head_size]`` (for MLA the latent ``[tokens, 1, width]`` and
+    /// ``value`` is ``None``), ``value`` ``[tokens, num_kv_heads, head_size_v]``,
+    /// ``slot_mapping`` one slot per token (``block * block_size + offset``; negative =
+    /// padding, skipped).
+    #[pyo3(signature = (cache, key, value, slot_mapping, layer=0))]
+    fn write_kv(
+        &self,
+        py: Python<'_>,
+        cache: &Bound<'_, PyAny>,
+        key: &Bound<'_, PyAny>,
+        value: Option<&Bound<'_, PyAny>>,
+        slot_mapping: &Bound<'_, PyAny>,
+        layer: u64,
+    ) -> PyResult<()> {
+        let c = cache_arg(py, cache, "cache")?;
+        let mut reads = vec![
+            HostArray::read(py, key, "key")?,
+            index_arg(py, slot_mapping, "i64", "slot_mapping")?,
+        ];
+        if let Some(v) = value {
+            reads.push(HostArray::read(py, v, "value")?);
+        }
+        let mut call = Call::new(reads, c.buffers)?;
+        let (reads, writes) = call.slices();
+        let key = activations(reads[0].0, reads[0].1)?;
+        let slot_mapping = typed::<i64>(reads[1].0, reads[1].1)?;
+        let value = reads.get(2).map(|(a, b)| activations(a, b)).transpose()?;
+        let mut bufs: Vec<&mut [u8]> = writes.into_iter().map(|(_, b)| b).collect();
+        let layout = &c.layout.get().inner;
+        match &self.exec {
+            Exec::Host(exec) => py
+                .detach(|| {
+                    let mut cache = CacheMut::new(layout, bufs)?;
+                    let w = WriteArgs {
+                        layer,
+                        key,
+                        value,
+                        slot_mapping,
+                    };
+                    exec.write_kv(&mut cache, &w)
+                })
+                .map_err(raise),
+            Exec::Device(be) => py
+                .detach(|| {
+                    let be = lock(be);
+                    let ro: Vec<&[u8]> = bufs.iter().map(|b| &b[..]).collect();
+                    let mut dc = upload(&be, layout, &ro)?;
+                    let kt = be.upload_tensor(&host_tensor(&key)).map_err(Fail::Memory)?;
+                    let vt = value
+                        .map(|v| be.upload_tensor(&host_tensor(&v)))
+                        .transpose()
+                        .map_err(Fail::Memory)?;
+                    let w = WriteArgs {
+                        layer,
+                        key: &kt,
+                        value: vt.as_ref(),
+                        slot_mapping,
+                    };
+                    let done = be.write_kv(&mut dc, &w)?;
+                    be.wait(done).map_err(Fail::Memory)?;
+                    download(&be, &dc, &mut bufs)
+                })
+                .map_err(raise_fail),
+        }
+    }
+
+    /// One decode step of one layer, one query token per sequence: ``query`` is
+    /// ``[seqs, num_q_heads, head_size]``, ``block_table`` ``[seqs, blocks_per_seq]`` block
+    /// ids, ``seq_lens`` the tokens of each sequence. Returns (or fills ``out``) the f32
+    /// attention output ``[seqs, num_q_heads, head_size_v]``. ``num_q_heads`` defaults to the
+    /// query's second extent, ``scale`` to ``1 / sqrt(head_size)``.
+    #[pyo3(signature = (cache, query, block_table, seq_lens, layer=0, num_q_heads=None,
+                        scale=None, sliding_window=None, soft_cap=None, out=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn paged_decode<'py>(
+        &self,
+        py: Python<'py>,
+        cache: &Bound<'py, PyAny>,
+        query: &Bound<'py, PyAny>,
+        block_table: &Bound<'py, PyAny>,
+        seq_lens: &Bound<'py, PyAny>,
+        layer: u64,
+        num_q_heads: Option<u64>,
+        scale: Option<f32>,
+        sliding_window: Option<u64>,
+        soft_cap: Option<f32>,
+        out: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let c = cache_arg(py, cache, "cache")?;
+        let layout = &c.layout.get().inner;
+        let q = HostArray::read(py, query, "query")?;
+        let table = index_arg(py, block_table, "i32", "block_table")?;
+        let lens = index_arg(py, seq_lens, "u32", "seq_lens")?;
+        let blocks_per_seq = match table.shape.as_slice() {
+            [_, n] => *n as usize,
+            other => {
+                return Err(raise(OpError::Shape {
+                    what: "block_table".into(),
+                    expected: "2 dims [seqs, blocks_per_seq]".into(),
+                    got: format!("shape {other:?}"),
+                }))
+            }
+        };
+        let num_q_heads = match (num_q_heads, q.shape.as_slice()) {
+            (Some(n), _) => n,
+            (None, [_, heads, _]) => *heads,
+            (None, other) => {
+                return Err(raise(OpError::Shape {
+                    what: "query".into(),
+                    expected: "3 dims [seqs, num_q_heads, head_size], or num_q_heads given".into(),
+                    got: format!("shape {other:?}"),
+                }))
+            }
+        };
+        let (qk_width, v_width) = decode_widths(layout).map_err(raise)?;
+        let seqs = lens.shape.iter().product::<u64>();
+        let out = match out {
+            Some(o) => o,
+            None => py
+                .import("numpy")?
+                .call_method1("zeros", ((seqs, num_q_heads, v_width), "float32"))?,
+        };
+        let o = HostArray::read(py, &out, "out")?;
+        if o.dtype != "f32" {
+            return Err(raise(OpError::Shape {
+                what: "out dtype".into(),
+                expected: "f32".into(),
+                got: o.dtype.clone(),
+            }));
+        }
+        let mut reads = vec![q, table, lens];
+        reads.extend(c.buffers);
+        let mut call = Call::new(reads, vec![o])?;
+        let (reads, mut writes) = call.slices();
+        let query = activations(reads[0].0, reads[0].1)?;
+        let block_table = typed::<i32>(reads[1].0, reads[1].1)?;
+        let seq_lens = typed::<u32>(reads[2].0, reads[2].1)?;
+        let bufs: Vec<&[u8]> = reads[3..].iter().map(|(_, b)| *b).collect();
+        let (o, ob) = writes.remove(0);
+        let out_f32 = typed_mut::<f32>(o, ob)?;
+        let params = DecodeParams {
+            num_q_heads,
+            scale: scale.unwrap_or(1.0 / (qk_width as f32).sqrt()),
+            sliding_window,
+            soft_cap,
+        };
+        match &self.exec {
+            Exec::Host(exec) => py
+                .detach(|| {
+                    let cache = CacheRef::new(layout, bufs)?;
+                    let d = DecodeArgs {
+                        layer,
+                        query,
+                        block_table,
+                        blocks_per_seq,
+                        seq_lens,
+                        params,
+                    };
+                    exec.paged_decode(&cache, &d, out_f32)
+                })
+                .map_err(raise)?,
+            Exec::Device(be) => py
+                .detach(|| {
+                    let be = lock(be);
+                    let dc = upload(&be, layout, &bufs)?;
+                    let qt = be
+                        .upload_tensor(&host_tensor(&query))
+                        .map_err(Fail::Memory)?;
+                    let mut ot = be
+                        .alloc_tensor(kvlayout::DType::F32, out_f32.len())
+                        .map_err(Fail::Memory)?;
+                    let d = DecodeArgs {
+                        layer,
+                        query: &qt,
+                        block_table,
+                        blocks_per_seq,
+                        seq_lens,
+                        params,
+                    };
+                    let done = be.paged_decode(&dc, &d, &mut ot)?;
+                    be.wait(done).map_err(Fail::Memory)?;
+                    match be.download_tensor(&ot).map_err(Fail::Memory)? {
+                        HostTensor::F32(x) if x.len() == out_f32.len() => {
+                            out_f32.copy_from_slice(&x);
+                            Ok(())
+                        }
+                        other => Err(Fail::Memory(format!(
+                            "the backend returned {} {} elements for {} f32",
+                            other.len(),
+                            other.dtype(),
+                            out_f32.len()
+                        ))),
+                    }
+                })
+                .map_err(raise_fail)?,
+        }
+        Ok(out)
+    }
+
+    /// Copies blocks within one cache, every layer: ``pairs`` of ``(src, dst)`` block ids.
+    fn copy_blocks(
+        &self,
+        py: Python<'_>,
+        cache: &Bound<'_, PyAny>,
+        pairs: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let pairs = block_pairs(pairs)?;
+        self.run_move(py, None, cache, &BlockMove::Copy(&pairs))
+    }
+
+    /// Copies blocks between two caches of the same content (their layouts may differ):
+    /// block ``src`` of ``src_cache`` to block ``dst`` of ``dst_cache`` for each pair.
+    fn swap_blocks(
+        &self,
+        py: Python<'_>,
+        src_cache: &Bound<'_, PyAny>,
+        dst_cache: &Bound<'_, PyAny>,
+        pairs: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let pairs = block_pairs(pairs)?;
+        self.run_move(py, Some(src_cache), dst_cache, &BlockMove::Swap(&pairs))
+    }
+
+    /// Copies cache block ``blocks[i]``, heads ``heads = (start, stop)``, to staging block
+    /// ``i``.
+    fn gather_blocks(
+        &self,
+        py: Python<'_>,
+        cache: &Bound<'_, PyAny>,
+        blocks: &Bound<'_, PyAny>,
+        heads: (u64, u64),
+        staging: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let blocks = block_ids(blocks)?;
+        let op = BlockMove::Gather {
+            blocks: &blocks,
+            heads: heads.0..heads.1,
+        };
+        self.run_move(py, Some(cache), staging, &op)
+    }
+
+    /// The inverse of ``gather_blocks``: staging block ``i`` to cache block ``blocks[i]``,
+    /// heads ``heads``.
+    fn scatter_blocks(
+        &self,
+        py: Python<'_>,
+        staging: &Bound<'_, PyAny>,
+        blocks: &Bound<'_, PyAny>,
+        heads: (u64, u64),
+        cache: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let blocks = block_ids(blocks)?;
+        let op = BlockMove::Scatter {
+            blocks: &blocks,
+            heads: heads.0..heads.1,
+        };
+        self.run_move(py, Some(staging), cache, &op)
+    }
+
+    /// Converts a whole cache to another layout of the same content and block count.
+    fn convert(
+        &self,
+        py: Python<'_>,
+        src_cache: &Bound<'_, PyAny>,
+        dst_cache: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        self.run_move(py, Some(src_cache), dst_cache, &BlockMove::Convert)
+    }
+}
+
+impl PyBackend {
+    /// Runs block move `op` from `src` (`None`: within `dst`) to `dst`.
+    fn run_move(
+        &self,
+        py: Python<'_>,
+        src: Option<&Bound<'_, PyAny>>,
+        dst: &Bound<'_, PyAny>,
+        op: &BlockMove<'_>,
+    ) -> PyResult<()> {
+        let s = src.map(|s| cache_arg(py, s, "source cache")).transpose()?;
+        let d = cache_arg(py, dst, "destination cache")?;
+        let slayout = s.as_ref().map(|s| &s.layout.get().inner);
+        let dlayout = &d.layout.get().inner;
+        let reads = s.as_ref().map(|s| s.buffers.clone()).unwrap_or_default();
+        let mut call = Call::new(reads, d.buffers.clone())?;
+        let (reads, writes) = call.slices();
+        let sbufs: Option<Vec<&[u8]>> = src.map(|_| reads.into_iter().map(|(_, b)| b).collect());
+        let mut dbufs: Vec<&mut [u8]> = writes.into_iter().map(|(_, b)| b).collect();
+        match &self.exec {
+            Exec::Host(exec) => py
+                .detach(|| {
+                    let src = match (slayout, sbufs) {
+                        (Some(l), Some(b)) => Some(CacheRef::new(l, b)?),
+                        _ => None,
+                    };
+                    let mut dst = CacheMut::new(dlayout, dbufs)?;
+                    exec.move_blocks(src.as_ref(), &mut dst, op)
+                })
+                .map_err(raise),
+            Exec::Device(be) => py
+                .detach(|| {
+                    let be = lock(be);
+                    let src = match (slayout, &sbufs) {
+                        (Some(l), Some(b)) => Some(upload(&be, l, b)?),
+                        _ => None,
+                    };
+                    let ro: Vec<&[u8]> = dbufs.iter().map(|b| &b[..]).collect();
+                    let mut dst = upload(&be, dlayout, &ro)?;
+                    let done = be.move_blocks(src.as_ref(), &mut dst, op)?;
+                    be.wait(done).map_err(Fail::Memory)?;
+                    download(&be, &dst, &mut dbufs)
+                })
+                .map_err(raise_fail),
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! Memory the caller owns, as Rust slices for the length of one call.
+//!
+//! What an object exposes about its memory is read by `kvlayout._arrays.describe` (its
+//! `__array_interface__`, `__cuda_array_interface__` or `__dlpack__`); this module takes the
+//! answer, checks that the memory is on the host, contiguous, writable where an op writes it,
+//! aligned for its elements and disjoint from every other array of the call that is written,
+//! and only then makes slices of it ([`Call::slices`]). Each [`HostArray`] holds a reference
+//! to its object, so the memory outlives the slices. What the caller's other threads do to
+//! the same memory while the GIL is released is the caller's affair, as with any extension
+//! that releases the GIL.
+
+use std::ops::Range;
+
+use pyo3::prelude::*;
+
+use crate::errors::{raise, ArrayError};
+
+/// What `kvlayout._arrays.describe` says about one object, checked to be contiguous host
+/// memory. `what` names it in errors (`key`, `cache buffer 0`).
+#[derive(Debug, Clone)]
+pub struct HostArray<'py> {
+    /// The object, referenced so that its memory lives as long as this.
+    _owner: Bound<'py, PyAny>,
+    /// The argument it is, for errors.
+    pub what: String,
+    /// Address of byte 0.
+    pub address: usize,
+    /// Bytes it spans.
+    pub nbytes: usize,
+    /// Whether it may not be written.
+    pub readonly: bool,
+    /// Element type (kvlayout's names: `f32`, `bf16`, `i64`, ...).
+    pub dtype: String,
+    /// Extents.
+    pub shape: Vec<u64>,
+}
+
+fn array_error(reason: String) -> PyErr {
+    raise(ArrayError(reason))
+}
+
+impl<'py> HostArray<'py> {
+    /// Reads `obj`'s memory; refused unless it is one contiguous range of host memory.
+    pub fn read(py: Python<'py>, obj: &Bound<'py, PyAny>, what: &str) -> PyResult<HostArray<'py>> {
+        let info = py
+            .import("kvlayout._arrays")?
+            .call_method1("describe", (obj,))?;
+        let device: String = info.getattr("device")?.extract()?;
+        if device != "cpu" {
+            return Err(array_error(format!(
+                "{what} is in {device} memory; this backend runs on host memory"
+            )));
+        }
+        let shape: Vec<u64> = info.getattr("shape")?.extract()?;
+        let strides: Vec<i64> = info.getattr("strides")?.extract()?;
+        let itemsize: u64 = info.getattr("itemsize")?.extract()?;
+        let mut expected = 1u64;
+        for (d, (&n, &s)) in shape.iter().zip(&strides).enumerate().rev() {
+            if n > 1 && s != expected as i64 {
+                return Err(array_error(format!(
+                    "{what} is not contiguous: stride {s} of axis {d} (shape {shape:?}, strides \
+                     {strides:?} in elements); pass a C-contiguous array"
+                )));
+            }
+            expected = expected.saturating_mul(n);
+        }
+        let nbytes = expected
+            .checked_mul(itemsize)
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| {
+                array_error(format!("{what}: {shape:?} elements pass the address space"))
+            })?;
+        Ok(HostArray {
+            _owner: obj.clone(),
+            what: what.to_string(),
+            address: info.getattr("address")?.extract()?,
+            nbytes,
+            readonly: info.getattr("readonly")?.extract()?,
+            dtype: info.getattr("dtype")?.extract()?,
+            shape,
+        })
+    }
+
+    /// The byte range it spans.
+    fn range(&self) -> Range<usize> {
+        self.address..self.address.saturating_add(self.nbytes)
+    }
+
+    /// Refused when read-only.
+    pub fn writable(self) -> PyResult<HostArray<'py>> {
+        if self.readonly {
+            return Err(array_error(format!(
+                "{} is read-only, and the op writes it",
+                self.what
+            )));
+        }
+        Ok(self)
+    }
+}
+
+/// The arrays of one call: what it reads and what it writes, each written one writable and
+/// overlapping no other.
+pub struct Call<'py> {
+    reads: Vec<HostArray<'py>>,
+    writes: Vec<HostArray<'py>>,
+}
+
+impl<'py> Call<'py> {
+    /// Refuses a written array that is read-only, or that shares bytes with another array of
+    /// the call (the op would read what it writes, or write one byte twice).
+    pub fn new(reads: Vec<HostArray<'py>>, writes: Vec<HostArray<'py>>) -> PyResult<Self> {
+        let writes = writes
+            .into_iter()
+            .map(HostArray::writable)
+            .collect::<PyResult<Vec<_>>>()?;
+        for (i, w) in writes.iter().enumerate() {
+            for o in writes[i + 1..].iter().chain(&reads) {
+                let (a, b) = (w.range(), o.range());
+                if a.start < b.end && b.start < a.end && !a.is_empty() && !b.is_empty() {
+                    return Err(array_error(format!(
+                        "{} (bytes {:#x}..{:#x}) overlaps {} (bytes {:#x}..{:#x}), and the op \
+                         writes {}",
+                        w.what, a.start, a.end, o.what, b.start, b.end, w.what
+                    )));
+                }
+            }
+        }
+        Ok(Call { reads, writes })
+    }
+
+    /// Each array with its bytes: those read, then those written, in the order given.
+    #[allow(clippy::type_complexity)]
+    pub fn slices(
+        &mut self,
+    ) -> (
+        Vec<(&HostArray<'py>, &[u8])>,
+        Vec<(&HostArray<'py>, &mut [u8])>,
+    ) {
+        let reads = self.reads.iter().map(|a| {
+            if a.nbytes == 0 {
+                return (a, &[][..]);
+            }
+            // SAFETY: the object's array interface says `nbytes` bytes from `address` are
+            // its memory (contiguous, checked by `HostArray::read`); `a._owner` keeps the
+            // object alive while `self` is borrowed; no array written by this call overlaps
+            // it (`Call::new`).
+            (a, unsafe {
+                std::slice::from_raw_parts(a.address as *const u8, a.nbytes)
+            })
+        });
+        let writes = self.writes.iter().map(|a| {
+            if a.nbytes == 0 {
+                return (a, &mut [][..]);
+            }
+            // SAFETY: as above; the array is writable and shares no byte with any other
+            // array of the call (`Call::new`), and `&mut self` hands these slices out once
+            // per borrow, so each is the only reference to its bytes.
+            (a, unsafe {
+                std::slice::from_raw_parts_mut(a.address as *mut u8, a.nbytes)
+            })
+        });
+        (reads.collect(), writes.collect())
+    }
+}
+
+/// `bytes` as elements of `T`, refused when misaligned.
+pub fn typed<'a, T: bytemuck::Pod>(a: &HostArray, bytes: &'a [u8]) -> PyResult<&'a [T]> {
+    bytemuck::try_cast_slice(bytes).map_err(|e| {
+        array_error(format!(
+            "{} at {:#x} cannot be read as {}-byte elements: {e}",
+            a.what,
+            a.address,
+            std::mem::size_of::<T>()
+        ))
+    })
+}
+
+/// `bytes` as elements of `T` to write, refused when misaligned.
+pub fn typed_mut<'a, T: bytemuck::Pod>(
+    a: &HostArray,
+    bytes: &'a mut [u8],
+) -> PyResult<&'a mut [T]> {
+    let (what, address) = (a.what.clone(), a.address);
+    bytemuck::try_cast_slice_mut(bytes).map_err(|e| {
+        array_error(format!(
+            "{what} at {address:#x} cannot be written as {}-byte elements: {e}",
+            std::mem::size_of::<T>()
+        ))
+    })
+}
