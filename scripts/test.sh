@@ -34,6 +34,10 @@ failed=0
 # filtered out here (the binary's other test checks the refusal without the library) and run
 # once, on their own, below.
 cargo test --workspace --no-fail-fast -- --skip nixl_ 2>&1 | tee "$log" || failed=1
+# The Python package: built and installed into the project's .venv as a user does (`pip
+# install ./crates/kvlayout-py`), then its pytest suite and the README's Python example.
+echo "== Python package (crates/kvlayout-py)"
+./scripts/python-tests.sh 2>&1 | tee -a "$log" || failed=1
 # The CPU backend's tests again under AddressSanitizer (its unsafe blocks: kernels, movers,
 # writers), and the property tests, which also run the GPU kernels under the emulator (its
 # build script instruments them with clang-19 there), where the image's nightly toolchain is
@@ -69,10 +73,19 @@ LD_LIBRARY_PATH="$(./scripts/nixl-path.sh):${LD_LIBRARY_PATH}" UCX_NET_DEVICES=l
 ./scripts/host-classes.sh 2>&1 | tee -a "$log" || failed=1
 
 # cargo test's last summary is a crate with no doc tests ("0 passed"); close with the total of
-# every summary above, in the plain form CI reads. Skipped: ignored tests plus every
-# `skipped: <what>: <why>` line (a backend, kernel build, host class or reference that could
-# not run here).
+# every summary above (cargo test's and pytest's), in the plain form CI reads. Skipped:
+# ignored and skipped tests plus every `skipped: <what>: <why>` line (a backend, kernel build,
+# host class or reference that could not run here).
 awk '/^test result:/ { p += $4; f += $6; s += $8 }
      /^skipped: / { s += 1 }
+     # pytest: "26 passed, 1 skipped in 0.47s" (its skip reasons are SKIPPED lines)
+     /^=* *[0-9]+ (passed|failed|skipped|errors?)[ ,].* in [0-9.]+s/ {
+         n = split($0, w, /[ ,=]+/)
+         for (i = 1; i < n; i++) {
+             if (w[i + 1] == "passed") p += w[i]
+             if (w[i + 1] == "failed" || w[i + 1] ~ /^errors?$/) f += w[i]
+             if (w[i + 1] == "skipped") s += w[i]
+         }
+     }
      END { printf "total: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
 exit "$failed"

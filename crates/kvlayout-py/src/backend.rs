@@ -8,6 +8,7 @@
 //! released while it runs.
 
 use std::sync::Mutex;
+use std::time::Instant;
 
 use half::{bf16, f16};
 use kvlayout::ops::{
@@ -74,6 +75,16 @@ enum Exec {
 pub struct PyBackend {
     name: String,
     exec: Exec,
+}
+
+/// The scalars of a decode call.
+#[derive(Clone, Copy)]
+struct DecodeCall {
+    layer: u64,
+    num_q_heads: Option<u64>,
+    scale: Option<f32>,
+    sliding_window: Option<u64>,
+    soft_cap: Option<f32>,
 }
 
 /// Why a call on a backend with its own memory failed.
@@ -371,115 +382,41 @@ impl PyBackend {
         soft_cap: Option<f32>,
         out: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let c = cache_arg(py, cache, "cache")?;
-        let layout = &c.layout.get().inner;
-        let q = HostArray::read(py, query, "query")?;
-        let table = index_arg(py, block_table, "i32", "block_table")?;
-        let lens = index_arg(py, seq_lens, "u32", "seq_lens")?;
-        let blocks_per_seq = match table.shape.as_slice() {
-            [_, n] => *n as usize,
-            other => {
-                return Err(raise(OpError::Shape {
-                    what: "block_table".into(),
-                    expected: "2 dims [seqs, blocks_per_seq]".into(),
-                    got: format!("shape {other:?}"),
-                }))
-            }
-        };
-        let num_q_heads = match (num_q_heads, q.shape.as_slice()) {
-            (Some(n), _) => n,
-            (None, [_, heads, _]) => *heads,
-            (None, other) => {
-                return Err(raise(OpError::Shape {
-                    what: "query".into(),
-                    expected: "3 dims [seqs, num_q_heads, head_size], or num_q_heads given".into(),
-                    got: format!("shape {other:?}"),
-                }))
-            }
-        };
-        let (qk_width, v_width) = decode_widths(layout).map_err(raise)?;
-        let seqs = lens.shape.iter().product::<u64>();
-        let out = match out {
-            Some(o) => o,
-            None => py
-                .import("numpy")?
-                .call_method1("zeros", ((seqs, num_q_heads, v_width), "float32"))?,
-        };
-        let o = HostArray::read(py, &out, "out")?;
-        if o.dtype != "f32" {
-            return Err(raise(OpError::Shape {
-                what: "out dtype".into(),
-                expected: "f32".into(),
-                got: o.dtype.clone(),
-            }));
-        }
-        let mut reads = vec![q, table, lens];
-        reads.extend(c.buffers);
-        let mut call = Call::new(reads, vec![o])?;
-        let (reads, mut writes) = call.slices();
-        let query = activations(reads[0].0, reads[0].1)?;
-        let block_table = typed::<i32>(reads[1].0, reads[1].1)?;
-        let seq_lens = typed::<u32>(reads[2].0, reads[2].1)?;
-        let bufs: Vec<&[u8]> = reads[3..].iter().map(|(_, b)| *b).collect();
-        let (o, ob) = writes.remove(0);
-        let out_f32 = typed_mut::<f32>(o, ob)?;
-        let params = DecodeParams {
+        let args = DecodeCall {
+            layer,
             num_q_heads,
-            scale: scale.unwrap_or(1.0 / (qk_width as f32).sqrt()),
+            scale,
             sliding_window,
             soft_cap,
         };
-        match &self.exec {
-            Exec::Host(exec) => py
-                .detach(|| {
-                    let cache = CacheRef::new(layout, bufs)?;
-                    let d = DecodeArgs {
-                        layer,
-                        query,
-                        block_table,
-                        blocks_per_seq,
-                        seq_lens,
-                        params,
-                    };
-                    exec.paged_decode(&cache, &d, out_f32)
-                })
-                .map_err(raise)?,
-            Exec::Device(be) => py
-                .detach(|| {
-                    let be = lock(be);
-                    let dc = upload(&be, layout, &bufs)?;
-                    let qt = be
-                        .upload_tensor(&host_tensor(&query))
-                        .map_err(Fail::Memory)?;
-                    let mut ot = be
-                        .alloc_tensor(kvlayout::DType::F32, out_f32.len())
-                        .map_err(Fail::Memory)?;
-                    let d = DecodeArgs {
-                        layer,
-                        query: &qt,
-                        block_table,
-                        blocks_per_seq,
-                        seq_lens,
-                        params,
-                    };
-                    let done = be.paged_decode(&dc, &d, &mut ot)?;
-                    be.wait(done).map_err(Fail::Memory)?;
-                    match be.download_tensor(&ot).map_err(Fail::Memory)? {
-                        HostTensor::F32(x) if x.len() == out_f32.len() => {
-                            out_f32.copy_from_slice(&x);
-                            Ok(())
-                        }
-                        other => Err(Fail::Memory(format!(
-                            "the backend returned {} {} elements for {} f32",
-                            other.len(),
-                            other.dtype(),
-                            out_f32.len()
-                        ))),
-                    }
-                })
-                .map_err(raise_fail)?,
-        }
+        let (out, _) = self.decode(py, cache, query, block_table, seq_lens, &args, out, 1)?;
         Ok(out)
+    }
+
+    /// Benchmark support: runs the same decode ``runs`` times on the same arguments, timing
+    /// each run inside Rust (the op alone, no Python in between); returns the seconds of
+    /// each.
+    #[pyo3(name = "_time_decode", signature = (cache, query, block_table, seq_lens, layer=0, runs=10))]
+    #[allow(clippy::too_many_arguments)]
+    fn time_decode<'py>(
+        &self,
+        py: Python<'py>,
+        cache: &Bound<'py, PyAny>,
+        query: &Bound<'py, PyAny>,
+        block_table: &Bound<'py, PyAny>,
+        seq_lens: &Bound<'py, PyAny>,
+        layer: u64,
+        runs: usize,
+    ) -> PyResult<Vec<f64>> {
+        let args = DecodeCall {
+            layer,
+            num_q_heads: None,
+            scale: None,
+            sliding_window: None,
+            soft_cap: None,
+        };
+        let (_, times) = self.decode(py, cache, query, block_table, seq_lens, &args, None, runs)?;
+        Ok(times)
     }
 
     /// Copies blocks within one cache, every layer: ``pairs`` of ``(src, dst)`` block ids.
@@ -554,6 +491,145 @@ impl PyBackend {
 }
 
 impl PyBackend {
+    /// `paged_decode`, run `runs` times; the output and each run's seconds.
+    #[allow(clippy::too_many_arguments)]
+    fn decode<'py>(
+        &self,
+        py: Python<'py>,
+        cache: &Bound<'py, PyAny>,
+        query: &Bound<'py, PyAny>,
+        block_table: &Bound<'py, PyAny>,
+        seq_lens: &Bound<'py, PyAny>,
+        call: &DecodeCall,
+        out: Option<Bound<'py, PyAny>>,
+        runs: usize,
+    ) -> PyResult<(Bound<'py, PyAny>, Vec<f64>)> {
+        let DecodeCall {
+            layer,
+            num_q_heads,
+            scale,
+            sliding_window,
+            soft_cap,
+        } = *call;
+        let c = cache_arg(py, cache, "cache")?;
+        let layout = &c.layout.get().inner;
+        let q = HostArray::read(py, query, "query")?;
+        let table = index_arg(py, block_table, "i32", "block_table")?;
+        let lens = index_arg(py, seq_lens, "u32", "seq_lens")?;
+        let blocks_per_seq = match table.shape.as_slice() {
+            [_, n] => *n as usize,
+            other => {
+                return Err(raise(OpError::Shape {
+                    what: "block_table".into(),
+                    expected: "2 dims [seqs, blocks_per_seq]".into(),
+                    got: format!("shape {other:?}"),
+                }))
+            }
+        };
+        let num_q_heads = match (num_q_heads, q.shape.as_slice()) {
+            (Some(n), _) => n,
+            (None, [_, heads, _]) => *heads,
+            (None, other) => {
+                return Err(raise(OpError::Shape {
+                    what: "query".into(),
+                    expected: "3 dims [seqs, num_q_heads, head_size], or num_q_heads given".into(),
+                    got: format!("shape {other:?}"),
+                }))
+            }
+        };
+        let (qk_width, v_width) = decode_widths(layout).map_err(raise)?;
+        let seqs = lens.shape.iter().product::<u64>();
+        let out = match out {
+            Some(o) => o,
+            None => py
+                .import("numpy")?
+                .call_method1("zeros", ((seqs, num_q_heads, v_width), "float32"))?,
+        };
+        let o = HostArray::read(py, &out, "out")?;
+        if o.dtype != "f32" {
+            return Err(raise(OpError::Shape {
+                what: "out dtype".into(),
+                expected: "f32".into(),
+                got: o.dtype.clone(),
+            }));
+        }
+        let mut reads = vec![q, table, lens];
+        reads.extend(c.buffers);
+        let mut call = Call::new(reads, vec![o])?;
+        let (reads, mut writes) = call.slices();
+        let query = activations(reads[0].0, reads[0].1)?;
+        let block_table = typed::<i32>(reads[1].0, reads[1].1)?;
+        let seq_lens = typed::<u32>(reads[2].0, reads[2].1)?;
+        let bufs: Vec<&[u8]> = reads[3..].iter().map(|(_, b)| *b).collect();
+        let (o, ob) = writes.remove(0);
+        let out_f32 = typed_mut::<f32>(o, ob)?;
+        let params = DecodeParams {
+            num_q_heads,
+            scale: scale.unwrap_or(1.0 / (qk_width as f32).sqrt()),
+            sliding_window,
+            soft_cap,
+        };
+        let mut times = Vec::with_capacity(runs);
+        match &self.exec {
+            Exec::Host(exec) => py
+                .detach(|| {
+                    let cache = CacheRef::new(layout, bufs)?;
+                    let d = DecodeArgs {
+                        layer,
+                        query,
+                        block_table,
+                        blocks_per_seq,
+                        seq_lens,
+                        params,
+                    };
+                    for _ in 0..runs {
+                        let start = Instant::now();
+                        exec.paged_decode(&cache, &d, out_f32)?;
+                        times.push(start.elapsed().as_secs_f64());
+                    }
+                    Ok::<(), OpError>(())
+                })
+                .map_err(raise)?,
+            Exec::Device(be) => py
+                .detach(|| {
+                    let be = lock(be);
+                    let start = Instant::now();
+                    let dc = upload(&be, layout, &bufs)?;
+                    let qt = be
+                        .upload_tensor(&host_tensor(&query))
+                        .map_err(Fail::Memory)?;
+                    let mut ot = be
+                        .alloc_tensor(kvlayout::DType::F32, out_f32.len())
+                        .map_err(Fail::Memory)?;
+                    let d = DecodeArgs {
+                        layer,
+                        query: &qt,
+                        block_table,
+                        blocks_per_seq,
+                        seq_lens,
+                        params,
+                    };
+                    let done = be.paged_decode(&dc, &d, &mut ot)?;
+                    be.wait(done).map_err(Fail::Memory)?;
+                    match be.download_tensor(&ot).map_err(Fail::Memory)? {
+                        HostTensor::F32(x) if x.len() == out_f32.len() => {
+                            out_f32.copy_from_slice(&x);
+                            times.push(start.elapsed().as_secs_f64());
+                            Ok(())
+                        }
+                        other => Err(Fail::Memory(format!(
+                            "the backend returned {} {} elements for {} f32",
+                            other.len(),
+                            other.dtype(),
+                            out_f32.len()
+                        ))),
+                    }
+                })
+                .map_err(raise_fail)?,
+        }
+        Ok((out, times))
+    }
+
     /// Runs block move `op` from `src` (`None`: within `dst`) to `dst`.
     fn run_move(
         &self,

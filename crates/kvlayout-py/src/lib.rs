@@ -18,6 +18,7 @@
 use pyo3::prelude::*;
 
 mod backend;
+mod bench;
 mod convert;
 mod errors;
 mod layout;
@@ -31,6 +32,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     layout::register(m)?;
     backend::register(m)?;
+    bench::register(m)?;
     testing::register(m)?;
     Ok(())
 }
