@@ -19,6 +19,7 @@ use pyo3::prelude::*;
 
 mod convert;
 mod errors;
+mod handshake;
 mod layout;
 mod testing;
 
@@ -28,5 +29,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     layout::register(m)?;
     testing::register(m)?;
+    handshake::register(m)?;
     Ok(())
 }
