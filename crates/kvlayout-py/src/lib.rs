@@ -21,6 +21,7 @@ mod backend;
 mod bench;
 mod convert;
 mod errors;
+mod handshake;
 mod layout;
 #[allow(unsafe_code)]
 mod memory;
@@ -34,5 +35,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     backend::register(m)?;
     bench::register(m)?;
     testing::register(m)?;
+    handshake::register(m)?;
     Ok(())
 }

@@ -15,7 +15,7 @@ per error kind, carrying the value and the limit as attributes.
 [3, 16, 4, 8]
 """
 
-from . import errors
+from . import errors, handshake
 from ._native import Backend, Layout, View, __version__, backend_names, conventions, open, presets
 from .cache import Cache
 
@@ -27,6 +27,7 @@ __all__ = [
     "backend_names",
     "conventions",
     "errors",
+    "handshake",
     "open",
     "presets",
     "__version__",

@@ -21,7 +21,7 @@ class KvLayoutError(ValueError):
     #: The Rust error kind, e.g. ``"LayoutError::OutOfRange"``.
     kind: str = "KvLayoutError"
 
-    def __init__(self, message: str, **fields: Any) -> None:
+    def __init__(self, message: str, /, **fields: Any) -> None:
         super().__init__(message)
         #: The error's values by name (also set as attributes).
         self.fields = dict(fields)
@@ -252,6 +252,171 @@ class ArrayError(KvLayoutError):
     dtype or device, a read-only array where the op writes. Attributes: ``reason``."""
 
     kind = "kvlayout-py array"
+
+
+# --- The connector's handshake (kvlayout_connector::handshake::HandshakeError) -------------
+
+
+class HandshakeError(KvLayoutError):
+    """A peer's handshake bytes or metadata refused, two cache groups that cannot exchange
+    blocks, or a transfer's byte range outside a peer's regions
+    (``kvlayout_connector::handshake::HandshakeError``). ``group`` is a group's index in
+    its peer's list."""
+
+
+@_kind("HandshakeError::TooShort")
+class HandshakeTooShortError(HandshakeError):
+    """The bytes are shorter than the 12-byte header. Attributes: ``len`` (bytes received),
+    ``needed``."""
+
+
+@_kind("HandshakeError::BadMagic")
+class HandshakeBadMagicError(HandshakeError):
+    """The first four bytes are not ``b"KVLH"``. Attributes: ``got``, ``expected`` (4 bytes
+    each)."""
+
+    def __init__(self, message: str, /, **fields: Any) -> None:
+        # The native side passes the four bytes as hex text.
+        for name in ("got", "expected"):
+            if isinstance(fields.get(name), str):
+                fields[name] = bytes.fromhex(fields[name])
+        super().__init__(message, **fields)
+
+
+@_kind("HandshakeError::UnsupportedVersion")
+class HandshakeUnsupportedVersionError(HandshakeError):
+    """A format version this build does not read. Attributes: ``got``, ``supported``."""
+
+
+@_kind("HandshakeError::ReservedNonZero")
+class HandshakeReservedNonZeroError(HandshakeError):
+    """The reserved header field is not 0. Attributes: ``got``."""
+
+
+@_kind("HandshakeError::BodyTooLarge")
+class HandshakeBodyTooLargeError(HandshakeError):
+    """The declared body length is over ``max_body_bytes``. Attributes: ``len`` (declared),
+    ``limit``."""
+
+
+@_kind("HandshakeError::LengthMismatch")
+class HandshakeLengthMismatchError(HandshakeError):
+    """The declared body length is not the bytes after the header. Attributes:
+    ``declared``, ``actual``."""
+
+
+@_kind("HandshakeError::Json")
+class HandshakeJsonError(HandshakeError):
+    """The body is not the expected JSON (bad syntax, a missing, unknown or mistyped key).
+    Attributes: ``message`` (the parser's, with line and column)."""
+
+
+@_kind("HandshakeError::NoGroups")
+class HandshakeNoGroupsError(HandshakeError):
+    """The peer lists no cache group. No attributes."""
+
+
+@_kind("HandshakeError::TooManyGroups")
+class HandshakeTooManyGroupsError(HandshakeError):
+    """More cache groups than ``max_groups``. Attributes: ``count``, ``limit``."""
+
+
+@_kind("HandshakeError::EmptyName")
+class HandshakeEmptyNameError(HandshakeError):
+    """An empty engine id or group name. Attributes: ``what`` (e.g. ``"group 0 name"``)."""
+
+
+@_kind("HandshakeError::NameTooLong")
+class HandshakeNameTooLongError(HandshakeError):
+    """An engine id or group name over ``max_name_bytes``. Attributes: ``what``, ``len``
+    (bytes of UTF-8), ``limit``."""
+
+
+@_kind("HandshakeError::DuplicateGroup")
+class HandshakeDuplicateGroupError(HandshakeError):
+    """Two groups share a name. Attributes: ``name``, ``first``, ``second`` (indices)."""
+
+
+@_kind("HandshakeError::Layout")
+class HandshakeLayoutError(HandshakeError):
+    """A group's layout fails to parse or validate. Attributes: ``group``, ``source`` (the
+    layout error's message); ``__cause__`` is that error as its :class:`LayoutError`
+    class."""
+
+
+@_kind("HandshakeError::RegionCount")
+class HandshakeRegionCountError(HandshakeError):
+    """A group registers another number of regions than its layout has buffers. Attributes:
+    ``group``, ``count``, ``buffers``."""
+
+
+@_kind("HandshakeError::TpSize")
+class HandshakeTpSizeError(HandshakeError):
+    """A TP size of 0 or over ``max_tp``. Attributes: ``group``, ``tp_size``, ``limit``."""
+
+
+@_kind("HandshakeError::TpRank")
+class HandshakeTpRankError(HandshakeError):
+    """A TP rank not below the TP size. Attributes: ``group``, ``tp_rank``, ``tp_size``."""
+
+
+@_kind("HandshakeError::ZeroTotalHeads")
+class HandshakeZeroTotalHeadsError(HandshakeError):
+    """A model with zero KV heads. Attributes: ``group``."""
+
+
+@_kind("HandshakeError::TpSplitRefused")
+class HandshakeTpSplitRefusedError(HandshakeError):
+    """The model's KV heads do not split over the TP size. Attributes: ``group``,
+    ``total_kv_heads``, ``tp_size``, ``reason``."""
+
+
+@_kind("HandshakeError::HeadsMismatch")
+class HandshakeHeadsMismatchError(HandshakeError):
+    """The rank's layout holds another number of heads than TP gives it. Attributes:
+    ``group``, ``held``, ``expected``, ``total_kv_heads``, ``tp_size``, ``tp_rank``."""
+
+
+@_kind("HandshakeError::RegionOverflow")
+class HandshakeRegionOverflowError(HandshakeError):
+    """A region whose end passes 2**64. Attributes: ``group``, ``buffer``, ``base``,
+    ``len``."""
+
+
+@_kind("HandshakeError::RegionTooSmall")
+class HandshakeRegionTooSmallError(HandshakeError):
+    """A region shorter than its buffer's registered span (padding included). Attributes:
+    ``group``, ``buffer``, ``len``, ``needed``."""
+
+
+@_kind("HandshakeError::RegionsOverlap")
+class HandshakeRegionsOverlapError(HandshakeError):
+    """Two regions of one group share bytes. Attributes: ``group``, ``first``,
+    ``first_base``, ``first_len``, ``second``, ``second_base``, ``second_len``."""
+
+
+@_kind("HandshakeError::HashMismatch")
+class HandshakeHashMismatchError(HandshakeError):
+    """A carried compatibility hash that is not the one its group computes to. Attributes:
+    ``group``, ``carried`` (quoted, cut at 256 bytes), ``computed``."""
+
+
+@_kind("HandshakeError::Incompatible")
+class HandshakeIncompatibleError(HandshakeError):
+    """Two groups differ in a field the compatibility hash covers. Attributes: ``field``
+    (the first that differs, e.g. ``"dtype"``), ``local``, ``remote``."""
+
+
+@_kind("HandshakeError::NoSuchBuffer")
+class HandshakeNoSuchBufferError(HandshakeError):
+    """A transfer names a buffer the group does not have. Attributes: ``buffer``,
+    ``buffers`` (regions registered)."""
+
+
+@_kind("HandshakeError::OutsideRegion")
+class HandshakeOutsideRegionError(HandshakeError):
+    """A transfer's byte range leaves its registered region. Attributes: ``buffer``,
+    ``offset``, ``len``, ``region_len``."""
 
 
 __all__ = [name for name, value in globals().items() if isinstance(value, type) and issubclass(value, KvLayoutError)]
