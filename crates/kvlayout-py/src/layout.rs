@@ -212,6 +212,7 @@ impl Layout {
     #[pyo3(signature = (block, layers=None, heads=None))]
     fn block_regions(
         &self,
+        py: Python<'_>,
         block: u64,
         layers: Option<(u64, u64)>,
         heads: Option<(u64, u64)>,
@@ -219,16 +220,22 @@ impl Layout {
         let g = self.inner.geometry();
         let layers = range_of(layers, g.num_layers);
         let heads = range_of(heads, g.num_kv_heads);
-        let r = self.inner.block_regions(block, layers, heads);
+        let r = py.detach(|| self.inner.block_regions(block, layers, heads));
         r.map(regions).map_err(raise)
     }
 
     /// The byte ranges of layers ``(start, stop)`` (all when ``None``), every block and
-    /// head, merged where contiguous: ``[(buffer, offset, length)]``.
+    /// head, merged where contiguous: ``[(buffer, offset, length)]``. Up to
+    /// ``kvlayout::MAX_REGIONS`` ranges are enumerated, without the GIL.
     #[pyo3(signature = (layers=None))]
-    fn layer_regions(&self, layers: Option<(u64, u64)>) -> PyResult<Vec<(u32, u64, u64)>> {
+    fn layer_regions(
+        &self,
+        py: Python<'_>,
+        layers: Option<(u64, u64)>,
+    ) -> PyResult<Vec<(u32, u64, u64)>> {
         let layers = range_of(layers, self.inner.geometry().num_layers);
-        self.inner.layer_regions(layers).map(regions).map_err(raise)
+        let r = py.detach(|| self.inner.layer_regions(layers));
+        r.map(regions).map_err(raise)
     }
 
     /// What to register for transfers (NIXL): each buffer's whole owned extent, padding
