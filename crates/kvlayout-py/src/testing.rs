@@ -1,7 +1,8 @@
 //! The conformance suite's generators and comparisons for `kvlayout.testing`: seeded random
 //! valid layouts of every kind (`kvlayout_conformance::gen`), each reproducible from its
 //! seed; the suite's workloads ([`workload`]); the scalar reference's decode with the
-//! magnitudes its tolerance is measured against, and the suite's comparisons ([`compare`]).
+//! magnitudes its tolerance is measured against, and the suite's comparisons ([`compare`]);
+//! the element a byte belongs to ([`locate`]).
 
 use kvlayout::ops::{
     check_decode, check_write, DecodeArgs, DecodeParams, HostTensor, OpError, WriteArgs,
@@ -16,6 +17,7 @@ use crate::errors::raise;
 use crate::layout::Layout;
 
 mod compare;
+mod locate;
 mod workload;
 
 /// The module's generator and comparison functions.
@@ -25,6 +27,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tensor_scales, m)?)?;
     workload::register(m)?;
     compare::register(m)?;
+    locate::register(m)?;
     Ok(())
 }
 
