@@ -305,3 +305,33 @@ def test_move_harness_passes_vllm_copy_and_catches_a_missed_layer():
     with pytest.raises(kt.HarnessFailure, match=r"buffer \d+ byte \d+ \([kv] layer [12] block \d+ head \d+ slot \d+ \[\d+\]\)") as e:
         kt.check_move(lambda k, v, m: vllm_copy(k, v, m, layers=1), count=30)
     assert kvlayout.Layout(e.value.spec).num_layers > 1
+
+
+def test_bad_arguments_are_typed():
+    layout = kvlayout.Layout("kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=HND")
+    work = kt.workload(layout, 1)
+    cache = kt.reference_cache(layout, work)
+    other = kvlayout.Cache.zeros(kvlayout.Layout("kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=NHD"))
+    with pytest.raises(errors.IncompatibleError):
+        kt.reference_decode(other.layout, cache, work)
+    with pytest.raises(errors.IncompatibleError):
+        kt.compare_write(other, cache, work)
+    with pytest.raises(errors.ShapeError) as e:
+        kvlayout._native.reference_decode(cache, work.query[:, :2].copy(), work.block_table,
+                                          work.seq_lens, 4, 0.5, layer=1)
+    assert e.value.what == "query" and "3 x 4 x 8" in e.value.expected
+    with pytest.raises(errors.ShapeError):
+        kvlayout._native.reference_decode(cache, work.query, work.block_table, work.seq_lens,
+                                          3, 0.5, layer=1)
+    with pytest.raises(errors.OutOfRangeError):
+        kvlayout._native.reference_decode(cache, work.query, work.block_table, work.seq_lens,
+                                          4, 0.5, layer=2)
+    short = kvlayout.Cache(layout, [cache.buffers[0][:-1]])
+    with pytest.raises(errors.BufferTooShortError):
+        kt.compare_write(short, cache, work)
+    with pytest.raises(errors.SlotOutOfRangeError):
+        kvlayout._native.write_error(cache, cache, [3 * 16], layer=1)
+    assert kt.compare_write(cache, cache, work) is None
+    assert kvlayout._native.element_at(layout, 0, 10**9) is None
+    with pytest.raises(errors.UnknownNameError):
+        kt.decode_tolerance("f64")

@@ -12,7 +12,7 @@ import numpy as np
 from . import _native
 from ._native import Layout
 from .cache import Cache
-from .errors import LayoutError, ShapeError, UnsupportedError
+from .errors import IncompatibleError, LayoutError, ShapeError, UnsupportedError
 
 #: Most seeds ``random_layouts`` draws per layout asked for before it gives up.
 MAX_DRAWS_PER_LAYOUT = 200
@@ -257,7 +257,8 @@ def reference_decode(layout: Layout, cache: Cache, work: Workload, step: int = 0
     ``step`` of ``work`` on ``cache`` (written by :func:`reference_cache`), with the
     magnitudes the tolerance scales with."""
     if cache.layout != layout:
-        raise ValueError(f"cache holds {cache.layout}, not {layout}")
+        reason = f"the cache holds {cache.layout}, not {layout}"
+        raise IncompatibleError(reason, reason=reason)
     s = work.steps[step]
     p = s.params
     out, mags = _native.reference_decode(

@@ -219,7 +219,9 @@ fn check_write(
     }
     for (i, m) in mask.iter().enumerate() {
         let (a, z) = (got.buffers()[i], want.buffers()[i]);
-        let outside = (0..m.len()).find(|&o| !m[o] && a[o] != z[o]);
+        // Both buffers hold at least the layout's extent (`CacheRef::new`).
+        let end = l.extents()[i].end as usize;
+        let outside = (0..end).find(|&o| !m[o] && a[o] != z[o]);
         if let Some(o) = outside {
             return Ok(Some(format!(
                 "byte {o} of buffer {i}, outside every element the write stores, changed: \
