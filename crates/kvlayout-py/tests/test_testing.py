@@ -26,17 +26,28 @@ def attend(q, k, v, group, scale, soft_cap):
     return np.einsum("ht,thd->hd", p / p.sum(axis=1, keepdims=True), v)
 
 
-def vllm_decode(query, key_cache, value_cache, block_table, seq_lens, scale, num_q_heads,
-                *, sliding_window, soft_cap, k_scale, v_scale, swap_v=False):
-    """Paged decode over vLLM's v1 layout: key [B, H, D/x, N, x], value [B, H, D, N]."""
-    _, heads, _, bs, _ = key_cache.shape
-    dv = value_cache.shape[2]
-    out = np.zeros((len(seq_lens), num_q_heads, dv), np.float32)
+def paged_decode(tokens, query, block_table, seq_lens, scale, num_q_heads, heads, bs,
+                 sliding_window, soft_cap):
+    """Decode of each sequence over ``tokens(blocks)``: its K [t, H, D] and V [t, H, Dv]."""
+    out = None
     for s, n in enumerate(seq_lens.tolist()):
         start = n - min(n, sliding_window) if sliding_window is not None else 0
-        if start == n:
-            continue
-        blocks = block_table[s, : -(-n // bs)]
+        k, v = tokens(block_table[s, : -(-n // bs)])
+        if out is None:
+            out = np.zeros((len(seq_lens), num_q_heads, v.shape[2]), np.float32)
+        if start < n:
+            q = f64(query[s])
+            out[s] = attend(q, k[start:n], v[start:n], num_q_heads // heads, scale, soft_cap)
+    return out
+
+
+def vllm_decode(query, key_cache, value_cache, block_table, seq_lens, scale, num_q_heads,
+                *, sliding_window, soft_cap, k_scale, v_scale, swap_v=False):
+    """Paged decode over vLLM's v1 layout: key [B, H, D/x, N, x], value [B, H, Dv, N]."""
+    _, heads, _, bs, _ = key_cache.shape
+    dv = value_cache.shape[2]
+
+    def tokens(blocks):
         k = f64(key_cache[blocks]) * k_scale  # [nb, H, D/x, N, x]
         k = k.transpose(0, 3, 1, 2, 4).reshape(-1, heads, k.shape[2] * k.shape[4])
         v = f64(value_cache[blocks]) * v_scale  # [nb, H, Dv, N]
@@ -45,10 +56,24 @@ def vllm_decode(query, key_cache, value_cache, block_table, seq_lens, scale, num
             v = v.reshape(len(blocks), heads, bs, dv).transpose(0, 2, 1, 3)
         else:
             v = v.transpose(0, 3, 1, 2)
-        v = v.reshape(-1, heads, dv)
-        q = f64(query[s])
-        out[s] = attend(q, k[start:n], v[start:n], num_q_heads // heads, scale, soft_cap)
-    return out
+        return k, v.reshape(-1, heads, dv)
+
+    return paged_decode(tokens, query, block_table, seq_lens, scale, num_q_heads, heads, bs,
+                        sliding_window, soft_cap)
+
+
+def standard_decode(query, key_cache, value_cache, block_table, seq_lens, scale, num_q_heads,
+                    *, sliding_window, soft_cap, k_scale, v_scale):
+    """Paged decode over the standard per-layer views: key [B, H, N, D], value [B, H, N, Dv]."""
+    _, heads, bs, _ = key_cache.shape
+
+    def tokens(blocks):
+        k = f64(key_cache[blocks]).transpose(0, 2, 1, 3) * k_scale
+        v = f64(value_cache[blocks]).transpose(0, 2, 1, 3) * v_scale
+        return k.reshape(-1, heads, k.shape[3]), v.reshape(-1, heads, v.shape[3])
+
+    return paged_decode(tokens, query, block_table, seq_lens, scale, num_q_heads, heads, bs,
+                        sliding_window, soft_cap)
 
 
 def vllm_decode_swapped_v(*args, **kw):
@@ -214,7 +239,9 @@ def test_reference_decode_is_the_reference_backend_and_agrees_with_numpy():
             np.testing.assert_array_equal(ref.out, out)
             c = kt.compare_decode(numpy_decode(layout, work, i), ref)
             assert c.passed, (str(layout), st.name, c)
-            assert (ref.magnitudes[..., 0] <= 2.0 * max(kvlayout._native.tensor_scales(layout))).all()
+            # values lie in [-2, 2) times the scales
+            largest = 2.0 * max(kvlayout._native.tensor_scales(layout))
+            assert (ref.magnitudes[..., 0] <= largest).all()
             done += 1
     assert done >= 20
 
@@ -244,6 +271,17 @@ def test_a_correct_vllm_decode_passes():
     assert len({kvlayout.Layout(x).dtype for x in specs}) >= 4
     # vLLM's own legacy layout (x-split key) is among them, and so are other placements
     assert any("vllm-paged-v1" in x for x in specs) and not all("vllm-paged-v1" in x for x in specs)
+
+
+def test_the_convention_picks_the_views_the_kernel_gets():
+    checked = kt.check_decode(standard_decode, convention="standard", count=30, seed=500)
+    assert len(checked) == 30
+    # vLLM's x-split key has no standard view: those layouts are left out, not failed
+    assert not any("legacy=vllm-paged-v1" in spec for _, spec in checked)
+    seeds = range(checked[0][0], checked[-1][0])
+    assert any("legacy=vllm-paged-v1" in str(kvlayout._native.random_layout(s)) for s in seeds)
+    with pytest.raises(kt.HarnessFailure, match="raised ValueError"):
+        kt.check_decode(vllm_decode, convention="standard", count=5)
 
 
 def test_swapped_value_strides_are_caught_with_spec_and_seed():
@@ -302,7 +340,8 @@ def test_write_harness_passes_vllm_write_and_catches_swapped_chunks():
 
 def test_move_harness_passes_vllm_copy_and_catches_a_missed_layer():
     assert len(kt.check_move(vllm_copy, count=30)) == 30
-    with pytest.raises(kt.HarnessFailure, match=r"buffer \d+ byte \d+ \([kv] layer [12] block \d+ head \d+ slot \d+ \[\d+\]\)") as e:
+    where = r"buffer \d+ byte \d+ \([kv] layer [12] block \d+ head \d+ slot \d+ \[\d+\]\)"
+    with pytest.raises(kt.HarnessFailure, match=where) as e:
         kt.check_move(lambda k, v, m: vllm_copy(k, v, m, layers=1), count=30)
     assert kvlayout.Layout(e.value.spec).num_layers > 1
 

@@ -34,7 +34,14 @@ class HarnessFailure(AssertionError):
     name, or ``None``), ``detail`` (the disagreement in words)."""
 
     def __init__(
-        self, message: str, *, op: str, spec: str, seed: int, detail: str, step: Optional[str] = None
+        self,
+        message: str,
+        *,
+        op: str,
+        spec: str,
+        seed: int,
+        detail: str,
+        step: Optional[str] = None,
     ) -> None:
         super().__init__(message)
         #: The harness that failed.
@@ -374,7 +381,9 @@ def check_move(
             if len(diff):
                 o = int(diff[0])
                 at = _native.element_at(layout, b, o)
-                where = "no element's" if at is None else "{} layer {} block {} head {} slot {} [{}]".format(*at)
+                where = "no element's"
+                if at is not None:
+                    where = "{} layer {} block {} head {} slot {} [{}]".format(*at)
                 raise fail(
                     f"buffer {b} byte {o} ({where}) = {int(g[o]):#04x}, the reference's "
                     f"{int(w[o]):#04x} ({len(diff)} bytes differ)"

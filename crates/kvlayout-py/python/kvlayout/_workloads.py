@@ -68,16 +68,17 @@ def random_layouts(
 ) -> Iterator[tuple[int, Layout]]:
     """Yields ``count`` pairs ``(seed_i, layout)`` of the conformance suite's random valid
     layouts: seeds ``seed, seed + 1, ...`` in order, keeping those that pass the filters.
-    ``layout`` is always ``kvlayout._native.random_layout(seed_i)``, so ``seed_i`` alone
+    ``layout`` is always ``kvlayout.testing.random_layout(seed_i)``, so ``seed_i`` alone
     reproduces it.
 
     Filters: ``decodable`` keeps layouts ``write_kv`` and ``paged_decode`` accept (K/V or
-    MLA content, one token per state: :func:`is_decodable`); ``convention`` keeps layouts whose ``k`` and ``v`` fields have a view of
-    every layer in that convention (``kvlayout.conventions()``); ``dtypes`` keeps those
-    whose cache dtype is listed (``"f16"``, ``"bf16"``, ``"fp8_e4m3"``, ...);
+    MLA content, one token per state: :func:`is_decodable`); ``convention`` keeps layouts
+    whose ``k`` and ``v`` fields have a view of every layer in that convention
+    (``kvlayout.conventions()``; MLA's K and V are views of its latent); ``dtypes`` keeps
+    those whose cache dtype is listed (``"f16"``, ``"bf16"``, ``"fp8_e4m3"``, ...);
     ``inline_scales=False`` drops content with inline per-row scales (``kv_scaled``).
-    Raises ``ValueError`` when ``count`` layouts are not found within
-    ``MAX_DRAWS_PER_LAYOUT * count`` seeds (filters nothing passes)."""
+    Raises ``ValueError`` for a negative ``count`` or ``seed``, and when ``count`` layouts
+    are not found within ``MAX_DRAWS_PER_LAYOUT * count`` seeds (filters nothing passes)."""
     if count < 0 or seed < 0:
         raise ValueError(f"count {count} and seed {seed} must be non-negative")
     found, limit = 0, MAX_DRAWS_PER_LAYOUT * max(count, 1)
@@ -199,7 +200,9 @@ def workload(layout: Layout, seed: int, *, activations: Optional[str] = None) ->
     )
 
 
-def reference_cache(layout: Layout, work: Workload, buffers: Optional[Sequence[Any]] = None) -> Cache:
+def reference_cache(
+    layout: Layout, work: Workload, buffers: Optional[Sequence[Any]] = None
+) -> Cache:
     """A cache of ``layout`` holding ``work``'s tokens written by the scalar reference
     (``kvlayout.open("reference").write_kv``) at ``work.layer``: into ``buffers`` when given,
     else into zeroed buffers."""
