@@ -143,6 +143,9 @@ def test_random_layouts_filters():
     assert {l.dtype for _, l in kt.random_layouts(10, dtypes={"f16"})} == {"f16"}
     with pytest.raises(ValueError, match="pass the filters"):
         next(kt.random_layouts(1, dtypes={"no-such-dtype"}))
+    with pytest.raises(errors.UnknownNameError) as e:
+        kt.check_decode(vllm_decode, convention="vllm")
+    assert e.value.name == "vllm" and "vllm-paged-v1" in e.value.known
 
 
 def token_slots(work, block_size):

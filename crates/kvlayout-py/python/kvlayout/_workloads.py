@@ -12,7 +12,13 @@ import numpy as np
 from . import _native
 from ._native import Layout
 from .cache import Cache
-from .errors import IncompatibleError, LayoutError, ShapeError, UnsupportedError
+from .errors import (
+    IncompatibleError,
+    LayoutError,
+    ShapeError,
+    UnknownNameError,
+    UnsupportedError,
+)
 
 #: Most seeds ``random_layouts`` draws per layout asked for before it gives up.
 MAX_DRAWS_PER_LAYOUT = 200
@@ -77,10 +83,19 @@ def random_layouts(
     (``kvlayout.conventions()``; MLA's K and V are views of its latent); ``dtypes`` keeps
     those whose cache dtype is listed (``"f16"``, ``"bf16"``, ``"fp8_e4m3"``, ...);
     ``inline_scales=False`` drops content with inline per-row scales (``kv_scaled``).
-    Raises ``ValueError`` for a negative ``count`` or ``seed``, and when ``count`` layouts
-    are not found within ``MAX_DRAWS_PER_LAYOUT * count`` seeds (filters nothing passes)."""
+    Raises (when iterated) ``UnknownNameError`` for an unknown convention, ``ValueError``
+    for a negative ``count`` or ``seed``, and ``ValueError`` when ``count`` layouts are not
+    found within ``MAX_DRAWS_PER_LAYOUT * count`` seeds (filters nothing passes)."""
     if count < 0 or seed < 0:
         raise ValueError(f"count {count} and seed {seed} must be non-negative")
+    if convention is not None and convention not in _native.conventions():
+        known = ", ".join(_native.conventions())
+        raise UnknownNameError(
+            f"unknown convention {convention!r} (known: {known})",
+            what="convention",
+            name=convention,
+            known=known,
+        )
     found, limit = 0, MAX_DRAWS_PER_LAYOUT * max(count, 1)
     for s in itertools.count(seed):
         if found == count:
