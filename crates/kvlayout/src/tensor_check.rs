@@ -94,6 +94,7 @@ impl KvCacheLayout {
         let big = |j: usize| v.shape[j] > 1;
         if let Some(i) = (0..shape.len()).find(|&i| big(i) && strides[i] != v.strides[i]) {
             let hint = swapped(&v, strides, &v.strides, big)
+                .or_else(|| kv_order_hint(&v, strides))
                 .or_else(|| self.padding_hint(&v, i, strides[i]))
                 .or_else(|| dense_hint(shape, strides));
             return mismatch(format!(
@@ -190,6 +191,33 @@ fn swapped(
     ))
 }
 
+/// For a stacked K/V view: where the tensor nests its K/V and block axes the other way round
+/// from the layout (`(2, B, ...)`: all K, then all V; `(B, 2, ...)`: K and V inside each
+/// block), the hint saying so.
+fn kv_order_hint(v: &TensorView, strides: &[u64]) -> Option<String> {
+    let at = |name| v.axes.iter().position(|a| *a == name);
+    let (kv, block) = (at("kv")?, at("block")?);
+    if v.shape[kv] < 2 || v.shape[block] < 2 {
+        return None;
+    }
+    let outside = |s: &[u64]| s[kv] > s[block];
+    let nesting = |o: bool| {
+        if o {
+            "K and V outside the blocks ((2, B, ...): all K, then all V)"
+        } else {
+            "K and V inside each block ((B, 2, ...))"
+        }
+    };
+    let (got, want) = (outside(strides), outside(&v.strides));
+    (got != want).then(|| {
+        format!(
+            "the tensor puts {}, the layout puts {}",
+            nesting(got),
+            nesting(want)
+        )
+    })
+}
+
 /// Where the strides are a dense (C-contiguous) array's for `shape`: the hint that the view
 /// is not dense. Axes of extent 1 are skipped.
 fn dense_hint(shape: &[u64], strides: &[u64]) -> Option<String> {
@@ -262,6 +290,24 @@ mod tests {
             "{m}"
         );
         assert!(m.contains("blocks are 4160 B apart"), "{m}");
+    }
+
+    /// FlashInfer's `(B, 2, N, H, D)` memory reshaped to FlashAttention's `(2, B, N, H, D)`:
+    /// the K/V axis nested outside the blocks is named.
+    #[test]
+    fn a_kv_axis_outside_the_blocks_is_named() {
+        let l = "kv B=5 N=16 H=2 D=8 dtype=f16 legacy=flashinfer-nhd";
+        let shape = [2, 5, 16, 2, 8];
+        let strides = [1280, 256, 16, 8, 1];
+        let m = refused(
+            l,
+            claim(Convention::FlashAttn, ViewTarget::Kv, &shape, &strides),
+        );
+        assert!(m.contains("axis 0 (kv): stride 1280, expected 256"), "{m}");
+        assert!(
+            m.contains("the tensor puts K and V outside the blocks ((2, B, ...): all K, then all V), the layout puts K and V inside each block ((B, 2, ...))"),
+            "{m}"
+        );
     }
 
     /// A dense array's strides where the view interleaves K and V; vLLM's x from the block
