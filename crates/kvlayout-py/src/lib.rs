@@ -17,6 +17,9 @@
 
 use pyo3::prelude::*;
 
+mod arrays;
+mod as_view;
+mod check;
 mod convert;
 mod errors;
 mod layout;
