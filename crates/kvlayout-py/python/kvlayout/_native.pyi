@@ -1,0 +1,159 @@
+"""Type stubs of the native module ``kvlayout._native`` (PyO3; the package re-exports it)."""
+
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+__version__: str
+
+Region = Tuple[int, int, int]  # (buffer, byte offset, length)
+
+class View:
+    """A strided view of a field, relative to the start of its buffer."""
+
+    @property
+    def offset(self) -> int:
+        """Offset of element 0, in elements."""
+    @property
+    def offset_bytes(self) -> int:
+        """Offset of element 0, in bytes."""
+    @property
+    def shape(self) -> List[int]:
+        """Extents."""
+    @property
+    def strides(self) -> List[int]:
+        """Strides in elements."""
+    @property
+    def strides_bytes(self) -> List[int]:
+        """Strides in bytes."""
+    @property
+    def axes(self) -> List[str]:
+        """What each axis indexes: ``block``, ``head``, ``token`` (``slot`` where slots are
+        not tokens), ``dim``, ``kv``, and vLLM's key ``dim / x`` and ``x``."""
+    @property
+    def dtype(self) -> str:
+        """Element type name."""
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+    @property
+    def buffer(self) -> int:
+        """The buffer (allocation) the view is into."""
+    def byte_offset(self, index: Sequence[int]) -> int:
+        """Byte offset of a multi-index, each index checked against its extent."""
+
+class Layout:
+    """A validated KV-cache layout: where every element of a paged KV cache lives."""
+
+    def __init__(self, spec: str) -> None:
+        """Parses a preset name, a compact spec string, or a preset followed by overrides."""
+    @staticmethod
+    def preset(name: str) -> "Layout":
+        """The layout of a preset by model name."""
+    @staticmethod
+    def from_json(text: str) -> "Layout":
+        """Parses and validates the versioned JSON form."""
+    def to_json(self) -> str:
+        """The versioned JSON form."""
+    @property
+    def spec(self) -> str:
+        """The canonical compact spec string."""
+    @property
+    def num_layers(self) -> int:
+        """Layer slots."""
+    @property
+    def num_blocks(self) -> int:
+        """Blocks (pages)."""
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+    @property
+    def num_kv_heads(self) -> int:
+        """KV head slots."""
+    @property
+    def num_slots(self) -> int:
+        """Token (or state) slots per block."""
+    @property
+    def dtype(self) -> str:
+        """Element type of the main fields."""
+    @property
+    def content(self) -> str:
+        """Content kind as the spec string names it."""
+    @property
+    def kv_widths(self) -> Optional[Tuple[int, int]]:
+        """``(key width, value width)`` of a K/V content, else ``None``."""
+    @property
+    def fields(self) -> List[str]:
+        """Fields a view or an offset can name."""
+    @property
+    def num_buffers(self) -> int:
+        """Allocations (buffers) the layout spans."""
+    @property
+    def buffer_bytes(self) -> List[int]:
+        """Bytes each buffer must hold: the end of its registered span."""
+    def explain(self) -> str:
+        """A human account of the layout."""
+    def explanation(self) -> Any:
+        """The same account as a dict."""
+    def offset(
+        self, field: str, layer: int = 0, block: int = 0, head: int = 0, slot: int = 0, dim: int = 0
+    ) -> Tuple[int, int]:
+        """Where an element lives: ``(buffer, byte offset)``."""
+    def view(self, convention: str, field: str, layer: int = 0) -> View:
+        """The strided view of ``field`` (or ``"kv"``) of one layer in a convention."""
+    def block_regions(
+        self, block: int, layers: Optional[Tuple[int, int]] = None, heads: Optional[Tuple[int, int]] = None
+    ) -> List[Region]:
+        """The byte ranges of one block over layers and heads, merged where contiguous."""
+    def layer_regions(self, layers: Optional[Tuple[int, int]] = None) -> List[Region]:
+        """The byte ranges of layers, every block and head, merged where contiguous."""
+    def registered_spans(self) -> List[Region]:
+        """What to register for transfers: each buffer's whole owned extent."""
+    def tp_heads(self, tp_size: int, tp_rank: int) -> Tuple[int, int]:
+        """The heads ``tp_rank`` of ``tp_size`` holds, as ``(start, stop)``."""
+    def tp_slice(self, tp_size: int, tp_rank: int) -> "Layout":
+        """The view of this memory a TP rank sees."""
+    def layer_range(self, start: int, stop: int) -> "Layout":
+        """Layers ``start..stop`` of this memory, renumbered from 0."""
+    def split_blocks(self, ratio: int) -> "Layout":
+        """Each block seen as ``ratio`` kernel blocks."""
+    def slot_range(self, start: int, stop: int) -> "Layout":
+        """Tokens ``start..stop`` of every block, as blocks of ``stop - start`` tokens."""
+    def same_addressing(self, other: "Layout") -> None:
+        """Raises ``LayoutMismatchError`` naming the first difference, if any."""
+
+    # --- Tensors and allocations (kvlayout._arrays reads their memory) ---------------------
+
+    def check(
+        self,
+        obj: Any,
+        field: str,
+        convention: str = "standard",
+        layer: int = 0,
+        base: Union[int, Any, None] = None,
+        device: Optional[str] = None,
+    ) -> None:
+        """Checks a framework's tensor against the view of ``field`` (or ``"kv"``) of
+        ``layer`` in ``convention``: ``None``, or ``TensorMismatchError`` naming the first
+        disagreement (dtype, an axis's size or stride, the storage offset) with a hint at the
+        likely mistake. The tensor's memory is read from ``__cuda_array_interface__``,
+        ``__array_interface__`` or ``__dlpack__`` (``ArrayError`` if none).
+
+        ``base``: the address of the tensor's buffer, or the allocation itself (it must then
+        hold ``buffer_bytes[view.buffer]`` bytes, else ``BufferTooShortError``, and contain
+        the tensor); the storage offset is checked only when given. ``device``: ``"cpu"``,
+        ``"cuda"``, ``"cuda:N"``, ``"rocm"`` or ``"rocm:N"``, checked when given.
+        """
+    def as_view(self, buf: Any, field: str, convention: str = "standard", layer: int = 0) -> Any:
+        """The zero-copy view of ``field`` (or ``"kv"``) of ``layer`` in ``convention`` over
+        the allocation ``buf``: a numpy array sharing ``buf``'s memory (``ml_dtypes`` for bf16
+        and fp8), or a torch tensor where ``buf`` is one. ``buf`` is one contiguous allocation
+        holding the view's buffer (``BufferTooShortError`` otherwise), or a list of one per
+        buffer. ``ViewRefusedError`` where no view exists without a copy."""
+
+def presets() -> List[str]:
+    """The preset names (models)."""
+
+def conventions() -> List[str]:
+    """The view convention names ``Layout.view`` takes."""
+
+def random_layout(seed: int) -> Layout:
+    """The conformance suite's random valid layout of ``seed`` (same seed, same layout)."""
