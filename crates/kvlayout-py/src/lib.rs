@@ -17,7 +17,10 @@
 
 use pyo3::prelude::*;
 
+mod arrays;
+mod as_view;
 mod backend;
+mod check;
 mod convert;
 mod errors;
 mod layout;

@@ -1,98 +1,181 @@
-"""Type stubs of the native module ``kvlayout._native`` (PyO3). One section per Rust source
-file: the docstrings live on the native objects themselves."""
+"""Type stubs of the native module ``kvlayout._native`` (PyO3; the package re-exports it)."""
 
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 __version__: str
 
-# ---- src/layout.rs: Layout, View, presets, conventions ----
-
-class Layout:
-    def __init__(self, spec: str) -> None: ...
-    @staticmethod
-    def preset(name: str) -> Layout: ...
-    @staticmethod
-    def from_json(text: str) -> Layout: ...
-    def to_json(self) -> str: ...
-    @property
-    def spec(self) -> str: ...
-    @property
-    def num_layers(self) -> int: ...
-    @property
-    def num_blocks(self) -> int: ...
-    @property
-    def block_size(self) -> int: ...
-    @property
-    def num_kv_heads(self) -> int: ...
-    @property
-    def num_slots(self) -> int: ...
-    @property
-    def dtype(self) -> str: ...
-    @property
-    def content(self) -> str: ...
-    @property
-    def kv_widths(self) -> Optional[tuple[int, int]]: ...
-    @property
-    def fields(self) -> list[str]: ...
-    @property
-    def num_buffers(self) -> int: ...
-    @property
-    def buffer_bytes(self) -> list[int]: ...
-    def explain(self) -> str: ...
-    def explanation(self) -> Any: ...
-    def offset(
-        self, field: str, layer: int = 0, block: int = 0, head: int = 0, slot: int = 0, dim: int = 0
-    ) -> tuple[int, int]: ...
-    def view(self, convention: str, field: str, layer: int = 0) -> View: ...
-    def block_regions(
-        self,
-        block: int,
-        layers: Optional[tuple[int, int]] = None,
-        heads: Optional[tuple[int, int]] = None,
-    ) -> list[tuple[int, int, int]]: ...
-    def layer_regions(self, layers: Optional[tuple[int, int]] = None) -> list[tuple[int, int, int]]: ...
-    def registered_spans(self) -> list[tuple[int, int, int]]: ...
-    def tp_heads(self, tp_size: int, tp_rank: int) -> tuple[int, int]: ...
-    def tp_slice(self, tp_size: int, tp_rank: int) -> Layout: ...
-    def layer_range(self, start: int, stop: int) -> Layout: ...
-    def split_blocks(self, ratio: int) -> Layout: ...
-    def slot_range(self, start: int, stop: int) -> Layout: ...
-    def same_addressing(self, other: Layout) -> None: ...
+Region = Tuple[int, int, int]  # (buffer, byte offset, length)
 
 class View:
-    @property
-    def offset(self) -> int: ...
-    @property
-    def offset_bytes(self) -> int: ...
-    @property
-    def shape(self) -> list[int]: ...
-    @property
-    def strides(self) -> list[int]: ...
-    @property
-    def strides_bytes(self) -> list[int]: ...
-    @property
-    def dtype(self) -> str: ...
-    @property
-    def itemsize(self) -> int: ...
-    @property
-    def buffer(self) -> int: ...
-    def byte_offset(self, index: Sequence[int]) -> int: ...
+    """A strided view of a field, relative to the start of its buffer."""
 
-def presets() -> list[str]: ...
-def conventions() -> list[str]: ...
+    @property
+    def offset(self) -> int:
+        """Offset of element 0, in elements."""
+    @property
+    def offset_bytes(self) -> int:
+        """Offset of element 0, in bytes."""
+    @property
+    def shape(self) -> List[int]:
+        """Extents."""
+    @property
+    def strides(self) -> List[int]:
+        """Strides in elements."""
+    @property
+    def strides_bytes(self) -> List[int]:
+        """Strides in bytes."""
+    @property
+    def axes(self) -> List[str]:
+        """What each axis indexes: ``block``, ``head``, ``token`` (``slot`` where slots are
+        not tokens), ``dim``, ``kv``, and vLLM's key ``dim / x`` and ``x``."""
+    @property
+    def dtype(self) -> str:
+        """Element type name."""
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+    @property
+    def buffer(self) -> int:
+        """The buffer (allocation) the view is into."""
+    def byte_offset(self, index: Sequence[int]) -> int:
+        """Byte offset of a multi-index, each index checked against its extent."""
 
-# ---- src/backend.rs: open, Backend ----
+class Layout:
+    """A validated KV-cache layout: where every element of a paged KV cache lives."""
+
+    def __init__(self, spec: str) -> None:
+        """Parses a preset name, a compact spec string, or a preset followed by overrides."""
+    @staticmethod
+    def preset(name: str) -> "Layout":
+        """The layout of a preset by model name."""
+    @staticmethod
+    def from_json(text: str) -> "Layout":
+        """Parses and validates the versioned JSON form."""
+    def to_json(self) -> str:
+        """The versioned JSON form."""
+    @property
+    def spec(self) -> str:
+        """The canonical compact spec string."""
+    @property
+    def num_layers(self) -> int:
+        """Layer slots."""
+    @property
+    def num_blocks(self) -> int:
+        """Blocks (pages)."""
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+    @property
+    def num_kv_heads(self) -> int:
+        """KV head slots."""
+    @property
+    def num_slots(self) -> int:
+        """Token (or state) slots per block."""
+    @property
+    def dtype(self) -> str:
+        """Element type of the main fields."""
+    @property
+    def content(self) -> str:
+        """Content kind as the spec string names it."""
+    @property
+    def kv_widths(self) -> Optional[Tuple[int, int]]:
+        """``(key width, value width)`` of a K/V content, else ``None``."""
+    @property
+    def fields(self) -> List[str]:
+        """Fields a view or an offset can name."""
+    @property
+    def num_buffers(self) -> int:
+        """Allocations (buffers) the layout spans."""
+    @property
+    def buffer_bytes(self) -> List[int]:
+        """Bytes each buffer must hold: the end of its registered span."""
+    def explain(self) -> str:
+        """A human account of the layout."""
+    def explanation(self) -> Any:
+        """The same account as a dict."""
+    def offset(
+        self, field: str, layer: int = 0, block: int = 0, head: int = 0, slot: int = 0, dim: int = 0
+    ) -> Tuple[int, int]:
+        """Where an element lives: ``(buffer, byte offset)``."""
+    def view(self, convention: str, field: str, layer: int = 0) -> View:
+        """The strided view of ``field`` (or ``"kv"``) of one layer in a convention."""
+    def block_regions(
+        self, block: int, layers: Optional[Tuple[int, int]] = None, heads: Optional[Tuple[int, int]] = None
+    ) -> List[Region]:
+        """The byte ranges of one block over layers and heads, merged where contiguous."""
+    def layer_regions(self, layers: Optional[Tuple[int, int]] = None) -> List[Region]:
+        """The byte ranges of layers, every block and head, merged where contiguous."""
+    def registered_spans(self) -> List[Region]:
+        """What to register for transfers: each buffer's whole owned extent."""
+    def tp_heads(self, tp_size: int, tp_rank: int) -> Tuple[int, int]:
+        """The heads ``tp_rank`` of ``tp_size`` holds, as ``(start, stop)``."""
+    def tp_slice(self, tp_size: int, tp_rank: int) -> "Layout":
+        """The view of this memory a TP rank sees."""
+    def layer_range(self, start: int, stop: int) -> "Layout":
+        """Layers ``start..stop`` of this memory, renumbered from 0."""
+    def split_blocks(self, ratio: int) -> "Layout":
+        """Each block seen as ``ratio`` kernel blocks."""
+    def slot_range(self, start: int, stop: int) -> "Layout":
+        """Tokens ``start..stop`` of every block, as blocks of ``stop - start`` tokens."""
+    def same_addressing(self, other: "Layout") -> None:
+        """Raises ``LayoutMismatchError`` naming the first difference, if any."""
+
+    # --- Tensors and allocations (kvlayout._arrays reads their memory) ---------------------
+
+    def check(
+        self,
+        obj: Any,
+        field: str,
+        convention: str = "standard",
+        layer: int = 0,
+        base: Union[int, Any, None] = None,
+        device: Optional[str] = None,
+    ) -> None:
+        """Checks a framework's tensor against the view of ``field`` (or ``"kv"``) of
+        ``layer`` in ``convention``: ``None``, or ``TensorMismatchError`` naming the first
+        disagreement (dtype, an axis's size or stride, the storage offset) with a hint at the
+        likely mistake. The tensor's memory is read from ``__cuda_array_interface__``,
+        ``__array_interface__`` or ``__dlpack__`` (``ArrayError`` if none).
+
+        ``base``: the address of the tensor's buffer, or the allocation itself (it must then
+        hold ``buffer_bytes[view.buffer]`` bytes, else ``BufferTooShortError``, and contain
+        the tensor); the storage offset is checked only when given. ``device``: ``"cpu"``,
+        ``"cuda"``, ``"cuda:N"``, ``"rocm"`` or ``"rocm:N"``, checked when given.
+        """
+    def as_view(self, buf: Any, field: str, convention: str = "standard", layer: int = 0) -> Any:
+        """The zero-copy view of ``field`` (or ``"kv"``) of ``layer`` in ``convention`` over
+        the allocation ``buf``: a numpy array sharing ``buf``'s memory (``ml_dtypes`` for bf16
+        and fp8), or a torch tensor where ``buf`` is one. ``buf`` is one contiguous allocation
+        holding the view's buffer (``BufferTooShortError`` otherwise), or a list of one per
+        buffer. ``ViewRefusedError`` where no view exists without a copy."""
+
+def presets() -> List[str]:
+    """The preset names (models)."""
+
+def conventions() -> List[str]:
+    """The view convention names ``Layout.view`` takes."""
+
+def random_layout(seed: int) -> Layout:
+    """The conformance suite's random valid layout of ``seed`` (same seed, same layout)."""
+
+# --- src/backend.rs: kvlayout.open and Backend ---------------------------------------------
 
 class Backend:
+    """A backend: ``write_kv``, ``paged_decode`` and the block movers on caller-owned caches."""
+
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The name it was opened by."""
     @property
-    def memory(self) -> str: ...
+    def memory(self) -> str:
+        """``"host"`` (in place) or ``"device"`` (copies in and back)."""
     @property
-    def kernels(self) -> dict[str, Any]: ...
+    def kernels(self) -> dict:
+        """What runs the ops: ``{"build": ..., "why": ..., "threads": ...}``."""
     def write_kv(
         self, cache: Any, key: Any, value: Optional[Any], slot_mapping: Any, layer: int = 0
-    ) -> None: ...
+    ) -> None:
+        """Writes new tokens' K and V of one layer at their slots."""
     def paged_decode(
         self,
         cache: Any,
@@ -105,22 +188,42 @@ class Backend:
         sliding_window: Optional[int] = None,
         soft_cap: Optional[float] = None,
         out: Optional[Any] = None,
-    ) -> Any: ...
-    def copy_blocks(self, cache: Any, pairs: Any) -> None: ...
-    def swap_blocks(self, src_cache: Any, dst_cache: Any, pairs: Any) -> None: ...
-    def gather_blocks(self, cache: Any, blocks: Any, heads: tuple[int, int], staging: Any) -> None: ...
-    def scatter_blocks(self, staging: Any, blocks: Any, heads: tuple[int, int], cache: Any) -> None: ...
-    def convert(self, src_cache: Any, dst_cache: Any) -> None: ...
+    ) -> Any:
+        """One decode step of one layer; returns (or fills ``out``) the f32 output."""
+    def copy_blocks(self, cache: Any, pairs: Any) -> None:
+        """Copies blocks within one cache, every layer."""
+    def swap_blocks(self, src_cache: Any, dst_cache: Any, pairs: Any) -> None:
+        """Copies blocks between two caches of the same content."""
+    def gather_blocks(
+        self, cache: Any, blocks: Any, heads: Tuple[int, int], staging: Any
+    ) -> None:
+        """Copies cache block ``blocks[i]``, heads ``heads``, to staging block ``i``."""
+    def scatter_blocks(
+        self, staging: Any, blocks: Any, heads: Tuple[int, int], cache: Any
+    ) -> None:
+        """Staging block ``i`` to cache block ``blocks[i]``, heads ``heads``."""
+    def convert(self, src_cache: Any, dst_cache: Any) -> None:
+        """Converts a whole cache to another layout of the same content and block count."""
 
-def open(name: str, threads: Optional[int] = None) -> Backend: ...
-def backend_names() -> list[str]: ...
+def open(name: str, threads: Optional[int] = None) -> Backend:
+    """Opens the backend ``name`` (``kvlayout.backend_names()`` lists them)."""
 
-# ---- src/testing.rs and src/testing/: the generators and comparisons of kvlayout.testing ----
+def backend_names() -> List[str]:
+    """Every backend name of this build, in report order."""
 
-def random_layout(seed: int) -> Layout: ...
-def kv_ops_widths(layout: Layout) -> tuple[int, int]: ...
-def tensor_scales(layout: Layout) -> tuple[float, float]: ...
-def workload(layout: Layout, seed: int, activations: Optional[str] = None) -> dict[str, Any]: ...
+# --- src/testing.rs, src/testing/: the generators and comparisons of kvlayout.testing -------
+
+def kv_ops_widths(layout: Layout) -> Tuple[int, int]:
+    """``(query/key width, value width)`` of a layout ``write_kv`` and ``paged_decode``
+    accept; ``UnsupportedError`` otherwise."""
+
+def tensor_scales(layout: Layout) -> Tuple[float, float]:
+    """``(k_scale, v_scale)``: the per-tensor scales of stored K and V."""
+
+def workload(layout: Layout, seed: int, activations: Optional[str] = None) -> dict:
+    """The conformance suite's workload of ``layout`` seeded by ``seed``, as bytes, dtype
+    names and shapes (``kvlayout.testing.workload`` makes numpy arrays of it)."""
+
 def reference_decode(
     cache: Any,
     query: Any,
@@ -131,12 +234,24 @@ def reference_decode(
     layer: int = 0,
     sliding_window: Optional[int] = None,
     soft_cap: Optional[float] = None,
-) -> tuple[bytes, list[tuple[float, float]]]: ...
-def decode_tolerance(dtype: str) -> tuple[float, float]: ...
+) -> Tuple[bytes, List[Tuple[float, float]]]:
+    """The scalar reference's decode (f32 output as bytes) and each output row's
+    ``(values, logits)`` magnitudes."""
+
+def decode_tolerance(dtype: str) -> Tuple[float, float]:
+    """``(relative, per_logit)`` the backend contract allows for a cache of ``dtype``."""
+
 def decode_error(
-    got: bytes, want: bytes, magnitudes: Sequence[tuple[float, float]], dtype: str
-) -> dict[str, Any]: ...
-def write_error(got: Any, want: Any, slot_mapping: Any, layer: int = 0) -> Optional[str]: ...
+    got: bytes, want: bytes, magnitudes: Sequence[Tuple[float, float]], dtype: str
+) -> dict:
+    """The suite's comparison of a decode output with the reference's: ``ratio``,
+    ``relative``, ``worst``, ``bound``, ``passed``."""
+
+def write_error(got: Any, want: Any, slot_mapping: Any, layer: int = 0) -> Optional[str]:
+    """The suite's check of a write against the reference's: ``None`` or the first
+    disagreement in words."""
+
 def element_at(
     layout: Layout, buffer: int, offset: int
-) -> Optional[tuple[str, int, int, int, int, int]]: ...
+) -> Optional[Tuple[str, int, int, int, int, int]]:
+    """``(field, layer, block, head, slot, dim)`` of the element holding a byte, or ``None``."""
