@@ -88,40 +88,6 @@ def _failure(
     )
 
 
-def _dtype(name: str) -> np.dtype:
-    """The numpy dtype of a layout dtype name (ml_dtypes for bf16 and fp8)."""
-    plain = {"f32": np.float32, "f16": np.float16, "int8": np.int8, "u8": np.uint8}
-    if name in plain:
-        return np.dtype(plain[name])
-    import ml_dtypes
-
-    return np.dtype(
-        {
-            "bf16": ml_dtypes.bfloat16,
-            "fp8_e4m3": ml_dtypes.float8_e4m3fn,
-            "fp8_e5m2": ml_dtypes.float8_e5m2,
-        }[name]
-    )
-
-
-def view(cache: Cache, field: str, convention: str, layer: int) -> np.ndarray:
-    """The zero-copy view of ``field`` of ``layer`` of ``cache`` in ``convention``:
-    ``cache.view`` where ``Layout.as_view`` exists; until then a numpy array built from
-    ``Layout.view``'s offset and strides over the field's buffer, which numpy bounds-checks
-    against the buffer's size."""
-    if hasattr(cache.layout, "as_view"):
-        return cache.view(field, convention, layer)
-    v = cache.layout.view(convention, field, layer)
-    buf = np.asarray(cache.buffers[v.buffer])
-    return np.ndarray(
-        shape=tuple(v.shape),
-        dtype=_dtype(v.dtype),
-        buffer=buf,
-        offset=v.offset_bytes,
-        strides=tuple(v.strides_bytes),
-    )
-
-
 def _readonly(a: np.ndarray) -> np.ndarray:
     a = a.view()
     a.flags.writeable = False
@@ -211,8 +177,8 @@ def check_decode(
         work = workload(layout, s)
         cache = reference_cache(layout, work)
         k_scale, v_scale = _native.tensor_scales(layout)
-        key = _readonly(view(cache, "k", convention, work.layer))
-        value = _readonly(view(cache, "v", convention, work.layer))
+        key = _readonly(cache.view("k", convention, work.layer))
+        value = _readonly(cache.view("v", convention, work.layer))
         for i, step in enumerate(work.steps):
             if steps is not None and step.name not in steps:
                 continue
@@ -305,8 +271,8 @@ def check_write(
             fn(
                 work.key.copy(),
                 None if work.value is None else work.value.copy(),
-                view(got, "k", convention, work.layer),
-                view(got, "v", convention, work.layer),
+                got.view("k", convention, work.layer),
+                got.view("v", convention, work.layer),
                 work.slot_mapping.copy(),
                 k_scale=k_scale,
                 v_scale=v_scale,
@@ -370,8 +336,8 @@ def check_move(
 
         try:
             fn(
-                [view(got, "k", convention, layer) for layer in layers],
-                [view(got, "v", convention, layer) for layer in layers],
+                [got.view("k", convention, layer) for layer in layers],
+                [got.view("v", convention, layer) for layer in layers],
                 pairs.copy(),
             )
         except Exception as e:
@@ -392,4 +358,4 @@ def check_move(
     return checked
 
 
-__all__ = ["HarnessFailure", "check_decode", "check_move", "check_write", "view"]
+__all__ = ["HarnessFailure", "check_decode", "check_move", "check_write"]

@@ -27,7 +27,7 @@ bf16 and fp8 caches and activations are ml_dtypes arrays (``pip install kvlayout
 
 from __future__ import annotations
 
-from ._checks import HarnessFailure, check_decode, check_move, check_write, view
+from ._checks import HarnessFailure, check_decode, check_move, check_write
 from ._native import random_layout
 from ._workloads import (
     MAX_DRAWS_PER_LAYOUT,
@@ -67,6 +67,5 @@ __all__ = [
     "random_layouts",
     "reference_cache",
     "reference_decode",
-    "view",
     "workload",
 ]
