@@ -72,6 +72,7 @@ def _failure(
     detail: str,
     inputs: str = "",
     step: Optional[str] = None,
+    options: str = "",
 ) -> HarnessFailure:
     lines = [
         f"{op}: {_name(fn)} disagrees with the reference on random layout seed {seed}",
@@ -81,7 +82,8 @@ def _failure(
         lines.append(f"  inputs: {inputs}")
     lines.append(f"  {detail}")
     lines.append(
-        f"  reproduce: kvlayout.testing.{op}(fn, convention={convention!r}, count=1, seed={seed})"
+        f"  reproduce: kvlayout.testing.{op}(fn, convention={convention!r}, count=1, "
+        f"seed={seed}{options})"
     )
     return HarnessFailure(
         "\n".join(lines), op=op, spec=str(layout), seed=seed, detail=detail, step=step
@@ -187,7 +189,15 @@ def check_decode(
 
             def fail(detail: str) -> HarnessFailure:
                 return _failure(
-                    "check_decode", fn, convention, layout, s, detail, _describe(work, i), step.name
+                    "check_decode",
+                    fn,
+                    convention,
+                    layout,
+                    s,
+                    detail,
+                    _describe(work, i),
+                    step.name,
+                    "" if steps is None else f", steps={sorted(steps)!r}",
                 )
 
             try:
