@@ -77,7 +77,9 @@ pub const ALL_ORDERS: &[&str] = &[
     "NBLHC", "NBHLC", "NHLBC", "NHBLC",
 ];
 
-fn activation_dtype(cache: DType, i: usize) -> DType {
+/// The element type of the activations (keys, values, queries) of the `i`-th case of a family
+/// over a cache of `cache`: f16 caches mostly f16, bf16 caches bf16 or f32, the rest f32 or bf16.
+pub fn activation_dtype(cache: DType, i: usize) -> DType {
     match (i % 3, cache) {
         (0, DType::F16) | (2, DType::F16) => DType::F16,
         (0, DType::Bf16) => DType::Bf16,

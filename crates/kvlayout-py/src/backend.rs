@@ -111,12 +111,12 @@ fn array_error(reason: String) -> PyErr {
 }
 
 /// A cache argument: its layout and buffers.
-struct CacheArg<'py> {
-    layout: Bound<'py, Layout>,
-    buffers: Vec<HostArray<'py>>,
+pub(crate) struct CacheArg<'py> {
+    pub(crate) layout: Bound<'py, Layout>,
+    pub(crate) buffers: Vec<HostArray<'py>>,
 }
 
-fn cache_arg<'py>(
+pub(crate) fn cache_arg<'py>(
     py: Python<'py>,
     cache: &Bound<'py, PyAny>,
     what: &str,
@@ -136,7 +136,7 @@ fn cache_arg<'py>(
 
 /// An index argument as a contiguous array of `dtype` (`kvlayout._ops.index_array` converts
 /// lists and other integer types, refusing values that do not fit).
-fn index_arg<'py>(
+pub(crate) fn index_arg<'py>(
     py: Python<'py>,
     obj: &Bound<'py, PyAny>,
     dtype: &str,
@@ -148,7 +148,7 @@ fn index_arg<'py>(
     HostArray::read(py, &arr, what)
 }
 
-fn activations<'a>(a: &HostArray, b: &'a [u8]) -> PyResult<Activations<'a>> {
+pub(crate) fn activations<'a>(a: &HostArray, b: &'a [u8]) -> PyResult<Activations<'a>> {
     Ok(match a.dtype.as_str() {
         "f32" => Activations::F32(typed(a, b)?),
         "f16" => Activations::F16(typed::<f16>(a, b)?),

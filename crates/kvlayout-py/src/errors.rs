@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 /// An attribute value of an exception.
+#[derive(Clone)]
 pub enum Attr {
     /// An integer (values, limits, indices).
     Int(i128),
@@ -17,6 +18,11 @@ pub enum Attr {
     Text(String),
 }
 
+impl From<i128> for Attr {
+    fn from(v: i128) -> Self {
+        Attr::Int(v)
+    }
+}
 impl From<u64> for Attr {
     fn from(v: u64) -> Self {
         Attr::Int(v.into())
@@ -81,6 +87,40 @@ pub fn raise(e: impl PyErrorKind) -> PyErr {
         })();
         made.unwrap_or_else(|_| PyValueError::new_err(message.clone()))
     })
+}
+
+/// An exception made here, not from a Rust error value: a value out of a Python int's range
+/// (a negative layer), an object whose memory cannot be read.
+pub struct Raised {
+    /// The class name in `kvlayout.errors`.
+    pub class: &'static str,
+    /// The message.
+    pub message: String,
+    /// The attributes.
+    pub fields: Vec<(&'static str, Attr)>,
+}
+
+impl Raised {
+    /// An `ArrayError` whose message is its reason.
+    pub fn array(reason: String) -> Raised {
+        Raised {
+            class: "ArrayError",
+            fields: vec![("reason", Attr::Text(reason.clone()))],
+            message: reason,
+        }
+    }
+}
+
+impl std::fmt::Display for Raised {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl PyErrorKind for Raised {
+    fn class_and_fields(&self) -> (&'static str, Vec<(&'static str, Attr)>) {
+        (self.class, self.fields.clone())
+    }
 }
 
 impl PyErrorKind for LayoutError {

@@ -7,8 +7,8 @@ use std::ops::Range;
 use kvlayout::{ByteRange, Coord, KvCacheLayout, TensorView, PRESETS};
 use pyo3::prelude::*;
 
-use crate::convert;
 use crate::errors::raise;
+use crate::{as_view, check, convert};
 
 /// The module's layout classes and functions.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -275,6 +275,54 @@ impl Layout {
     fn same_addressing(&self, other: &Layout) -> PyResult<()> {
         self.inner.same_addressing(&other.inner).map_err(raise)
     }
+
+    /// Checks a framework's tensor against the view of ``field`` (or ``"kv"``) of ``layer``
+    /// in ``convention``: ``None``, or ``TensorMismatchError`` naming the first disagreement
+    /// (dtype, an axis's size or stride, the storage offset) with a hint at the likely
+    /// mistake. Nothing is inferred from the tensor. Its memory is read from
+    /// ``__cuda_array_interface__``, ``__array_interface__`` or ``__dlpack__``.
+    ///
+    /// ``base``: the address (int) of the buffer the tensor is in, or the allocation itself
+    /// (then it must hold the layout's buffer, else ``BufferTooShortError``, and contain the
+    /// tensor); the storage offset is checked only when it is given. ``device``: ``"cpu"``,
+    /// ``"cuda"``, ``"cuda:N"``, ``"rocm"``, ``"rocm:N"``, checked when given.
+    #[pyo3(signature = (obj, field, convention="standard", layer=0, base=None, device=None))]
+    fn check(
+        &self,
+        obj: &Bound<'_, PyAny>,
+        field: &str,
+        convention: &str,
+        layer: i128,
+        base: Option<&Bound<'_, PyAny>>,
+        device: Option<&str>,
+    ) -> PyResult<()> {
+        let request = check::Request {
+            obj,
+            field,
+            convention,
+            layer,
+            base,
+            device,
+        };
+        check::check(&self.inner, &request)
+    }
+
+    /// The zero-copy view of ``field`` (or ``"kv"``) of ``layer`` in ``convention`` over the
+    /// allocation ``buf``: a numpy array (dtype from ``ml_dtypes`` for bf16 and fp8) sharing
+    /// ``buf``'s memory, or a torch tensor where ``buf`` is one. ``buf`` is one contiguous
+    /// allocation holding the layout's buffer (``BufferTooShortError`` otherwise), or a list
+    /// of one per buffer where the layout has several. ``ViewRefusedError`` where no view
+    /// exists without a copy.
+    #[pyo3(signature = (buf, field, convention="standard", layer=0))]
+    fn as_view<'py>(
+        &self,
+        buf: &Bound<'py, PyAny>,
+        field: &str,
+        convention: &str,
+        layer: i128,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        as_view::as_view(&self.inner, buf, field, convention, layer)
+    }
 }
 
 /// A strided view of a field, relative to the start of its buffer: what
@@ -328,6 +376,13 @@ impl View {
     #[getter]
     fn itemsize(&self) -> u64 {
         self.inner.dtype.size_bytes()
+    }
+
+    /// What each axis indexes: ``block``, ``head``, ``token`` (``slot`` where slots are not
+    /// tokens), ``dim``, ``kv``, and vLLM's key ``dim / x`` and ``x``.
+    #[getter]
+    fn axes(&self) -> Vec<&'static str> {
+        self.inner.axes.clone()
     }
 
     /// The buffer (allocation) the view is into.

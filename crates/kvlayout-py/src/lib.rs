@@ -17,8 +17,11 @@
 
 use pyo3::prelude::*;
 
+mod arrays;
+mod as_view;
 mod backend;
 mod bench;
+mod check;
 mod convert;
 mod errors;
 mod handshake;

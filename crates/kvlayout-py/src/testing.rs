@@ -1,17 +1,33 @@
-//! The conformance suite's generators for `kvlayout.testing`: seeded random valid layouts of
-//! every kind (`kvlayout_conformance::gen`), each reproducible from its seed.
+//! The conformance suite's generators and comparisons for `kvlayout.testing`: seeded random
+//! valid layouts of every kind (`kvlayout_conformance::gen`), each reproducible from its
+//! seed; the suite's workloads ([`workload`]); the scalar reference's decode with the
+//! magnitudes its tolerance is measured against, and the suite's comparisons ([`compare`]);
+//! the element a byte belongs to ([`locate`]).
 
+use kvlayout::ops::{
+    check_decode, check_write, DecodeArgs, DecodeParams, HostTensor, OpError, WriteArgs,
+};
 use kvlayout::KvCacheLayout;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
+use crate::errors::raise;
 use crate::layout::Layout;
 
-/// The module's generator functions.
+mod compare;
+mod locate;
+mod workload;
+
+/// The module's generator and comparison functions.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(random_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_ops_widths, m)?)?;
+    m.add_function(wrap_pyfunction!(tensor_scales, m)?)?;
+    workload::register(m)?;
+    compare::register(m)?;
+    locate::register(m)?;
     Ok(())
 }
 
@@ -42,4 +58,50 @@ fn random_layout(seed: u64) -> PyResult<Layout> {
     Ok(Layout {
         inner: layout_of_seed(seed)?,
     })
+}
+
+/// `(query/key width, value width)` of a layout both `write_kv` and `paged_decode` accept,
+/// asked of the contract's own checks (`kvlayout::ops::check_write` and `check_decode`) on
+/// a call of no tokens and no sequences; their refusal otherwise.
+pub fn widths(l: &KvCacheLayout) -> Result<(u64, u64), OpError> {
+    let empty = HostTensor::F32(Vec::new());
+    let w = WriteArgs {
+        layer: 0,
+        key: &empty,
+        value: (!l.content().shares_latent()).then_some(&empty),
+        slot_mapping: &[],
+    };
+    check_write(l, &w)?;
+    let d = DecodeArgs {
+        layer: 0,
+        query: &empty,
+        block_table: &[],
+        blocks_per_seq: 0,
+        seq_lens: &[],
+        params: DecodeParams {
+            num_q_heads: l.geometry().num_kv_heads,
+            scale: 1.0,
+            sliding_window: None,
+            soft_cap: None,
+        },
+    };
+    let s = check_decode(l, &d, 0)?;
+    Ok((s.qk_width as u64, s.v_width as u64))
+}
+
+/// ``(query/key width, value width)`` of a layout both ``write_kv`` and ``paged_decode``
+/// accept: K/V content (head sizes) or MLA (the latent and its first ``kv_lora_rank``
+/// elements), one token per state. Raises ``UnsupportedError`` with the contract's reason
+/// otherwise (no keys and values, compressed states).
+#[pyfunction]
+fn kv_ops_widths(layout: &Layout) -> PyResult<(u64, u64)> {
+    widths(&layout.inner).map_err(raise)
+}
+
+/// ``(k_scale, v_scale)``: the per-tensor scales a stored K or V element is multiplied by
+/// (1.0 unless the layout states them).
+#[pyfunction]
+fn tensor_scales(layout: &Layout) -> (f32, f32) {
+    let s = layout.inner.scales();
+    (s.k_scale, s.v_scale)
 }

@@ -45,6 +45,7 @@ mod regions;
 mod serde_doc;
 mod spec;
 mod spec_string;
+mod tensor_check;
 mod transform;
 mod view;
 
@@ -62,5 +63,6 @@ pub use spec::{
     LegacyKind, Paged, Placement, StridedField,
 };
 pub use spec_string::parse_spec;
-pub use transform::{tp_head_range, TensorClaim};
+pub use tensor_check::TensorClaim;
+pub use transform::tp_head_range;
 pub use view::{Convention, TensorView, ViewTarget, CONVENTION_NAMES};

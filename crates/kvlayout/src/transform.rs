@@ -6,35 +6,14 @@
 //! * [`KvCacheLayout::split_blocks`]: `s.offset(l, b*r+j, h, n, f, d) ==
 //!   a.offset(l, b, h, j*N/r + n, f, d)`, `s.num_blocks == r * a.num_blocks`.
 //! * [`KvCacheLayout::layer_range`]: `s.offset(l, ..) == a.offset(start + l, ..)`.
-//! * [`KvCacheLayout::check_tensor`] and [`KvCacheLayout::same_addressing`] change nothing and
-//!   either agree or name the first difference.
+//! * [`KvCacheLayout::same_addressing`] changes nothing and either agrees or names the first
+//!   difference.
 
 use std::ops::Range;
 
 use crate::error::{LayoutError, Result};
 use crate::layout::KvCacheLayout;
 use crate::spec::{FieldStrides, LayoutSpec, Placement, StridedField};
-use crate::view::{Convention, ViewTarget};
-use crate::DType;
-
-/// What a framework says about a tensor it hands over: checked, never trusted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TensorClaim<'a> {
-    /// The convention the tensor follows.
-    pub convention: Convention,
-    /// Which field (or K and V together).
-    pub target: ViewTarget,
-    /// Layer slot the tensor is of.
-    pub layer: u64,
-    /// Its shape.
-    pub shape: &'a [u64],
-    /// Its strides in elements.
-    pub strides: &'a [u64],
-    /// Its element type.
-    pub dtype: DType,
-    /// Its storage offset in elements from the buffer start, when known.
-    pub storage_offset: Option<u64>,
-}
 
 impl KvCacheLayout {
     /// Rebuilds this layout as explicit strides with a new geometry and per-field strides.
@@ -215,79 +194,6 @@ impl KvCacheLayout {
             base_offset: s.base_offset + tokens.start * s.slot,
             ..s
         })
-    }
-
-    /// Verifies what a framework hands over against this layout's view. It never infers
-    /// anything from the tensor: it only says yes, or names the first difference. Strides of
-    /// size-1 axes are not compared (they carry no information).
-    ///
-    /// ```
-    /// use kvlayout::{Convention, DType, Field, TensorClaim, ViewTarget};
-    /// let l: kvlayout::KvCacheLayout = "kv B=3 N=16 H=1 D=8 dtype=f16 order=NHD".parse()?;
-    /// let claim = TensorClaim {
-    ///     convention: Convention::FlashAttn,
-    ///     target: ViewTarget::Field(Field::K),
-    ///     layer: 0,
-    ///     shape: &[3, 16, 1, 8],
-    ///     strides: &[256, 16, 99999, 1], // H = 1: its stride is irrelevant
-    ///     dtype: DType::F16,
-    ///     storage_offset: Some(0),
-    /// };
-    /// l.check_tensor(&claim)?;
-    /// let swapped = TensorClaim { strides: &[16, 256, 16, 1], ..claim };
-    /// assert!(l.check_tensor(&swapped).is_err());
-    /// # Ok::<(), kvlayout::LayoutError>(())
-    /// ```
-    pub fn check_tensor(&self, claim: &TensorClaim<'_>) -> Result<()> {
-        let TensorClaim {
-            convention,
-            target,
-            layer,
-            shape,
-            strides,
-            dtype,
-            storage_offset,
-        } = *claim;
-        let v = self.view(convention, target, layer)?;
-        let mismatch = |s: String| {
-            Err(LayoutError::TensorMismatch(format!(
-                "{convention} {target}: {s}"
-            )))
-        };
-        if dtype != v.dtype {
-            return mismatch(format!("dtype {dtype}, layout stores {}", v.dtype));
-        }
-        if shape.len() != v.shape.len() || strides.len() != v.shape.len() {
-            return mismatch(format!(
-                "{} dims with {} strides, expected {} dims {:?}",
-                shape.len(),
-                strides.len(),
-                v.shape.len(),
-                v.shape
-            ));
-        }
-        for (i, (&got, &want)) in shape.iter().zip(&v.shape).enumerate() {
-            if got != want {
-                return mismatch(format!(
-                    "shape[{i}] = {got}, expected {want} (shape {:?})",
-                    v.shape
-                ));
-            }
-        }
-        for (i, ((&got, &want), &ext)) in strides.iter().zip(&v.strides).zip(&v.shape).enumerate() {
-            if ext > 1 && got != want {
-                return mismatch(format!(
-                    "stride[{i}] = {got}, expected {want} (strides {:?})",
-                    v.strides
-                ));
-            }
-        }
-        if let Some(off) = storage_offset {
-            if off != v.offset {
-                return mismatch(format!("storage offset {off}, expected {}", v.offset));
-            }
-        }
-        Ok(())
     }
 
     /// Whether two layouts put every element at the same place (and store the same values:

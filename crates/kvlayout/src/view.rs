@@ -102,6 +102,9 @@ pub struct TensorView {
     pub offset_bytes: u64,
     /// Strides in bytes.
     pub strides_bytes: Vec<u64>,
+    /// What each axis indexes, outermost first: `block`, `head`, `token` (`slot` where slots
+    /// are not tokens), `dim`, `kv` (K or V), and vLLM's key `dim / x` and `x`.
+    pub axes: Vec<&'static str>,
 }
 
 impl TensorView {
@@ -170,12 +173,15 @@ fn refuse(c: Convention, t: ViewTarget, reason: impl Into<String>) -> LayoutErro
     }
 }
 
+/// One axis of a view: its name, extent and stride in bytes.
+type Dim = (&'static str, u64, u64);
+
 fn make(
     c: Convention,
     t: ViewTarget,
     m: &FieldMap,
     offset_bytes: u64,
-    dims: Vec<(u64, u64)>,
+    dims: Vec<Dim>,
 ) -> Result<TensorView> {
     let e = m.elem_bytes();
     let elems = |b: u64, what: &str| {
@@ -190,7 +196,7 @@ fn make(
         }
     };
     let mut strides = Vec::with_capacity(dims.len());
-    for (ext, s) in &dims {
+    for (_, ext, s) in &dims {
         // A size-1 axis may carry any stride; report it in whole elements anyway.
         strides.push(if *ext > 1 {
             elems(*s, "stride")?
@@ -200,12 +206,13 @@ fn make(
     }
     Ok(TensorView {
         offset: elems(offset_bytes, "offset")?,
-        shape: dims.iter().map(|d| d.0).collect(),
+        shape: dims.iter().map(|d| d.1).collect(),
         strides,
         dtype: m.dtype,
         buffer: m.strides.buffer,
         offset_bytes,
-        strides_bytes: dims.iter().map(|d| d.1).collect(),
+        strides_bytes: dims.iter().map(|d| d.2).collect(),
+        axes: dims.iter().map(|d| d.0).collect(),
     })
 }
 
@@ -225,13 +232,14 @@ fn unsplit(c: Convention, t: ViewTarget, m: &FieldMap) -> Result<u64> {
 }
 
 /// The `[B, H, D/x, N, x]` dims of vLLM's key (its split, if any, must be the convention's x)
-/// or the `[B, H, D, N]` dims of its value, from `m`'s strides.
+/// or the `[B, H, D, N]` dims of its value, from `m`'s strides; `slot` names the N axis.
 fn vllm_paged_v1_dims(
     c: Convention,
     t: ViewTarget,
     field: Field,
     m: &FieldMap,
-) -> Result<Vec<(u64, u64)>> {
+    slot: &'static str,
+) -> Result<Vec<Dim>> {
     let s = m.strides;
     let (b, h, n, w) = (m.num_blocks, m.num_heads, m.num_slots, m.width);
     match field {
@@ -260,16 +268,21 @@ fn vllm_paged_v1_dims(
                 x * s.dim
             };
             Ok(vec![
-                (b, s.block),
-                (h, s.head),
-                (w / x, chunk),
-                (n, s.slot),
-                (x, s.dim),
+                ("block", b, s.block),
+                ("head", h, s.head),
+                ("dim / x", w / x, chunk),
+                (slot, n, s.slot),
+                ("x", x, s.dim),
             ])
         }
         Field::V => {
             let ds = unsplit(c, t, m)?;
-            Ok(vec![(b, s.block), (h, s.head), (w, ds), (n, s.slot)])
+            Ok(vec![
+                ("block", b, s.block),
+                ("head", h, s.head),
+                ("dim", w, ds),
+                (slot, n, s.slot),
+            ])
         }
         _ => Err(refuse(
             c,
@@ -337,15 +350,26 @@ impl KvCacheLayout {
         let s = m.strides;
         let base = s.base_offset + layer * s.layer;
         let (b, h, n, w) = (m.num_blocks, m.num_heads, m.num_slots, m.width);
+        let slot = self.slot_axis_name();
         let dims = match c {
             Convention::Standard | Convention::FlashinferHnd => {
                 let ds = unsplit(c, t, &m)?;
-                vec![(b, s.block), (h, s.head), (n, s.slot), (w, ds)]
+                vec![
+                    ("block", b, s.block),
+                    ("head", h, s.head),
+                    (slot, n, s.slot),
+                    ("dim", w, ds),
+                ]
             }
-            Convention::VllmPagedV1 => vllm_paged_v1_dims(c, t, field, &m)?,
+            Convention::VllmPagedV1 => vllm_paged_v1_dims(c, t, field, &m, slot)?,
             Convention::FlashAttn | Convention::Flashinfer => {
                 let ds = unsplit(c, t, &m)?;
-                vec![(b, s.block), (n, s.slot), (h, s.head), (w, ds)]
+                vec![
+                    ("block", b, s.block),
+                    (slot, n, s.slot),
+                    ("head", h, s.head),
+                    ("dim", w, ds),
+                ]
             }
         };
         make(c, t, &m, base, dims)
@@ -391,17 +415,27 @@ impl KvCacheLayout {
                 "V lies before K: the K/V axis would need a negative stride",
             ));
         }
-        let kv = v_base - base;
+        let kv = ("kv", 2, v_base - base);
+        let block = ("block", b, ks.block);
+        let slot = (self.slot_axis_name(), n, ks.slot);
+        let head = ("head", h, ks.head);
+        let dim = ("dim", w, kd);
         let dims = match c {
-            Convention::FlashAttn => {
-                vec![(2, kv), (b, ks.block), (n, ks.slot), (h, ks.head), (w, kd)]
-            }
-            Convention::Flashinfer => {
-                vec![(b, ks.block), (2, kv), (n, ks.slot), (h, ks.head), (w, kd)]
-            }
-            _ => vec![(b, ks.block), (2, kv), (h, ks.head), (n, ks.slot), (w, kd)],
+            Convention::FlashAttn => vec![kv, block, slot, head, dim],
+            Convention::Flashinfer => vec![block, kv, slot, head, dim],
+            _ => vec![block, kv, head, slot, dim],
         };
         make(c, t, &k, base, dims)
+    }
+
+    /// The name of a view's N axis: `token`, or `slot` where a slot holds several tokens or
+    /// a per-block state.
+    fn slot_axis_name(&self) -> &'static str {
+        if self.geometry().tokens_per_state == 1 && !self.content().is_per_block_state() {
+            "token"
+        } else {
+            "slot"
+        }
     }
 }
 
@@ -422,6 +456,7 @@ mod tests {
             buffer: 0,
             offset_bytes: 0,
             strides_bytes: vec![6],
+            axes: vec!["a", "b"],
         };
         assert!(matches!(
             v.byte_offset(&[1, 2]),

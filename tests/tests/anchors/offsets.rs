@@ -54,7 +54,7 @@ fn base_offset() {
             storage_offset: Some(0),
             ..claim
         }),
-        Err(LayoutError::TensorMismatch(m)) if m.contains("storage offset 0, expected 2048")
+        Err(LayoutError::TensorMismatch(m)) if m.contains("storage offset 0 elements (0 B), expected 2048 elements (4096 B)")
     ));
 }
 

@@ -29,14 +29,16 @@ fn single_head_any_head_stride() {
             ..fa
         };
         l.check_tensor(&std).unwrap();
-        for (strides, idx, got, want) in [
-            (&[256u64, 8, 12345, 1][..], 1, 8, 16),
-            (&[255, 16, 12345, 1][..], 0, 255, 256),
-            (&[256, 16, 12345, 2][..], 3, 2, 1),
+        for (strides, idx, axis, got, want) in [
+            (&[256u64, 8, 12345, 1][..], 1, "token", 8, 16),
+            (&[255, 16, 12345, 1][..], 0, "block", 255, 256),
+            (&[256, 16, 12345, 2][..], 3, "dim", 2, 1),
         ] {
             match l.check_tensor(&TensorClaim { strides, ..fa }) {
                 Err(LayoutError::TensorMismatch(m)) => assert!(
-                    m.contains(&format!("stride[{idx}] = {got}, expected {want}")),
+                    m.contains(&format!(
+                        "axis {idx} ({axis}): stride {got}, expected {want}"
+                    )),
                     "{order}: {m}"
                 ),
                 other => panic!("{order}: wrong stride[{idx}] accepted: {other:?}"),
@@ -73,7 +75,7 @@ fn one_head_of_a_tp_slice() {
     };
     assert!(matches!(
         rank3.check_tensor(&wrong_token),
-        Err(LayoutError::TensorMismatch(m)) if m.contains("stride[1] = 256, expected 2048")
+        Err(LayoutError::TensorMismatch(m)) if m.contains("axis 1 (token): stride 256, expected 2048")
     ));
 }
 

@@ -127,7 +127,8 @@ fn b2_flash_attn_or_flashinfer() {
     fa.check_tensor(&claim).unwrap();
     match fi.check_tensor(&claim) {
         Err(LayoutError::TensorMismatch(m)) => {
-            assert!(m.contains("stride[0] = 1024, expected 512"), "{m}")
+            assert!(m.contains("axis 0 (kv): stride 1024, expected 512"), "{m}");
+            assert!(m.contains("axes 0 (kv) and 1 (block) look swapped"), "{m}")
         }
         other => panic!("flashinfer layout accepted a flash-attn tensor: {other:?}"),
     }

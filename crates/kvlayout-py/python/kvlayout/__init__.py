@@ -13,21 +13,38 @@ per error kind, carrying the value and the limit as attributes.
 (0, 2522)
 >>> layout.view("flash-attn", "k").shape
 [3, 16, 4, 8]
+
+A zero-copy view of a field over an allocation, and the check of a tensor against the layout:
+
+>>> import numpy
+>>> buf = numpy.zeros(layout.buffer_bytes[0], numpy.uint8)
+>>> k = layout.as_view(buf, "k", "flash-attn")
+>>> k.shape, k.dtype.name, numpy.shares_memory(k, buf)
+((3, 16, 4, 8), 'float16', True)
+>>> layout.check(k, "k", "flash-attn", base=buf)
+>>> layout.check(k, "k", "standard")  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+kvlayout.errors.TensorMismatchError: ... standard k: axis 1 (head): size 16, expected 4 ...
 """
 
 from . import errors, handshake
+from ._arrays import ArrayDescription, describe, numpy_dtype
 from ._native import Backend, Layout, View, __version__, backend_names, conventions, open, presets
 from .cache import Cache
 
 __all__ = [
+    "ArrayDescription",
     "Backend",
     "Cache",
     "Layout",
     "View",
     "backend_names",
     "conventions",
+    "describe",
     "errors",
     "handshake",
+    "numpy_dtype",
     "open",
     "presets",
     "__version__",

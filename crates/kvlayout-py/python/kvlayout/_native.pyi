@@ -1,23 +1,53 @@
-"""Type stubs of the native module ``kvlayout._native`` (the package re-exports it)."""
+"""Type stubs of the native module ``kvlayout._native`` (PyO3; the package re-exports it)."""
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 __version__: str
 
-Region = Tuple[int, int, int]
-"""A byte range: ``(buffer, offset, length)``."""
+Region = Tuple[int, int, int]  # (buffer, byte offset, length)
+
+class View:
+    """A strided view of a field, relative to the start of its buffer."""
+
+    @property
+    def offset(self) -> int:
+        """Offset of element 0, in elements."""
+    @property
+    def offset_bytes(self) -> int:
+        """Offset of element 0, in bytes."""
+    @property
+    def shape(self) -> List[int]:
+        """Extents."""
+    @property
+    def strides(self) -> List[int]:
+        """Strides in elements."""
+    @property
+    def strides_bytes(self) -> List[int]:
+        """Strides in bytes."""
+    @property
+    def axes(self) -> List[str]:
+        """What each axis indexes: ``block``, ``head``, ``token`` (``slot`` where slots are
+        not tokens), ``dim``, ``kv``, and vLLM's key ``dim / x`` and ``x``."""
+    @property
+    def dtype(self) -> str:
+        """Element type name."""
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+    @property
+    def buffer(self) -> int:
+        """The buffer (allocation) the view is into."""
+    def byte_offset(self, index: Sequence[int]) -> int:
+        """Byte offset of a multi-index, each index checked against its extent."""
 
 class Layout:
-    """A validated KV-cache layout: where every element of a paged KV cache lives.
-
-    Made from a preset name, a spec string, a preset with overrides, or the JSON form
-    (``Layout.from_json``). Immutable; ``str(layout)`` is its canonical spec string."""
+    """A validated KV-cache layout: where every element of a paged KV cache lives."""
 
     def __init__(self, spec: str) -> None:
         """Parses a preset name, a compact spec string, or a preset followed by overrides."""
     @staticmethod
     def preset(name: str) -> "Layout":
-        """The layout of a preset by model name (``kvlayout.presets()`` lists them)."""
+        """The layout of a preset by model name."""
     @staticmethod
     def from_json(text: str) -> "Layout":
         """Parses and validates the versioned JSON form."""
@@ -43,101 +73,105 @@ class Layout:
         """Token (or state) slots per block."""
     @property
     def dtype(self) -> str:
-        """Element type of the main fields (``f16``, ``bf16``, ``fp8_e4m3``, ...)."""
+        """Element type of the main fields."""
     @property
     def content(self) -> str:
-        """Content kind as the spec string names it (``kv``, ``kv_scaled``, ``mla``, ...)."""
+        """Content kind as the spec string names it."""
     @property
     def kv_widths(self) -> Optional[Tuple[int, int]]:
         """``(key width, value width)`` of a K/V content, else ``None``."""
     @property
-    def fields(self) -> list[str]:
+    def fields(self) -> List[str]:
         """Fields a view or an offset can name."""
     @property
     def num_buffers(self) -> int:
         """Allocations (buffers) the layout spans."""
     @property
-    def buffer_bytes(self) -> list[int]:
+    def buffer_bytes(self) -> List[int]:
         """Bytes each buffer must hold: the end of its registered span."""
     def explain(self) -> str:
         """A human account of the layout."""
-    def explanation(self) -> dict[str, Any]:
+    def explanation(self) -> Any:
         """The same account as a dict."""
     def offset(
         self, field: str, layer: int = 0, block: int = 0, head: int = 0, slot: int = 0, dim: int = 0
     ) -> Tuple[int, int]:
-        """``(buffer, byte offset)`` of element ``dim`` of ``field`` at
-        ``(layer, block, head, slot)``, every index checked against its axis."""
-    def view(self, convention: str, field: str, layer: int = 0) -> "View":
-        """The strided view of ``field`` (or ``"kv"``) of ``layer`` in ``convention``."""
+        """Where an element lives: ``(buffer, byte offset)``."""
+    def view(self, convention: str, field: str, layer: int = 0) -> View:
+        """The strided view of ``field`` (or ``"kv"``) of one layer in a convention."""
     def block_regions(
-        self,
-        block: int,
-        layers: Optional[Tuple[int, int]] = None,
-        heads: Optional[Tuple[int, int]] = None,
-    ) -> list[Region]:
+        self, block: int, layers: Optional[Tuple[int, int]] = None, heads: Optional[Tuple[int, int]] = None
+    ) -> List[Region]:
         """The byte ranges of one block over layers and heads, merged where contiguous."""
-    def layer_regions(self, layers: Optional[Tuple[int, int]] = None) -> list[Region]:
-        """The byte ranges of a range of layers, merged where contiguous."""
-    def registered_spans(self) -> list[Region]:
+    def layer_regions(self, layers: Optional[Tuple[int, int]] = None) -> List[Region]:
+        """The byte ranges of layers, every block and head, merged where contiguous."""
+    def registered_spans(self) -> List[Region]:
         """What to register for transfers: each buffer's whole owned extent."""
     def tp_heads(self, tp_size: int, tp_rank: int) -> Tuple[int, int]:
         """The heads ``tp_rank`` of ``tp_size`` holds, as ``(start, stop)``."""
     def tp_slice(self, tp_size: int, tp_rank: int) -> "Layout":
-        """The view of this memory a TP rank sees: its heads only, same buffers."""
+        """The view of this memory a TP rank sees."""
     def layer_range(self, start: int, stop: int) -> "Layout":
         """Layers ``start..stop`` of this memory, renumbered from 0."""
     def split_blocks(self, ratio: int) -> "Layout":
         """Each block seen as ``ratio`` kernel blocks."""
     def slot_range(self, start: int, stop: int) -> "Layout":
-        """Tokens ``start..stop`` of every block."""
+        """Tokens ``start..stop`` of every block, as blocks of ``stop - start`` tokens."""
     def same_addressing(self, other: "Layout") -> None:
-        """Raises ``LayoutMismatchError`` unless both layouts address every element alike."""
+        """Raises ``LayoutMismatchError`` naming the first difference, if any."""
 
-class View:
-    """A strided view of a field, relative to the start of its buffer."""
+    # --- Tensors and allocations (kvlayout._arrays reads their memory) ---------------------
 
-    @property
-    def offset(self) -> int:
-        """Offset of element 0, in elements."""
-    @property
-    def offset_bytes(self) -> int:
-        """Offset of element 0, in bytes."""
-    @property
-    def shape(self) -> list[int]:
-        """Extents."""
-    @property
-    def strides(self) -> list[int]:
-        """Strides in elements."""
-    @property
-    def strides_bytes(self) -> list[int]:
-        """Strides in bytes."""
-    @property
-    def dtype(self) -> str:
-        """Element type name."""
-    @property
-    def itemsize(self) -> int:
-        """Bytes per element."""
-    @property
-    def buffer(self) -> int:
-        """The buffer the view is into."""
-    def byte_offset(self, index: Sequence[int]) -> int:
-        """Byte offset of a multi-index, each index checked against its extent."""
+    def check(
+        self,
+        obj: Any,
+        field: str,
+        convention: str = "standard",
+        layer: int = 0,
+        base: Union[int, Any, None] = None,
+        device: Optional[str] = None,
+    ) -> None:
+        """Checks a framework's tensor against the view of ``field`` (or ``"kv"``) of
+        ``layer`` in ``convention``: ``None``, or ``TensorMismatchError`` naming the first
+        disagreement (dtype, an axis's size or stride, the storage offset) with a hint at the
+        likely mistake. The tensor's memory is read from ``__cuda_array_interface__``,
+        ``__array_interface__`` or ``__dlpack__`` (``ArrayError`` if none).
+
+        ``base``: the address of the tensor's buffer, or the allocation itself (it must then
+        hold ``buffer_bytes[view.buffer]`` bytes, else ``BufferTooShortError``, and contain
+        the tensor); the storage offset is checked only when given. ``device``: ``"cpu"``,
+        ``"cuda"``, ``"cuda:N"``, ``"rocm"`` or ``"rocm:N"``, checked when given.
+        """
+    def as_view(self, buf: Any, field: str, convention: str = "standard", layer: int = 0) -> Any:
+        """The zero-copy view of ``field`` (or ``"kv"``) of ``layer`` in ``convention`` over
+        the allocation ``buf``: a numpy array sharing ``buf``'s memory (``ml_dtypes`` for bf16
+        and fp8), or a torch tensor where ``buf`` is one. ``buf`` is one contiguous allocation
+        holding the view's buffer (``BufferTooShortError`` otherwise), or a list of one per
+        buffer. ``ViewRefusedError`` where no view exists without a copy."""
+
+def presets() -> List[str]:
+    """The preset names (models)."""
+
+def conventions() -> List[str]:
+    """The view convention names ``Layout.view`` takes."""
+
+def random_layout(seed: int) -> Layout:
+    """The conformance suite's random valid layout of ``seed`` (same seed, same layout)."""
+
+# --- src/backend.rs: kvlayout.open and Backend ---------------------------------------------
 
 class Backend:
-    """A backend: ``write_kv``, ``paged_decode`` and the block movers on caches and tensors
-    the caller owns (a cache is any object with ``layout`` and ``buffers``, e.g.
-    ``kvlayout.Cache``)."""
+    """A backend: ``write_kv``, ``paged_decode`` and the block movers on caller-owned caches."""
 
     @property
     def name(self) -> str:
         """The name it was opened by."""
     @property
     def memory(self) -> str:
-        """``"host"`` (runs on the caller's arrays in place) or ``"device"`` (copies them)."""
+        """``"host"`` (in place) or ``"device"`` (copies in and back)."""
     @property
-    def kernels(self) -> dict[str, Any]:
-        """What runs the ops: ``build``, ``why``, ``threads``."""
+    def kernels(self) -> dict:
+        """What runs the ops: ``{"build": ..., "why": ..., "threads": ...}``."""
     def write_kv(
         self, cache: Any, key: Any, value: Optional[Any], slot_mapping: Any, layer: int = 0
     ) -> None:
@@ -155,41 +189,76 @@ class Backend:
         soft_cap: Optional[float] = None,
         out: Optional[Any] = None,
     ) -> Any:
-        """One decode step; returns (or fills ``out``) the f32 output
-        ``[seqs, num_q_heads, head_size_v]``."""
+        """One decode step of one layer; returns (or fills ``out``) the f32 output."""
     def copy_blocks(self, cache: Any, pairs: Any) -> None:
         """Copies blocks within one cache, every layer."""
     def swap_blocks(self, src_cache: Any, dst_cache: Any, pairs: Any) -> None:
         """Copies blocks between two caches of the same content."""
-    def gather_blocks(self, cache: Any, blocks: Any, heads: Tuple[int, int], staging: Any) -> None:
+    def gather_blocks(
+        self, cache: Any, blocks: Any, heads: Tuple[int, int], staging: Any
+    ) -> None:
         """Copies cache block ``blocks[i]``, heads ``heads``, to staging block ``i``."""
-    def scatter_blocks(self, staging: Any, blocks: Any, heads: Tuple[int, int], cache: Any) -> None:
-        """The inverse of ``gather_blocks``."""
-    def convert(self, src_cache: Any, dst_cache: Any) -> None:
-        """Converts a whole cache to another layout of the same content and block count."""
+    def scatter_blocks(
+        self, staging: Any, blocks: Any, heads: Tuple[int, int], cache: Any
+    ) -> None:
+        """Staging block ``i`` to cache block ``blocks[i]``, heads ``heads``."""
     def _time_decode(
         self, cache: Any, query: Any, block_table: Any, seq_lens: Any, layer: int = 0, runs: int = 10
     ) -> list[float]:
         """Benchmark support: the seconds of each of ``runs`` decodes timed inside Rust."""
+    def convert(self, src_cache: Any, dst_cache: Any) -> None:
+        """Converts a whole cache to another layout of the same content and block count."""
 
 def open(name: str, threads: Optional[int] = None) -> Backend:
-    """Opens a backend by name (``cpu``, ``cpu:<build>``, ``reference``, ``cuda-emu``,
-    ``hip-emu``, ``cuda[:n]``, ``hip[:n]``)."""
+    """Opens the backend ``name`` (``kvlayout.backend_names()`` lists them)."""
 
-def backend_names() -> list[str]:
+def backend_names() -> List[str]:
     """Every backend name of this build, in report order."""
 
-def presets() -> list[str]:
-    """The preset names (models)."""
+# --- src/testing.rs, src/testing/: the generators and comparisons of kvlayout.testing -------
 
-def conventions() -> list[str]:
-    """The view convention names ``Layout.view`` takes."""
+def kv_ops_widths(layout: Layout) -> Tuple[int, int]:
+    """``(query/key width, value width)`` of a layout ``write_kv`` and ``paged_decode``
+    accept; ``UnsupportedError`` otherwise."""
 
-def random_layout(seed: int) -> Layout:
-    """The conformance suite's random valid layout of ``seed``."""
+def tensor_scales(layout: Layout) -> Tuple[float, float]:
+    """``(k_scale, v_scale)``: the per-tensor scales of stored K and V."""
 
-def _time_calls(layout: Layout, what: str, n: int) -> float:
-    """Benchmark support: nanoseconds per Rust call of ``offset``, ``view`` or ``check``."""
+def workload(layout: Layout, seed: int, activations: Optional[str] = None) -> dict:
+    """The conformance suite's workload of ``layout`` seeded by ``seed``, as bytes, dtype
+    names and shapes (``kvlayout.testing.workload`` makes numpy arrays of it)."""
+
+def reference_decode(
+    cache: Any,
+    query: Any,
+    block_table: Any,
+    seq_lens: Any,
+    num_q_heads: int,
+    scale: float,
+    layer: int = 0,
+    sliding_window: Optional[int] = None,
+    soft_cap: Optional[float] = None,
+) -> Tuple[bytes, List[Tuple[float, float]]]:
+    """The scalar reference's decode (f32 output as bytes) and each output row's
+    ``(values, logits)`` magnitudes."""
+
+def decode_tolerance(dtype: str) -> Tuple[float, float]:
+    """``(relative, per_logit)`` the backend contract allows for a cache of ``dtype``."""
+
+def decode_error(
+    got: bytes, want: bytes, magnitudes: Sequence[Tuple[float, float]], dtype: str
+) -> dict:
+    """The suite's comparison of a decode output with the reference's: ``ratio``,
+    ``relative``, ``worst``, ``bound``, ``passed``."""
+
+def write_error(got: Any, want: Any, slot_mapping: Any, layer: int = 0) -> Optional[str]:
+    """The suite's check of a write against the reference's: ``None`` or the first
+    disagreement in words."""
+
+def element_at(
+    layout: Layout, buffer: int, offset: int
+) -> Optional[Tuple[str, int, int, int, int, int]]:
+    """``(field, layer, block, head, slot, dim)`` of the element holding a byte, or ``None``."""
 
 # --- The connector's handshake (src/handshake.rs; re-exported by kvlayout.handshake) -------
 
@@ -298,3 +367,8 @@ class PeerMetadata:
 def check_compatible(local: CacheGroup, remote: CacheGroup) -> None:
     """``None`` when two groups agree on every field the compatibility hash covers; raises
     ``HandshakeIncompatibleError`` naming the first differing field otherwise."""
+
+# --- Benchmark support (src/bench.rs) ----------------------------------------------------
+
+def _time_calls(layout: Layout, what: str, n: int) -> float:
+    """Nanoseconds per Rust call of ``offset``, ``view`` or ``check`` on ``layout``."""

@@ -1,0 +1,138 @@
+//! What an object states about its memory, as Rust values: `kvlayout._arrays.describe` reads
+//! the interfaces (`__cuda_array_interface__`, `__array_interface__`, `__dlpack__`) and checks
+//! every number's range; this reads its answer. Also the checked conversions of the integers
+//! `check` and `as_view` take from Python.
+
+use kvlayout::{KvCacheLayout, LayoutError};
+use pyo3::prelude::*;
+use pyo3::types::PyInt;
+
+use crate::errors::{raise, Attr, Raised};
+
+/// An object's memory: `kvlayout._arrays.ArrayDescription` read into Rust.
+pub struct Described {
+    /// Address of element 0.
+    pub address: u64,
+    /// Extents.
+    pub shape: Vec<u64>,
+    /// Strides in elements (negative where the object states so).
+    pub strides: Vec<i64>,
+    /// Bytes per element.
+    pub itemsize: u64,
+    /// kvlayout dtype name (`f16`, `bf16`, ...; also `i32`, `f64`, ... the layout never stores).
+    pub dtype: String,
+    /// `cpu`, `cuda:N`, `rocm:N`, or `cuda` where the ordinal is unknown.
+    pub device: String,
+    /// Bytes of the extent its elements span.
+    pub nbytes: u64,
+    /// One dense row-major run of bytes.
+    pub c_contiguous: bool,
+}
+
+/// Calls `kvlayout._arrays.describe(obj)` (its `ArrayError` passes through).
+pub fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Described> {
+    let py = obj.py();
+    let d = py
+        .import("kvlayout._arrays")?
+        .getattr("describe")?
+        .call1((obj,))?;
+    Ok(Described {
+        address: d.getattr("address")?.extract()?,
+        shape: d.getattr("shape")?.extract()?,
+        strides: d.getattr("strides")?.extract()?,
+        itemsize: d.getattr("itemsize")?.extract()?,
+        dtype: d.getattr("dtype")?.extract()?,
+        device: d.getattr("device")?.extract()?,
+        nbytes: d.getattr("nbytes")?.extract()?,
+        c_contiguous: d.getattr("c_contiguous")?.extract()?,
+    })
+}
+
+/// A base address stated as a Python int, or the address and byte count of an allocation
+/// object (described like a tensor; it must be one contiguous run).
+pub enum Base {
+    /// An address.
+    Address(u64),
+    /// An allocation: its description.
+    Allocation(Described),
+}
+
+/// Reads `base`: an int in `[0, 2**64)` or an object `describe` reads.
+pub fn base(base: &Bound<'_, PyAny>) -> PyResult<Base> {
+    if base.is_instance_of::<PyInt>() {
+        let v: i128 = base.extract().map_err(|_| {
+            raise(Raised::array(format!(
+                "base address {base} is outside [0, 2**64)"
+            )))
+        })?;
+        return u64::try_from(v).map(Base::Address).map_err(|_| {
+            raise(Raised::array(format!(
+                "base address {v} is outside [0, 2**64)"
+            )))
+        });
+    }
+    let d = describe(base)?;
+    if !d.c_contiguous {
+        return Err(raise(Raised::array(format!(
+            "the allocation (shape {:?}, strides {:?} elements) is not one contiguous run of bytes",
+            d.shape, d.strides
+        ))));
+    }
+    Ok(Base::Allocation(d))
+}
+
+/// A layer index from Python: in `0..num_layers`, else `OutOfRangeError` with the value as
+/// given (negative ones too).
+pub fn layer(layout: &KvCacheLayout, layer: i128) -> PyResult<u64> {
+    let limit = layout.geometry().num_layers;
+    match u64::try_from(layer) {
+        Ok(l) if l < limit => Ok(l),
+        Ok(l) => Err(raise(LayoutError::OutOfRange {
+            axis: "layer",
+            value: l,
+            limit,
+        })),
+        Err(_) => Err(raise(Raised {
+            class: "OutOfRangeError",
+            message: format!("layer index {layer} is out of range (limit {limit})"),
+            fields: vec![
+                ("axis", Attr::from("layer")),
+                ("value", Attr::from(layer)),
+                ("limit", Attr::from(limit)),
+            ],
+        })),
+    }
+}
+
+/// The kind of a device name (`cuda` of `cuda:1`) and its ordinal, if stated.
+pub fn device_parts(device: &str) -> (&str, Option<&str>) {
+    match device.split_once(':') {
+        Some((kind, ordinal)) => (kind, Some(ordinal)),
+        None => (device, None),
+    }
+}
+
+/// Whether a tensor on `got` is on `want`: same kind, and same ordinal where both state one.
+pub fn same_device(got: &str, want: &str) -> bool {
+    let ((gk, go), (wk, wo)) = (device_parts(got), device_parts(want));
+    gk == wk && (go.is_none() || wo.is_none() || go == wo)
+}
+
+/// A device name `check` accepts: `cpu`, `cuda`, `cuda:N`, `rocm`, `rocm:N`.
+pub fn valid_device(device: &str) -> PyResult<()> {
+    let ok = match device_parts(device) {
+        ("cpu", None) => true,
+        ("cuda" | "rocm", None) => true,
+        ("cuda" | "rocm", Some(n)) => n.parse::<u32>().is_ok(),
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(raise(LayoutError::UnknownName {
+            what: "device",
+            name: device.to_string(),
+            known: "cpu, cuda, cuda:N, rocm, rocm:N".into(),
+        }))
+    }
+}
