@@ -2,10 +2,10 @@
 //!
 //! This crate owns the Python bindings (PyO3, one abi3 extension module `kvlayout._native`,
 //! built by maturin with the pure-Python part under `python/kvlayout/`): the layout as a
-//! Python class ([`layout`]), Rust errors as Python exceptions carrying their values
-//! ([`errors`]), the check of a framework's tensor and zero-copy views of its allocation, the
-//! backends on memory the caller owns, the test harness for other people's kernels, and the
-//! connector's handshake.
+//! Python class (`layout.rs`), Rust errors as Python exceptions carrying their values
+//! (`errors.rs`), the check of a framework's tensor (`check.rs`) and zero-copy views of its
+//! allocation (`as_view.rs`), the backends on memory the caller owns, the test harness for
+//! other people's kernels, and the connector's handshake.
 //!
 //! It does not own any layout logic, op, backend or wire format: every answer comes from the
 //! `kvlayout` crate, the backends and the connector. What an object exposes about its memory
