@@ -10,6 +10,7 @@ use pyo3::types::PyInt;
 use crate::errors::{raise, Attr, Raised};
 
 /// An object's memory: `kvlayout._arrays.ArrayDescription` read into Rust.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Described {
     /// Address of element 0.
     pub address: u64,
@@ -27,24 +28,41 @@ pub struct Described {
     pub nbytes: u64,
     /// One dense row-major run of bytes.
     pub c_contiguous: bool,
+    /// Whether the object says its memory is read-only.
+    pub readonly: bool,
 }
 
-/// Calls `kvlayout._arrays.describe(obj)` (its `ArrayError` passes through).
+/// What `kvlayout._arrays.describe(obj)` says (its `ArrayError` passes through): a numpy
+/// array read in Rust (`ndarray`), anything else in one call as the tuple of
+/// `kvlayout._arrays._fields`.
 pub fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Described> {
-    let py = obj.py();
-    let d = py
-        .import("kvlayout._arrays")?
-        .getattr("describe")?
-        .call1((obj,))?;
+    if let Some(d) = crate::ndarray::read(obj)? {
+        return Ok(d);
+    }
+    #[allow(clippy::type_complexity)]
+    let (address, shape, strides, itemsize, dtype, device, readonly, nbytes, c_contiguous): (
+        u64,
+        Vec<u64>,
+        Vec<i64>,
+        u64,
+        String,
+        String,
+        bool,
+        u64,
+        bool,
+    ) = crate::python::describe(obj.py())?
+        .call1((obj,))?
+        .extract()?;
     Ok(Described {
-        address: d.getattr("address")?.extract()?,
-        shape: d.getattr("shape")?.extract()?,
-        strides: d.getattr("strides")?.extract()?,
-        itemsize: d.getattr("itemsize")?.extract()?,
-        dtype: d.getattr("dtype")?.extract()?,
-        device: d.getattr("device")?.extract()?,
-        nbytes: d.getattr("nbytes")?.extract()?,
-        c_contiguous: d.getattr("c_contiguous")?.extract()?,
+        address,
+        shape,
+        strides,
+        itemsize,
+        dtype,
+        device,
+        nbytes,
+        c_contiguous,
+        readonly,
     })
 }
 

@@ -43,16 +43,13 @@ pub fn as_view<'py>(
             needed,
         }));
     }
-    buf.py()
-        .import("kvlayout._arrays")?
-        .getattr("_strided_view")?
-        .call1((
-            alloc,
-            v.offset,
-            v.shape.clone(),
-            v.strides.clone(),
-            v.dtype.to_string(),
-        ))
+    crate::python::strided_view(buf.py())?.call1((
+        alloc,
+        v.offset,
+        v.shape.clone(),
+        v.strides.clone(),
+        v.dtype.to_string(),
+    ))
 }
 
 /// One past the last byte the view reads (its elements lie inside the registered span of a

@@ -116,11 +116,7 @@ pub(crate) struct CacheArg<'py> {
     pub(crate) buffers: Vec<HostArray<'py>>,
 }
 
-pub(crate) fn cache_arg<'py>(
-    py: Python<'py>,
-    cache: &Bound<'py, PyAny>,
-    what: &str,
-) -> PyResult<CacheArg<'py>> {
+pub(crate) fn cache_arg<'py>(cache: &Bound<'py, PyAny>, what: &str) -> PyResult<CacheArg<'py>> {
     let layout = cache.getattr("layout")?;
     let layout = layout.cast_into::<Layout>().map_err(|_| {
         array_error(format!(
@@ -129,7 +125,7 @@ pub(crate) fn cache_arg<'py>(
     })?;
     let mut buffers = Vec::new();
     for (i, b) in cache.getattr("buffers")?.try_iter()?.enumerate() {
-        buffers.push(HostArray::read(py, &b?, &format!("{what} buffer {i}"))?);
+        buffers.push(HostArray::read(&b?, &format!("{what} buffer {i}"))?);
     }
     Ok(CacheArg { layout, buffers })
 }
@@ -142,10 +138,8 @@ pub(crate) fn index_arg<'py>(
     dtype: &str,
     what: &str,
 ) -> PyResult<HostArray<'py>> {
-    let arr = py
-        .import("kvlayout._ops")?
-        .call_method1("index_array", (obj, dtype, what))?;
-    HostArray::read(py, &arr, what)
+    let arr = crate::python::index_array(py)?.call1((obj, dtype, what))?;
+    HostArray::read(&arr, what)
 }
 
 pub(crate) fn activations<'a>(a: &HostArray, b: &'a [u8]) -> PyResult<Activations<'a>> {
@@ -308,13 +302,13 @@ impl PyBackend {
         slot_mapping: &Bound<'_, PyAny>,
         layer: u64,
     ) -> PyResult<()> {
-        let c = cache_arg(py, cache, "cache")?;
+        let c = cache_arg(cache, "cache")?;
         let mut reads = vec![
-            HostArray::read(py, key, "key")?,
+            HostArray::read(key, "key")?,
             index_arg(py, slot_mapping, "i64", "slot_mapping")?,
         ];
         if let Some(v) = value {
-            reads.push(HostArray::read(py, v, "value")?);
+            reads.push(HostArray::read(v, "value")?);
         }
         let mut call = Call::new(reads, c.buffers)?;
         let (reads, writes) = call.slices();
@@ -396,7 +390,7 @@ impl PyBackend {
     /// Benchmark support: runs the same decode ``runs`` times on the same arguments, timing
     /// each run inside Rust (the op alone, no Python in between); returns the seconds of
     /// each.
-    #[pyo3(name = "_time_decode", signature = (cache, query, block_table, seq_lens, layer=0, runs=10))]
+    #[pyo3(name = "_time_decode", signature = (cache, query, block_table, seq_lens, layer=0, runs=10, out=None))]
     #[allow(clippy::too_many_arguments)]
     fn time_decode<'py>(
         &self,
@@ -407,6 +401,7 @@ impl PyBackend {
         seq_lens: &Bound<'py, PyAny>,
         layer: u64,
         runs: usize,
+        out: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Vec<f64>> {
         let args = DecodeCall {
             layer,
@@ -415,7 +410,7 @@ impl PyBackend {
             sliding_window: None,
             soft_cap: None,
         };
-        let (_, times) = self.decode(py, cache, query, block_table, seq_lens, &args, None, runs)?;
+        let (_, times) = self.decode(py, cache, query, block_table, seq_lens, &args, out, runs)?;
         Ok(times)
     }
 
@@ -511,9 +506,9 @@ impl PyBackend {
             sliding_window,
             soft_cap,
         } = *call;
-        let c = cache_arg(py, cache, "cache")?;
+        let c = cache_arg(cache, "cache")?;
         let layout = &c.layout.get().inner;
-        let q = HostArray::read(py, query, "query")?;
+        let q = HostArray::read(query, "query")?;
         let table = index_arg(py, block_table, "i32", "block_table")?;
         let lens = index_arg(py, seq_lens, "u32", "seq_lens")?;
         let blocks_per_seq = match table.shape.as_slice() {
@@ -541,11 +536,11 @@ impl PyBackend {
         let seqs = lens.shape.iter().product::<u64>();
         let out = match out {
             Some(o) => o,
-            None => py
-                .import("numpy")?
-                .call_method1("zeros", ((seqs, num_q_heads, v_width), "float32"))?,
+            None => {
+                crate::python::numpy_zeros(py)?.call1(((seqs, num_q_heads, v_width), "float32"))?
+            }
         };
-        let o = HostArray::read(py, &out, "out")?;
+        let o = HostArray::read(&out, "out")?;
         if o.dtype != "f32" {
             return Err(raise(OpError::Shape {
                 what: "out dtype".into(),
@@ -638,8 +633,8 @@ impl PyBackend {
         dst: &Bound<'_, PyAny>,
         op: &BlockMove<'_>,
     ) -> PyResult<()> {
-        let s = src.map(|s| cache_arg(py, s, "source cache")).transpose()?;
-        let d = cache_arg(py, dst, "destination cache")?;
+        let s = src.map(|s| cache_arg(s, "source cache")).transpose()?;
+        let d = cache_arg(dst, "destination cache")?;
         let slayout = s.as_ref().map(|s| &s.layout.get().inner);
         let dlayout = &d.layout.get().inner;
         let reads = s.as_ref().map(|s| s.buffers.clone()).unwrap_or_default();

@@ -28,6 +28,8 @@ mod handshake;
 mod layout;
 #[allow(unsafe_code)]
 mod memory;
+mod ndarray;
+mod python;
 mod testing;
 
 /// The native module, `kvlayout._native` (the package re-exports it).
@@ -35,6 +37,7 @@ mod testing;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     layout::register(m)?;
+    ndarray::register(m)?;
     backend::register(m)?;
     bench::register(m)?;
     testing::register(m)?;

@@ -41,43 +41,38 @@ fn array_error(reason: String) -> PyErr {
 
 impl<'py> HostArray<'py> {
     /// Reads `obj`'s memory; refused unless it is one contiguous range of host memory.
-    pub fn read(py: Python<'py>, obj: &Bound<'py, PyAny>, what: &str) -> PyResult<HostArray<'py>> {
-        let info = py
-            .import("kvlayout._arrays")?
-            .call_method1("describe", (obj,))?;
-        let device: String = info.getattr("device")?.extract()?;
-        if device != "cpu" {
+    pub fn read(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<HostArray<'py>> {
+        let d = crate::arrays::describe(obj)?;
+        if d.device != "cpu" {
             return Err(array_error(format!(
-                "{what} is in {device} memory; this backend runs on host memory"
+                "{what} is in {} memory; this backend runs on host memory",
+                d.device
             )));
         }
-        let shape: Vec<u64> = info.getattr("shape")?.extract()?;
-        let strides: Vec<i64> = info.getattr("strides")?.extract()?;
-        let itemsize: u64 = info.getattr("itemsize")?.extract()?;
-        let mut expected = 1u64;
-        for (d, (&n, &s)) in shape.iter().zip(&strides).enumerate().rev() {
-            if n > 1 && s != expected as i64 {
-                return Err(array_error(format!(
-                    "{what} is not contiguous: stride {s} of axis {d} (shape {shape:?}, strides \
-                     {strides:?} in elements); pass a C-contiguous array"
-                )));
-            }
-            expected = expected.saturating_mul(n);
+        if !d.c_contiguous {
+            return Err(array_error(format!(
+                "{what} is not contiguous (shape {:?}, strides {:?} in elements); pass a \
+                 C-contiguous array",
+                d.shape, d.strides
+            )));
         }
-        let nbytes = expected
-            .checked_mul(itemsize)
-            .and_then(|n| usize::try_from(n).ok())
-            .ok_or_else(|| {
-                array_error(format!("{what}: {shape:?} elements pass the address space"))
-            })?;
+        let nbytes = usize::try_from(d.nbytes).map_err(|_| {
+            array_error(format!("{what}: {} bytes pass the address space", d.nbytes))
+        })?;
+        let address = usize::try_from(d.address).map_err(|_| {
+            array_error(format!(
+                "{what}: address {:#x} passes the address space",
+                d.address
+            ))
+        })?;
         Ok(HostArray {
             _owner: obj.clone(),
             what: what.to_string(),
-            address: info.getattr("address")?.extract()?,
+            address,
             nbytes,
-            readonly: info.getattr("readonly")?.extract()?,
-            dtype: info.getattr("dtype")?.extract()?,
-            shape,
+            readonly: d.readonly,
+            dtype: d.dtype,
+            shape: d.shape,
         })
     }
 

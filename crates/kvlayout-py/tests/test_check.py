@@ -312,3 +312,35 @@ def test_torch_tensors_are_checked_and_viewed():
         lambda: layout.check(k, "k", "flash-attn", layer=0, base=buf.data_ptr()),
     )
     assert "storage offset 3072 elements (6144 B), expected 0 elements (0 B)" in m
+
+
+def test_the_native_numpy_reading_says_what_describe_says():
+    from kvlayout import _arrays, _native
+
+    base = np.arange(4 * 6 * 8, dtype=np.float16).reshape(4, 6, 8)
+    arrays = [
+        base,
+        base[:, 1:5],
+        base[::2, :, ::-1],
+        base.transpose(2, 0, 1),
+        base[:, :1, :],
+        np.zeros(0),
+        np.zeros((3, 0, 2), np.int32),
+        np.zeros((1, 5), ml_dtypes.bfloat16),
+        np.zeros((2, 3), ml_dtypes.float8_e4m3fn)[:, ::2],
+        np.zeros(7, np.uint8)[1:].view(np.int8),
+        np.ones((), np.float32),
+    ]
+    readonly = base.copy()
+    readonly.flags.writeable = False
+    arrays.append(readonly)
+    for a in arrays:
+        native = tuple(tuple(x) if isinstance(x, list) else x for x in _native._read_ndarray(a))
+        assert native == _arrays._fields(a), (a.shape, a.strides)
+    # left to describe: strides that are not whole elements, a foreign byte order, a type
+    # kvlayout does not name, a subclass
+    odd = np.zeros(9, np.uint8)[1:].view(np.float16)[:3]
+    assert _native._read_ndarray(np.lib.stride_tricks.as_strided(odd, (2,), (3,))) is None
+    assert _native._read_ndarray(np.zeros(3, ">f4")) is None
+    assert _native._read_ndarray(np.zeros(3, np.complex64)) is None
+    assert _native._read_ndarray(np.ma.zeros(3)) is None

@@ -17,7 +17,7 @@ import ctypes
 import operator
 import sys
 from dataclasses import dataclass
-from typing import Any, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 from .errors import ArrayError
 
@@ -95,12 +95,18 @@ class ArrayDescription:
     @property
     def c_contiguous(self) -> bool:
         """Whether the elements are one dense row-major run (axes of extent 1 skipped)."""
-        step = 1
-        for n, s in reversed(list(zip(self.shape, self.strides))):
-            if n > 1 and s != step:
-                return False
-            step *= n
-        return True
+        return _is_dense(self.shape, self.strides)
+
+
+def _is_dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether ``strides`` (elements) are row-major dense for ``shape`` (extent-1 axes
+    skipped)."""
+    step = 1
+    for n, s in reversed(list(zip(shape, strides))):
+        if n > 1 and s != step:
+            return False
+        step *= n
+    return True
 
 
 def _refuse(reason: str) -> ArrayError:
@@ -302,6 +308,17 @@ def _dlpack(obj: Any) -> ArrayDescription:
     strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else None
     address = (t.data or 0) + t.byte_offset
     return _make(address, shape, strides, bits // 8, name, device, readonly, where)
+
+
+def _fields(obj: Any) -> tuple:
+    """What the native side reads of :func:`describe`, in one tuple: ``(address, shape,
+    strides, itemsize, dtype, device, readonly, nbytes, c_contiguous)``. (The native side
+    reads a plain numpy array itself, the same way.)"""
+    d = describe(obj)
+    return (
+        d.address, d.shape, d.strides, d.itemsize, d.dtype, d.device, d.readonly, d.nbytes,
+        d.c_contiguous,
+    )
 
 
 def describe(obj: Any) -> ArrayDescription:

@@ -203,7 +203,14 @@ class Backend:
     ) -> None:
         """Staging block ``i`` to cache block ``blocks[i]``, heads ``heads``."""
     def _time_decode(
-        self, cache: Any, query: Any, block_table: Any, seq_lens: Any, layer: int = 0, runs: int = 10
+        self,
+        cache: Any,
+        query: Any,
+        block_table: Any,
+        seq_lens: Any,
+        layer: int = 0,
+        runs: int = 10,
+        out: Optional[Any] = None,
     ) -> list[float]:
         """Benchmark support: the seconds of each of ``runs`` decodes timed inside Rust."""
     def convert(self, src_cache: Any, dst_cache: Any) -> None:
@@ -372,3 +379,7 @@ def check_compatible(local: CacheGroup, remote: CacheGroup) -> None:
 
 def _time_calls(layout: Layout, what: str, n: int) -> float:
     """Nanoseconds per Rust call of ``offset``, ``view`` or ``check`` on ``layout``."""
+
+def _read_ndarray(obj: Any) -> Optional[tuple]:
+    """Test hook: the native reading of a numpy array, as ``kvlayout._arrays._fields``
+    gives it, or ``None`` where it leaves the object to ``describe``."""

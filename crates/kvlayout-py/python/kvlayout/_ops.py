@@ -7,11 +7,16 @@ import numpy as np
 from .errors import ShapeError
 
 
+_TYPES = {"i64": np.dtype(np.int64), "i32": np.dtype(np.int32), "u32": np.dtype(np.uint32)}
+
+
 def index_array(obj, dtype: str, what: str) -> np.ndarray:
     """``obj`` (an integer array or a list) as a C-contiguous array of ``dtype``
     (``"i64"``, ``"i32"`` or ``"u32"``): a copy only where its type differs. Values that do
     not fit and non-integer input raise ``ShapeError`` naming the argument."""
-    target = {"i64": np.int64, "i32": np.int32, "u32": np.uint32}[dtype]
+    target = _TYPES[dtype]
+    if type(obj) is np.ndarray and obj.dtype == target and obj.flags.c_contiguous:
+        return obj
     a = np.asarray(obj)
     if a.size == 0:
         return np.zeros(a.shape, dtype=target)

@@ -65,9 +65,9 @@ fn reference_decode<'py>(
     sliding_window: Option<u64>,
     soft_cap: Option<f32>,
 ) -> PyResult<Decoded<'py>> {
-    let c = cache_arg(py, cache, "cache")?;
+    let c = cache_arg(cache, "cache")?;
     let layout = c.layout.get().inner.clone();
-    let q = HostArray::read(py, query, "query")?;
+    let q = HostArray::read(query, "query")?;
     let table = index_arg(py, block_table, "i32", "block_table")?;
     let lens = index_arg(py, seq_lens, "u32", "seq_lens")?;
     let blocks_per_seq = match table.shape.as_slice() {
@@ -276,8 +276,8 @@ fn write_error(
     slot_mapping: &Bound<'_, PyAny>,
     layer: u64,
 ) -> PyResult<Option<String>> {
-    let g = cache_arg(py, got, "got")?;
-    let w = cache_arg(py, want, "want")?;
+    let g = cache_arg(got, "got")?;
+    let w = cache_arg(want, "want")?;
     let layout = g.layout.get().inner.clone();
     if w.layout.get().inner != layout {
         let reason = format!("got is {layout}, want is {}", w.layout.get().inner);
