@@ -4,14 +4,16 @@
 //! built by maturin with the pure-Python part under `python/kvlayout/`): the layout as a
 //! Python class (`layout.rs`), Rust errors as Python exceptions carrying their values
 //! (`errors.rs`), the check of a framework's tensor (`check.rs`) and zero-copy views of its
-//! allocation (`as_view.rs`), the backends on memory the caller owns, the test harness for
-//! other people's kernels, and the connector's handshake.
+//! allocation (`as_view.rs`), the backends on memory the caller owns (`backend.rs`), the
+//! test harness for other people's kernels (`testing.rs`), the connector's handshake
+//! (`handshake.rs`), and the Rust side of the binding benchmark (`bench.rs`).
 //!
 //! It does not own any layout logic, op, backend or wire format: every answer comes from the
 //! `kvlayout` crate, the backends and the connector. What an object exposes about its memory
 //! (`__array_interface__`, `__cuda_array_interface__`, `__dlpack__`) is read by the Python
-//! side (`kvlayout/_arrays.py`) and handed here as plain integers; nothing is guessed from a
-//! shape.
+//! side (`kvlayout/_arrays.py`; a plain numpy array by `ndarray.rs`, the same way) and handed
+//! here as plain integers (`arrays.rs`); `memory.rs` makes slices of host memory for one
+//! call. Nothing is guessed from a shape.
 
 #![deny(unsafe_code)]
 
