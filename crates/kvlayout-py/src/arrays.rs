@@ -39,31 +39,68 @@ pub fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Described> {
     if let Some(d) = crate::ndarray::read(obj)? {
         return Ok(d);
     }
-    #[allow(clippy::type_complexity)]
-    let (address, shape, strides, itemsize, dtype, device, readonly, nbytes, c_contiguous): (
-        u64,
-        Vec<u64>,
-        Vec<i64>,
-        u64,
-        String,
-        String,
-        bool,
-        u64,
-        bool,
-    ) = crate::python::describe(obj.py())?
+    let fields: Fields = crate::python::describe(obj.py())?
         .call1((obj,))?
         .extract()?;
-    Ok(Described {
-        address,
-        shape,
-        strides,
-        itemsize,
-        dtype,
-        device,
-        nbytes,
-        c_contiguous,
-        readonly,
-    })
+    Ok(Described::from(fields))
+}
+
+/// A description as `kvlayout._arrays._fields` gives it: `(address, shape, strides,
+/// itemsize, dtype, device, readonly, nbytes, c_contiguous)`.
+pub type Fields = (
+    u64,
+    Vec<u64>,
+    Vec<i64>,
+    u64,
+    String,
+    String,
+    bool,
+    u64,
+    bool,
+);
+
+impl From<Fields> for Described {
+    fn from(f: Fields) -> Self {
+        let (address, shape, strides, itemsize, dtype, device, readonly, nbytes, c_contiguous) = f;
+        Described {
+            address,
+            shape,
+            strides,
+            itemsize,
+            dtype,
+            device,
+            nbytes,
+            c_contiguous,
+            readonly,
+        }
+    }
+}
+
+impl From<Described> for Fields {
+    fn from(d: Described) -> Self {
+        let Described {
+            address,
+            shape,
+            strides,
+            itemsize,
+            dtype,
+            device,
+            nbytes,
+            c_contiguous,
+            readonly,
+        } = d;
+        (
+            address,
+            shape,
+            strides,
+            itemsize,
+            dtype,
+            device,
+            readonly,
+            nbytes,
+            c_contiguous,
+        )
+    }
 }
 
 /// A base address stated as a Python int, or the address and byte count of an allocation

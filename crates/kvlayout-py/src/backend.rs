@@ -10,20 +10,24 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use half::{bf16, f16};
 use kvlayout::ops::{
-    decode_widths, AnyBackend, AnyCache, Backend as _, BlockMove, BufferShape, DecodeArgs,
-    DecodeParams, HostTensor, OpError, WriteArgs,
+    decode_widths, AnyBackend, Backend as _, BlockMove, DecodeArgs, DecodeParams, HostTensor,
+    OpError, WriteArgs,
 };
-use kvlayout::KvCacheLayout;
 use kvlayout_backends::{Executor, HostExecutor, Options};
-use kvlayout_cpu::{Activations, CacheMut, CacheRef, HostExec};
+use kvlayout_cpu::{CacheMut, CacheRef, HostExec};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::errors::{raise, ArrayError, BackendFailure};
-use crate::layout::Layout;
+use crate::errors::raise;
 use crate::memory::{typed, typed_mut, Call, HostArray};
+
+mod args;
+mod device;
+
+pub(crate) use args::{activations, cache_arg, index_arg};
+use args::{block_ids, block_pairs};
+use device::{download, host_tensor, lock, raise_fail, upload, Fail};
 
 /// The module's backend class and functions.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -85,170 +89,6 @@ struct DecodeCall {
     scale: Option<f32>,
     sliding_window: Option<u64>,
     soft_cap: Option<f32>,
-}
-
-/// Why a call on a backend with its own memory failed.
-enum Fail {
-    Op(OpError),
-    Memory(String),
-}
-
-impl From<OpError> for Fail {
-    fn from(e: OpError) -> Self {
-        Fail::Op(e)
-    }
-}
-
-fn raise_fail(f: Fail) -> PyErr {
-    match f {
-        Fail::Op(e) => raise(e),
-        Fail::Memory(m) => raise(BackendFailure(m)),
-    }
-}
-
-fn array_error(reason: String) -> PyErr {
-    raise(ArrayError(reason))
-}
-
-/// A cache argument: its layout and buffers.
-pub(crate) struct CacheArg<'py> {
-    pub(crate) layout: Bound<'py, Layout>,
-    pub(crate) buffers: Vec<HostArray<'py>>,
-}
-
-pub(crate) fn cache_arg<'py>(cache: &Bound<'py, PyAny>, what: &str) -> PyResult<CacheArg<'py>> {
-    let layout = cache.getattr("layout")?;
-    let layout = layout.cast_into::<Layout>().map_err(|_| {
-        array_error(format!(
-            "{what}.layout is not a kvlayout.Layout (a cache is kvlayout.Cache(layout, buffers))"
-        ))
-    })?;
-    let mut buffers = Vec::new();
-    for (i, b) in cache.getattr("buffers")?.try_iter()?.enumerate() {
-        buffers.push(HostArray::read(&b?, &format!("{what} buffer {i}"))?);
-    }
-    Ok(CacheArg { layout, buffers })
-}
-
-/// An index argument as a contiguous array of `dtype` (`kvlayout._ops.index_array` converts
-/// lists and other integer types, refusing values that do not fit).
-pub(crate) fn index_arg<'py>(
-    py: Python<'py>,
-    obj: &Bound<'py, PyAny>,
-    dtype: &str,
-    what: &str,
-) -> PyResult<HostArray<'py>> {
-    let arr = crate::python::index_array(py)?.call1((obj, dtype, what))?;
-    HostArray::read(&arr, what)
-}
-
-pub(crate) fn activations<'a>(a: &HostArray, b: &'a [u8]) -> PyResult<Activations<'a>> {
-    Ok(match a.dtype.as_str() {
-        "f32" => Activations::F32(typed(a, b)?),
-        "f16" => Activations::F16(typed::<f16>(a, b)?),
-        "bf16" => Activations::Bf16(typed::<bf16>(a, b)?),
-        other => {
-            return Err(raise(OpError::Shape {
-                what: format!("{} dtype", a.what),
-                expected: "f32, f16 or bf16".into(),
-                got: other.into(),
-            }))
-        }
-    })
-}
-
-fn host_tensor(a: &Activations<'_>) -> HostTensor {
-    match a {
-        Activations::F32(x) => HostTensor::F32(x.to_vec()),
-        Activations::F16(x) => HostTensor::F16(x.to_vec()),
-        Activations::Bf16(x) => HostTensor::Bf16(x.to_vec()),
-    }
-}
-
-/// A device cache holding a copy of `bufs` (checked against the layout as a host cache is).
-fn upload(be: &AnyBackend, layout: &KvCacheLayout, bufs: &[&[u8]]) -> Result<AnyCache, Fail> {
-    let lens: Vec<(u64, u64)> = bufs
-        .iter()
-        .map(|b| (b.len() as u64, b.as_ptr() as u64))
-        .collect();
-    kvlayout::ops::check_buffers(layout, &lens)?;
-    let shapes = BufferShape::exact(layout);
-    let mut cache = be.alloc_cache(layout, &shapes).map_err(Fail::Memory)?;
-    let copies: Vec<Vec<u8>> = bufs
-        .iter()
-        .zip(&shapes)
-        .map(|(b, s)| b[..s.len as usize].to_vec())
-        .collect();
-    be.upload_cache(&mut cache, &copies).map_err(Fail::Memory)?;
-    Ok(cache)
-}
-
-/// Copies a device cache back into the caller's buffers.
-fn download(be: &AnyBackend, cache: &AnyCache, bufs: &mut [&mut [u8]]) -> Result<(), Fail> {
-    let bytes = be.download_cache(cache).map_err(Fail::Memory)?;
-    for (dst, src) in bufs.iter_mut().zip(&bytes) {
-        dst[..src.len()].copy_from_slice(src);
-    }
-    Ok(())
-}
-
-fn lock(be: &Mutex<AnyBackend>) -> std::sync::MutexGuard<'_, AnyBackend> {
-    // A panic while holding the lock leaves no state behind that a later call depends on.
-    be.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Block ids or pairs of them from Python: non-negative integers.
-fn block_pairs(obj: &Bound<'_, PyAny>) -> PyResult<Vec<(u64, u64)>> {
-    let list = if obj.hasattr("tolist")? {
-        obj.call_method0("tolist")?
-    } else {
-        obj.clone()
-    };
-    let pairs: Vec<Vec<i64>> = list.extract()?;
-    pairs
-        .into_iter()
-        .enumerate()
-        .map(|(index, pair)| {
-            let [s, d] = pair[..] else {
-                return Err(raise(OpError::Shape {
-                    what: format!("pairs[{index}]"),
-                    expected: "a (src, dst) pair of block ids".into(),
-                    got: format!("{pair:?}"),
-                }));
-            };
-            if s < 0 || d < 0 {
-                Err(raise(OpError::BadPair {
-                    index,
-                    src: s.max(0) as u64,
-                    dst: d.max(0) as u64,
-                    reason: format!("block ids must be non-negative, got ({s}, {d})"),
-                }))
-            } else {
-                Ok((s as u64, d as u64))
-            }
-        })
-        .collect()
-}
-
-fn block_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
-    let list = if obj.hasattr("tolist")? {
-        obj.call_method0("tolist")?
-    } else {
-        obj.clone()
-    };
-    let ids: Vec<i64> = list.extract()?;
-    ids.into_iter()
-        .enumerate()
-        .map(|(i, b)| {
-            u64::try_from(b).map_err(|_| {
-                raise(OpError::Shape {
-                    what: format!("blocks[{i}]"),
-                    expected: "a non-negative block id".into(),
-                    got: b.to_string(),
-                })
-            })
-        })
-        .collect()
 }
 
 #[pymethods]

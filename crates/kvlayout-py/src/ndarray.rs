@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyType};
 
-use crate::arrays::Described;
+use crate::arrays::{Described, Fields};
 
 /// `numpy.ndarray`.
 fn ndarray_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
@@ -136,33 +136,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// ``kvlayout._arrays._fields``, or ``None`` where it leaves the object to ``describe``.
 #[pyfunction]
 #[pyo3(name = "_read_ndarray")]
-#[allow(clippy::type_complexity)]
-fn read_ndarray(
-    obj: &Bound<'_, PyAny>,
-) -> PyResult<
-    Option<(
-        u64,
-        Vec<u64>,
-        Vec<i64>,
-        u64,
-        String,
-        String,
-        bool,
-        u64,
-        bool,
-    )>,
-> {
-    Ok(read(obj)?.map(|d| {
-        (
-            d.address,
-            d.shape,
-            d.strides,
-            d.itemsize,
-            d.dtype,
-            d.device,
-            d.readonly,
-            d.nbytes,
-            d.c_contiguous,
-        )
-    }))
+fn read_ndarray(obj: &Bound<'_, PyAny>) -> PyResult<Option<Fields>> {
+    Ok(read(obj)?.map(Fields::from))
 }
