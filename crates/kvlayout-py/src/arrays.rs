@@ -10,7 +10,7 @@ use pyo3::types::PyInt;
 use crate::errors::{raise, Attr, Raised};
 
 /// An object's memory: `kvlayout._arrays.ArrayDescription` read into Rust.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Described {
     /// Address of element 0.
     pub address: u64,
@@ -30,6 +30,8 @@ pub struct Described {
     pub c_contiguous: bool,
     /// Whether the object says its memory is read-only.
     pub readonly: bool,
+    /// What keeps the memory alive besides the object (a DLPack capsule), if anything.
+    pub owner: Option<Py<PyAny>>,
 }
 
 /// What `kvlayout._arrays.describe(obj)` says (its `ArrayError` passes through): a numpy
@@ -46,7 +48,7 @@ pub fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Described> {
 }
 
 /// A description as `kvlayout._arrays._fields` gives it: `(address, shape, strides,
-/// itemsize, dtype, device, readonly, nbytes, c_contiguous)`.
+/// itemsize, dtype, device, readonly, nbytes, c_contiguous, owner)`.
 pub type Fields = (
     u64,
     Vec<u64>,
@@ -57,48 +59,39 @@ pub type Fields = (
     bool,
     u64,
     bool,
+    Option<Py<PyAny>>,
 );
 
 impl From<Fields> for Described {
     fn from(f: Fields) -> Self {
-        let (address, shape, strides, itemsize, dtype, device, readonly, nbytes, c_contiguous) = f;
         Described {
-            address,
-            shape,
-            strides,
-            itemsize,
-            dtype,
-            device,
-            nbytes,
-            c_contiguous,
-            readonly,
+            address: f.0,
+            shape: f.1,
+            strides: f.2,
+            itemsize: f.3,
+            dtype: f.4,
+            device: f.5,
+            readonly: f.6,
+            nbytes: f.7,
+            c_contiguous: f.8,
+            owner: f.9,
         }
     }
 }
 
 impl From<Described> for Fields {
     fn from(d: Described) -> Self {
-        let Described {
-            address,
-            shape,
-            strides,
-            itemsize,
-            dtype,
-            device,
-            nbytes,
-            c_contiguous,
-            readonly,
-        } = d;
         (
-            address,
-            shape,
-            strides,
-            itemsize,
-            dtype,
-            device,
-            readonly,
-            nbytes,
-            c_contiguous,
+            d.address,
+            d.shape,
+            d.strides,
+            d.itemsize,
+            d.dtype,
+            d.device,
+            d.readonly,
+            d.nbytes,
+            d.c_contiguous,
+            d.owner,
         )
     }
 }
@@ -139,20 +132,38 @@ pub fn base(base: &Bound<'_, PyAny>) -> PyResult<Base> {
 /// A layer index from Python: in `0..num_layers`, else `OutOfRangeError` with the value as
 /// given (negative ones too).
 pub fn layer(layout: &KvCacheLayout, layer: i128) -> PyResult<u64> {
-    let limit = layout.geometry().num_layers;
-    match u64::try_from(layer) {
-        Ok(l) if l < limit => Ok(l),
-        Ok(l) => Err(raise(LayoutError::OutOfRange {
-            axis: "layer",
-            value: l,
+    index("layer", layer, layout.geometry().num_layers)
+}
+
+/// `value` as an index when it is one (0 to 2**64 - 1; its axis checks the limit later),
+/// else `index`'s `OutOfRangeError` against the axis's `limit`.
+pub fn index_or(
+    axis: &'static str,
+    value: i128,
+    limit: impl FnOnce() -> PyResult<u64>,
+) -> PyResult<u64> {
+    match u64::try_from(value) {
+        Ok(v) => Ok(v),
+        Err(_) => index(axis, value, limit()?),
+    }
+}
+
+/// An index on `axis` from Python: in `0..limit`, else `OutOfRangeError` with the value as
+/// given (negative ones too).
+pub fn index(axis: &'static str, value: i128, limit: u64) -> PyResult<u64> {
+    match u64::try_from(value) {
+        Ok(v) if v < limit => Ok(v),
+        Ok(v) => Err(raise(LayoutError::OutOfRange {
+            axis,
+            value: v,
             limit,
         })),
         Err(_) => Err(raise(Raised {
             class: "OutOfRangeError",
-            message: format!("layer index {layer} is out of range (limit {limit})"),
+            message: format!("{axis} index {value} is out of range (limit {limit})"),
             fields: vec![
-                ("axis", Attr::from("layer")),
-                ("value", Attr::from(layer)),
+                ("axis", Attr::from(axis)),
+                ("value", Attr::from(value)),
                 ("limit", Attr::from(limit)),
             ],
         })),

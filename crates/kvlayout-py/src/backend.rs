@@ -84,7 +84,7 @@ pub struct PyBackend {
 /// The scalars of a decode call.
 #[derive(Clone, Copy)]
 struct DecodeCall {
-    layer: u64,
+    layer: i128,
     num_q_heads: Option<u64>,
     scale: Option<f32>,
     sliding_window: Option<u64>,
@@ -140,9 +140,10 @@ impl PyBackend {
         key: &Bound<'_, PyAny>,
         value: Option<&Bound<'_, PyAny>>,
         slot_mapping: &Bound<'_, PyAny>,
-        layer: u64,
+        layer: i128,
     ) -> PyResult<()> {
         let c = cache_arg(cache, "cache")?;
+        let layer = crate::arrays::layer(&c.layout.get().inner, layer)?;
         let mut reads = vec![
             HostArray::read(key, "key")?,
             index_arg(py, slot_mapping, "i64", "slot_mapping")?,
@@ -209,7 +210,7 @@ impl PyBackend {
         query: &Bound<'py, PyAny>,
         block_table: &Bound<'py, PyAny>,
         seq_lens: &Bound<'py, PyAny>,
-        layer: u64,
+        layer: i128,
         num_q_heads: Option<u64>,
         scale: Option<f32>,
         sliding_window: Option<u64>,
@@ -239,7 +240,7 @@ impl PyBackend {
         query: &Bound<'py, PyAny>,
         block_table: &Bound<'py, PyAny>,
         seq_lens: &Bound<'py, PyAny>,
-        layer: u64,
+        layer: i128,
         runs: usize,
         out: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Vec<f64>> {
@@ -348,6 +349,7 @@ impl PyBackend {
         } = *call;
         let c = cache_arg(cache, "cache")?;
         let layout = &c.layout.get().inner;
+        let layer = crate::arrays::layer(layout, layer)?;
         let q = HostArray::read(query, "query")?;
         let table = index_arg(py, block_table, "i32", "block_table")?;
         let lens = index_arg(py, seq_lens, "u32", "seq_lens")?;
@@ -374,6 +376,20 @@ impl PyBackend {
         };
         let (qk_width, v_width) = decode_widths(layout).map_err(raise)?;
         let seqs = lens.shape.iter().product::<u64>();
+        // The query's size is checked before an output is allocated from the numbers given.
+        let q_len = q.shape.iter().try_fold(1u64, |n, &e| n.checked_mul(e));
+        let want = seqs
+            .checked_mul(num_q_heads)
+            .and_then(|n| n.checked_mul(qk_width));
+        if want.is_none() || q_len != want {
+            return Err(raise(OpError::Shape {
+                what: "query".into(),
+                expected: format!(
+                    "[{seqs}, {num_q_heads}, {qk_width}] (seqs, num_q_heads, head size)"
+                ),
+                got: format!("shape {:?}", q.shape),
+            }));
+        }
         let out = match out {
             Some(o) => o,
             None => {

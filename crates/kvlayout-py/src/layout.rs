@@ -8,7 +8,7 @@ use kvlayout::{ByteRange, Coord, KvCacheLayout, TensorView, PRESETS};
 use pyo3::prelude::*;
 
 use crate::errors::raise;
-use crate::{as_view, check, convert};
+use crate::{arrays, as_view, check, convert};
 
 /// The module's layout classes and functions.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -172,19 +172,25 @@ impl Layout {
     fn offset(
         &self,
         field: &str,
-        layer: u64,
-        block: u64,
-        head: u64,
-        slot: u64,
-        dim: u64,
+        layer: i128,
+        block: i128,
+        head: i128,
+        slot: i128,
+        dim: i128,
     ) -> PyResult<(u32, u64)> {
+        let l = &self.inner;
+        let field = convert::field(field)?;
+        let g = l.geometry();
+        // A negative index is refused here (the descriptor's coordinates are unsigned);
+        // every other one by `offset`, against its axis.
+        let width = || Ok(l.field_map(field).map_err(raise)?.width);
         let c = Coord {
-            layer,
-            block,
-            head,
-            slot,
-            field: convert::field(field)?,
-            dim,
+            layer: arrays::index_or("layer", layer, || Ok(g.num_layers))?,
+            block: arrays::index_or("block", block, || Ok(g.num_blocks))?,
+            head: arrays::index_or("head", head, || Ok(g.num_kv_heads))?,
+            slot: arrays::index_or("slot", slot, || Ok(l.num_slots()))?,
+            field,
+            dim: arrays::index_or("dim", dim, width)?,
         };
         let at = self.inner.offset(&c).map_err(raise)?;
         Ok((at.buffer, at.offset))
@@ -195,15 +201,10 @@ impl Layout {
     /// ``flashinfer``, ``flashinfer-hnd``); refused with the reason where none exists without
     /// a copy.
     #[pyo3(signature = (convention, field, layer=0))]
-    fn view(&self, convention: &str, field: &str, layer: u64) -> PyResult<View> {
-        let v = self
-            .inner
-            .view(
-                convert::convention(convention)?,
-                convert::target(field)?,
-                layer,
-            )
-            .map_err(raise)?;
+    fn view(&self, convention: &str, field: &str, layer: i128) -> PyResult<View> {
+        let (c, t) = (convert::convention(convention)?, convert::target(field)?);
+        let layer = arrays::layer(&self.inner, layer)?;
+        let v = self.inner.view(c, t, layer).map_err(raise)?;
         Ok(View { inner: v })
     }
 

@@ -10,6 +10,8 @@
 //! that releases the GIL.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use pyo3::prelude::*;
 
@@ -21,6 +23,8 @@ use crate::errors::{raise, ArrayError};
 pub struct HostArray<'py> {
     /// The object, referenced so that its memory lives as long as this.
     _owner: Bound<'py, PyAny>,
+    /// What else keeps the memory alive (a DLPack capsule), held as long as this.
+    _keep: Option<Bound<'py, PyAny>>,
     /// The argument it is, for errors.
     pub what: String,
     /// Address of byte 0.
@@ -67,6 +71,7 @@ impl<'py> HostArray<'py> {
         })?;
         Ok(HostArray {
             _owner: obj.clone(),
+            _keep: d.owner.map(|o| o.into_bound(obj.py())),
             what: what.to_string(),
             address,
             nbytes,
@@ -94,10 +99,40 @@ impl<'py> HostArray<'py> {
 }
 
 /// The arrays of one call: what it reads and what it writes, each written one writable and
-/// overlapping no other.
+/// overlapping no other, and none in use by another call running now.
 pub struct Call<'py> {
     reads: Vec<HostArray<'py>>,
     writes: Vec<HostArray<'py>>,
+    id: u64,
+}
+
+/// Bytes a call running now (the GIL released) reads or writes.
+struct Claim {
+    call: u64,
+    bytes: Range<usize>,
+    write: bool,
+    what: String,
+}
+
+/// The claims of the calls running now: two Python threads calling ops on shared memory
+/// must not race (a call that writes what another reads or writes, or reads what another
+/// writes, is refused).
+static IN_FLIGHT: Mutex<Vec<Claim>> = Mutex::new(Vec::new());
+static NEXT_CALL: AtomicU64 = AtomicU64::new(0);
+
+fn in_flight() -> std::sync::MutexGuard<'static, Vec<Claim>> {
+    // A panic while holding the lock leaves a list a later call can still read.
+    IN_FLIGHT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end && !a.is_empty() && !b.is_empty()
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        in_flight().retain(|c| c.call != self.id);
+    }
 }
 
 impl<'py> Call<'py> {
@@ -111,7 +146,7 @@ impl<'py> Call<'py> {
         for (i, w) in writes.iter().enumerate() {
             for o in writes[i + 1..].iter().chain(&reads) {
                 let (a, b) = (w.range(), o.range());
-                if a.start < b.end && b.start < a.end && !a.is_empty() && !b.is_empty() {
+                if overlap(&a, &b) {
                     return Err(array_error(format!(
                         "{} (bytes {:#x}..{:#x}) overlaps {} (bytes {:#x}..{:#x}), and the op \
                          writes {}",
@@ -120,7 +155,34 @@ impl<'py> Call<'py> {
                 }
             }
         }
-        Ok(Call { reads, writes })
+        let mut claims = in_flight();
+        let mine = writes
+            .iter()
+            .map(|a| (a, true))
+            .chain(reads.iter().map(|a| (a, false)));
+        for (a, write) in mine.clone() {
+            let busy = claims
+                .iter()
+                .find(|c| (write || c.write) && overlap(&a.range(), &c.bytes));
+            if let Some(c) = busy {
+                return Err(array_error(format!(
+                    "{} shares bytes with {}, which another call running now {}; one op at a \
+                     time on the same memory",
+                    a.what,
+                    c.what,
+                    if c.write { "writes" } else { "reads" }
+                )));
+            }
+        }
+        let id = NEXT_CALL.fetch_add(1, Ordering::Relaxed);
+        claims.extend(mine.map(|(a, write)| Claim {
+            call: id,
+            bytes: a.range(),
+            write,
+            what: a.what.clone(),
+        }));
+        drop(claims);
+        Ok(Call { reads, writes, id })
     }
 
     /// Each array with its bytes: those read, then those written, in the order given.
@@ -160,6 +222,9 @@ impl<'py> Call<'py> {
 
 /// `bytes` as elements of `T`, refused when misaligned.
 pub fn typed<'a, T: bytemuck::Pod>(a: &HostArray, bytes: &'a [u8]) -> PyResult<&'a [T]> {
+    if bytes.is_empty() {
+        return Ok(&[]);
+    }
     bytemuck::try_cast_slice(bytes).map_err(|e| {
         array_error(format!(
             "{} at {:#x} cannot be read as {}-byte elements: {e}",
@@ -175,6 +240,9 @@ pub fn typed_mut<'a, T: bytemuck::Pod>(
     a: &HostArray,
     bytes: &'a mut [u8],
 ) -> PyResult<&'a mut [T]> {
+    if bytes.is_empty() {
+        return Ok(&mut []);
+    }
     let (what, address) = (a.what.clone(), a.address);
     bytemuck::try_cast_slice_mut(bytes).map_err(|e| {
         array_error(format!(

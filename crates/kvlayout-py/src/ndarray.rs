@@ -80,19 +80,22 @@ pub fn read(obj: &Bound<'_, PyAny>) -> PyResult<Option<Described>> {
         }
     };
     let empty = shape.contains(&0);
-    let span = shape
-        .iter()
-        .zip(&strides)
-        .map(|(&n, &s)| (n.saturating_sub(1)).saturating_mul(s.unsigned_abs()))
-        .fold(1u64, u64::saturating_add);
+    let span = shape.iter().zip(&strides).try_fold(1u64, |acc, (&n, &s)| {
+        n.saturating_sub(1)
+            .checked_mul(s.unsigned_abs())
+            .and_then(|x| acc.checked_add(x))
+    });
+    let nbytes = match span.and_then(|n| n.checked_mul(itemsize)) {
+        _ if empty => 0,
+        // What `describe` accepts: under 2**63 bytes, ending within the address space.
+        Some(n) if n < 1 << 63 && address.checked_add(n).is_some() => n,
+        _ => return Ok(None),
+    };
     Ok(Some(Described {
         address,
         c_contiguous: dense(&shape, &strides),
-        nbytes: if empty {
-            0
-        } else {
-            span.saturating_mul(itemsize)
-        },
+        nbytes,
+        owner: None,
         shape,
         strides,
         itemsize,
@@ -113,9 +116,12 @@ fn c_strides(shape: &[u64]) -> Vec<i64> {
     out
 }
 
-/// Whether `strides` are row-major dense for `shape` (extent-1 axes skipped), as
-/// `kvlayout._arrays._is_dense` says.
+/// Whether `strides` are row-major dense for `shape` (extent-1 axes skipped; an empty array
+/// is), as `kvlayout._arrays._is_dense` says.
 fn dense(shape: &[u64], strides: &[i64]) -> bool {
+    if shape.contains(&0) {
+        return true;
+    }
     let mut step = 1i64;
     for (&n, &s) in shape.iter().zip(strides).rev() {
         if n > 1 && s != step {

@@ -1,6 +1,8 @@
 """The backends on arrays the caller owns: write_kv, paged_decode and the block movers,
 checked against an f64 attention computed in numpy from the inputs alone (no layout)."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -185,3 +187,98 @@ def test_open_names_and_refusals():
     except errors.BackendUnavailableError as e:
         assert e.name == "cuda:0" and e.reason
         pytest.skip(f"skipped: no CUDA device: {e.reason}")
+
+
+def test_empty_calls_run_and_check_what_they_can():
+    be = kvlayout.open("cpu")
+    layout = kvlayout.Layout(SPECS[0])
+    cache = kvlayout.Cache.zeros(layout)
+    empty = np.zeros((0, 4, 8), np.float32)
+    be.write_kv(cache, empty, empty, np.zeros(0, np.int64))
+    out = be.paged_decode(cache, np.zeros((0, 8, 8), np.float32), np.zeros((0, 3), np.int32), [])
+    assert out.shape == (0, 8, 8)
+    assert not cache.buffers[0].any()
+
+
+def test_arguments_that_are_no_cache_or_index_are_typed():
+    be = kvlayout.open("cpu")
+    layout = kvlayout.Layout(SPECS[0])
+    cache = kvlayout.Cache.zeros(layout)
+    slots, key, value, query = workload(layout)
+    with pytest.raises(errors.ArrayError, match="kvlayout.Cache"):
+        be.write_kv(object(), key, value, slots)
+    with pytest.raises(errors.OutOfRangeError) as e:
+        be.write_kv(cache, key, value, slots, layer=-1)
+    assert (e.value.axis, e.value.value, e.value.limit) == ("layer", -1, 2)
+    with pytest.raises(errors.ShapeError, match="query"):
+        be.paged_decode(cache, query, TABLE, LENS, num_q_heads=2**40)
+    with pytest.raises(errors.OutOfRangeError):
+        be.paged_decode(cache, query, TABLE, LENS, layer=-3)
+
+
+def test_a_call_on_memory_another_call_writes_is_refused_reads_share():
+    import threading
+
+    layout = kvlayout.Layout("kv L=1 B=512 N=16 H=8 D=128 dtype=f16 order=NHD")
+    cache = kvlayout.Cache.zeros(layout)
+    table = np.arange(512, dtype=np.int32).reshape(8, 64)
+    lens = np.full(8, 1024, np.uint32)
+    query = np.ones((8, 32, 128), np.float32)
+    slots = np.arange(16, dtype=np.int64)
+    key = np.ones((16, 8, 128), np.float32)
+    reference, cpu = kvlayout.open("reference"), kvlayout.open("cpu")
+    # the reference fills the whole cache (a second or so) while this thread decodes
+    long_slots = np.arange(512 * 16, dtype=np.int64)
+    long_key = np.ones((512 * 16, 8, 128), np.float32)
+    outcome = {}
+
+    def write_all():
+        reference.write_kv(cache, long_key, long_key, long_slots)
+        outcome["done"] = True
+
+    refused = read = 0
+    t = threading.Thread(target=write_all)
+    t.start()
+    while t.is_alive():
+        try:
+            cpu.paged_decode(cache, query, table, lens)
+            read += 1
+        except errors.ArrayError as e:
+            assert "another call running now writes" in str(e)
+            refused += 1
+        time.sleep(0.001)
+    t.join()
+    assert outcome.get("done") and refused > 0
+    # two reads of one cache at once are fine
+    out = {}
+    readers = [
+        threading.Thread(
+            target=lambda i=i: out.setdefault(
+                i, reference.paged_decode(cache, query[:2], table[:2], lens[:2])
+            )
+        )
+        for i in range(2)
+    ]
+    for r in readers:
+        r.start()
+    for r in readers:
+        r.join()
+    np.testing.assert_array_equal(out[0], out[1])
+    cpu.write_kv(cache, key, key, slots)  # free again once the calls are done
+
+
+def test_dlpack_memory_lives_through_the_call():
+    class Wrapper:
+        """Exports a temporary copy of its array through DLPack: the capsule owns it."""
+
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, **kw):
+            return np.array(self.a).__dlpack__(**kw)
+
+    layout = kvlayout.Layout("kv L=1 B=2 N=16 H=8 D=128 dtype=f16 order=NHD")
+    big = np.zeros(64 << 20, np.uint8)
+    big[: layout.buffer_bytes[0]] = 1
+    # the copy the wrapper exports stays alive while the op reads and writes it
+    kvlayout.open("cpu").copy_blocks(kvlayout.Cache(layout, [Wrapper(big)]), [(0, 1)])

@@ -3,6 +3,8 @@ array interface), and each bug class it can see is refused with the exception cl
 a user can act on. Wrong tensors are built here with ``as_strided`` over a real allocation,
 exactly as the mistaken framework would see the memory."""
 
+import warnings
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -344,3 +346,25 @@ def test_the_native_numpy_reading_says_what_describe_says():
     assert _native._read_ndarray(np.zeros(3, ">f4")) is None
     assert _native._read_ndarray(np.zeros(3, np.complex64)) is None
     assert _native._read_ndarray(np.ma.zeros(3)) is None
+
+
+def test_as_view_of_an_ndarray_subclass_stays_in_its_allocation():
+    layout = kvlayout.Layout("kv B=2 N=4 H=1 D=4 dtype=f16 order=NHD")
+    buf = np.zeros(layout.buffer_bytes[0], np.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        matrix = buf.view(np.matrix)  # (1, n): its reshape and slices stay 2-D
+    v = layout.as_view(matrix, "v")
+    v[...] = 7
+    assert np.shares_memory(v, buf) and buf.view(np.float16).max() == 7
+    start = buf.__array_interface__["data"][0]
+    assert start <= v.__array_interface__["data"][0] < start + buf.nbytes
+
+
+def test_the_native_reader_leaves_huge_spans_to_describe():
+    from kvlayout import _native
+
+    huge = np.lib.stride_tricks.as_strided(np.zeros(1), shape=(4,), strides=(2**62,))
+    assert _native._read_ndarray(huge) is None
+    with pytest.raises(errors.ArrayError):
+        kvlayout.describe(huge)

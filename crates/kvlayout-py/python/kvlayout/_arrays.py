@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import operator
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Tuple
 
 from .errors import ArrayError
@@ -91,6 +91,8 @@ class ArrayDescription:
     nbytes: int
     #: The interface it was read from.
     interface: str
+    #: What keeps the memory alive besides the object (the DLPack capsule), or None.
+    owner: Any = field(default=None, compare=False, repr=False)
 
     @property
     def c_contiguous(self) -> bool:
@@ -101,6 +103,8 @@ class ArrayDescription:
 def _is_dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
     """Whether ``strides`` (elements) are row-major dense for ``shape`` (extent-1 axes
     skipped)."""
+    if 0 in shape:
+        return True
     step = 1
     for n, s in reversed(list(zip(shape, strides))):
         if n > 1 and s != step:
@@ -140,7 +144,7 @@ def _c_strides(shape: Sequence[int]) -> Tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def _make(address, shape, strides, itemsize, dtype, device, readonly, interface):
+def _make(address, shape, strides, itemsize, dtype, device, readonly, interface, owner=None):
     """The description, with the spanned bytes computed and every number range-checked."""
     shape = _numbers(shape, "shape", 0, _SIZE_LIMIT)
     strides = _c_strides(shape) if strides is None else strides
@@ -157,7 +161,7 @@ def _make(address, shape, strides, itemsize, dtype, device, readonly, interface)
     if address == 0 and nbytes > 0:
         raise _refuse(f"a null data address for {nbytes} bytes")
     return ArrayDescription(
-        address, shape, strides, itemsize, dtype, device, bool(readonly), nbytes, interface
+        address, shape, strides, itemsize, dtype, device, bool(readonly), nbytes, interface, owner
     )
 
 
@@ -267,6 +271,7 @@ _capsule_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char
 )
 
 _READ_ONLY = 1  # DLPACK_FLAG_BITMASK_READ_ONLY
+_IS_COPIED = 2  # DLPACK_FLAG_BITMASK_IS_COPIED
 
 
 def _dlpack(obj: Any) -> ArrayDescription:
@@ -276,16 +281,21 @@ def _dlpack(obj: Any) -> ArrayDescription:
     where = INTERFACES[2]
     try:
         try:
-            capsule = obj.__dlpack__(max_version=(1, 0))
+            capsule = obj.__dlpack__(max_version=(1, 0), copy=False)
         except TypeError:
-            capsule = obj.__dlpack__()
+            try:
+                capsule = obj.__dlpack__(max_version=(1, 0))
+            except TypeError:
+                capsule = obj.__dlpack__()
     except Exception as e:
-        raise _refuse(f"{where}() failed: {type(e).__name__}: {e}") from None
+        raise _refuse(f"{where}() failed without a copy: {type(e).__name__}: {e}") from None
     readonly = False
     if _capsule_valid(capsule, b"dltensor_versioned"):
         managed = _DLManagedTensorVersioned.from_address(_capsule_pointer(capsule, b"dltensor_versioned"))
         if managed.major != 1:
             raise _refuse(f"{where}: a DLPack {managed.major}.{managed.minor} tensor; version 1 is read")
+        if managed.flags & _IS_COPIED:
+            raise _refuse(f"{where}() returned a copy of the object's memory, not the memory itself")
         readonly = bool(managed.flags & _READ_ONLY)
     elif _capsule_valid(capsule, b"dltensor"):
         managed = _DLManagedTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
@@ -307,17 +317,18 @@ def _dlpack(obj: Any) -> ArrayDescription:
     shape = tuple(t.shape[i] for i in range(t.ndim))
     strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else None
     address = (t.data or 0) + t.byte_offset
-    return _make(address, shape, strides, bits // 8, name, device, readonly, where)
+    # The capsule owns the tensor until it is released: it goes with the description.
+    return _make(address, shape, strides, bits // 8, name, device, readonly, where, capsule)
 
 
 def _fields(obj: Any) -> tuple:
     """What the native side reads of :func:`describe`, in one tuple: ``(address, shape,
-    strides, itemsize, dtype, device, readonly, nbytes, c_contiguous)``. (The native side
-    reads a plain numpy array itself, the same way.)"""
+    strides, itemsize, dtype, device, readonly, nbytes, c_contiguous, owner)``. (The native
+    side reads a plain numpy array itself, the same way.)"""
     d = describe(obj)
     return (
         d.address, d.shape, d.strides, d.itemsize, d.dtype, d.device, d.readonly, d.nbytes,
-        d.c_contiguous,
+        d.c_contiguous, d.owner,
     )
 
 
@@ -390,7 +401,8 @@ def _strided_view(buf: Any, offset: int, shape: Sequence[int], strides: Sequence
 
     dt = numpy_dtype(dtype)
     if isinstance(buf, numpy.ndarray):
-        arr = buf
+        # a subclass (np.matrix) may reshape or slice otherwise: its plain array
+        arr = numpy.asarray(buf)
     else:
         d = describe(buf)
         if d.device != "cpu":
@@ -403,7 +415,9 @@ def _strided_view(buf: Any, offset: int, shape: Sequence[int], strides: Sequence
         raise _refuse(
             f"the allocation (shape {arr.shape}, strides {arr.strides} B) is not one contiguous run of bytes"
         )
-    raw = arr.reshape(-1).view(numpy.uint8)
+    raw = numpy.asarray(arr.reshape(-1).view(numpy.uint8))
+    if raw.ndim != 1:
+        raise _refuse(f"the allocation reads as {raw.ndim} dims of bytes, not one run")
     end = _extent_bytes(offset, shape, strides, dt.itemsize)
     if end > raw.size:
         raise _refuse(f"the view reaches byte {end}; the allocation holds {raw.size}")

@@ -21,14 +21,22 @@ pub(crate) struct CacheArg<'py> {
 }
 
 pub(crate) fn cache_arg<'py>(cache: &Bound<'py, PyAny>, what: &str) -> PyResult<CacheArg<'py>> {
-    let layout = cache.getattr("layout")?;
-    let layout = layout.cast_into::<Layout>().map_err(|_| {
+    let not_a_cache = |part: &str| {
         array_error(format!(
-            "{what}.layout is not a kvlayout.Layout (a cache is kvlayout.Cache(layout, buffers))"
+            "{what}.{part} is missing or not what a cache holds (a cache is \
+             kvlayout.Cache(layout, buffers): a kvlayout.Layout and a list of arrays)"
         ))
-    })?;
+    };
+    let layout = cache.getattr("layout").map_err(|_| not_a_cache("layout"))?;
+    let layout = layout
+        .cast_into::<Layout>()
+        .map_err(|_| not_a_cache("layout"))?;
+    let buffers_obj = cache
+        .getattr("buffers")
+        .map_err(|_| not_a_cache("buffers"))?;
     let mut buffers = Vec::new();
-    for (i, b) in cache.getattr("buffers")?.try_iter()?.enumerate() {
+    let items = buffers_obj.try_iter().map_err(|_| not_a_cache("buffers"))?;
+    for (i, b) in items.enumerate() {
         buffers.push(HostArray::read(&b?, &format!("{what} buffer {i}"))?);
     }
     Ok(CacheArg { layout, buffers })
