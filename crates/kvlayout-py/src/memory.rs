@@ -5,9 +5,11 @@
 //! answer, checks that the memory is on the host, contiguous, writable where an op writes it,
 //! aligned for its elements and disjoint from every other array of the call that is written,
 //! and only then makes slices of it ([`Call::slices`]). Each [`HostArray`] holds a reference
-//! to its object, so the memory outlives the slices. What the caller's other threads do to
-//! the same memory while the GIL is released is the caller's affair, as with any extension
-//! that releases the GIL.
+//! to its object (and to the DLPack capsule that owns its memory, if any), so the memory
+//! outlives the slices. The calls running now (the GIL released) list the bytes they read and
+//! write, so that a second call on the same memory from another Python thread is refused
+//! instead of racing. What the caller's own Python code does to the memory meanwhile is the
+//! caller's affair, as with any extension that releases the GIL.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -137,7 +139,9 @@ impl Drop for Call<'_> {
 
 impl<'py> Call<'py> {
     /// Refuses a written array that is read-only, or that shares bytes with another array of
-    /// the call (the op would read what it writes, or write one byte twice).
+    /// the call (the op would read what it writes, or write one byte twice), or an array that
+    /// a call running now writes (or reads, where this one writes it). The claims last until
+    /// the `Call` is dropped.
     pub fn new(reads: Vec<HostArray<'py>>, writes: Vec<HostArray<'py>>) -> PyResult<Self> {
         let writes = writes
             .into_iter()

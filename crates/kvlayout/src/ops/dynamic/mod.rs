@@ -245,7 +245,9 @@ fn refused(why: String) -> OpError {
 }
 
 /// Any backend, held as one type: the [`Backend`] a caller gets when the backend is chosen at
-/// run time. Every call but [`Backend::name`] goes to the backend inside.
+/// run time. Every call but [`Backend::name`] goes to the backend inside. It and its caches,
+/// tensors and completions are `Send`: a caller may run it on another thread (the Python
+/// package runs ops without the GIL).
 pub struct AnyBackend {
     name: String,
     inner: Box<dyn Erased + Send>,
