@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use serde::Serialize;
 
-use crate::errors::raise;
+use crate::errors::{raise, Attr, Raised};
 
 /// A view target by name: a field (`k`, `v`, `latent`, ...) or `kv`.
 pub fn target(name: &str) -> PyResult<ViewTarget> {
@@ -67,4 +67,26 @@ fn json_to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py
             dict.into_any()
         }
     })
+}
+
+/// A count or index from Python (a block, a layer bound, a TP size): an integer in
+/// `0..2**64`. Another integer raises `InvalidQueryError` with the value; a non-integer,
+/// Python's `TypeError`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Index(pub u64);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Index {
+    type Error = PyErr;
+
+    fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let v: i128 = obj.extract()?;
+        u64::try_from(v).map(Index).map_err(|_| {
+            let reason = format!("{v} is not an index or a count (0 to 2**64 - 1)");
+            raise(Raised {
+                class: "InvalidQueryError",
+                message: format!("invalid query: {reason}"),
+                fields: vec![("reason", Attr::Text(reason)), ("value", Attr::from(v))],
+            })
+        })
+    }
 }

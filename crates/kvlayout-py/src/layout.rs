@@ -7,6 +7,7 @@ use std::ops::Range;
 use kvlayout::{ByteRange, Coord, KvCacheLayout, TensorView, PRESETS};
 use pyo3::prelude::*;
 
+use crate::convert::Index;
 use crate::errors::raise;
 use crate::{arrays, as_view, check, convert};
 
@@ -38,9 +39,9 @@ impl Layout {
     }
 }
 
-fn range_of(r: Option<(u64, u64)>, whole: u64) -> Range<u64> {
+fn range_of(r: Option<(Index, Index)>, whole: u64) -> Range<u64> {
     match r {
-        Some((start, stop)) => start..stop,
+        Some((start, stop)) => start.0..stop.0,
         None => 0..whole,
     }
 }
@@ -214,14 +215,14 @@ impl Layout {
     fn block_regions(
         &self,
         py: Python<'_>,
-        block: u64,
-        layers: Option<(u64, u64)>,
-        heads: Option<(u64, u64)>,
+        block: Index,
+        layers: Option<(Index, Index)>,
+        heads: Option<(Index, Index)>,
     ) -> PyResult<Vec<(u32, u64, u64)>> {
         let g = self.inner.geometry();
         let layers = range_of(layers, g.num_layers);
         let heads = range_of(heads, g.num_kv_heads);
-        let r = py.detach(|| self.inner.block_regions(block, layers, heads));
+        let r = py.detach(|| self.inner.block_regions(block.0, layers, heads));
         r.map(regions).map_err(raise)
     }
 
@@ -232,7 +233,7 @@ impl Layout {
     fn layer_regions(
         &self,
         py: Python<'_>,
-        layers: Option<(u64, u64)>,
+        layers: Option<(Index, Index)>,
     ) -> PyResult<Vec<(u32, u64, u64)>> {
         let layers = range_of(layers, self.inner.geometry().num_layers);
         let r = py.detach(|| self.inner.layer_regions(layers));
@@ -246,29 +247,29 @@ impl Layout {
     }
 
     /// The heads ``tp_rank`` of ``tp_size`` holds, as ``(start, stop)``.
-    fn tp_heads(&self, tp_size: u64, tp_rank: u64) -> PyResult<(u64, u64)> {
-        let r = self.inner.tp_heads(tp_size, tp_rank).map_err(raise)?;
+    fn tp_heads(&self, tp_size: Index, tp_rank: Index) -> PyResult<(u64, u64)> {
+        let r = self.inner.tp_heads(tp_size.0, tp_rank.0).map_err(raise)?;
         Ok((r.start, r.end))
     }
 
     /// The view of this memory a TP rank sees: its heads only, same buffers and spans.
-    fn tp_slice(&self, tp_size: u64, tp_rank: u64) -> PyResult<Layout> {
-        Layout::wrap(self.inner.tp_slice(tp_size, tp_rank))
+    fn tp_slice(&self, tp_size: Index, tp_rank: Index) -> PyResult<Layout> {
+        Layout::wrap(self.inner.tp_slice(tp_size.0, tp_rank.0))
     }
 
     /// Layers ``start..stop`` of this memory, renumbered from 0.
-    fn layer_range(&self, start: u64, stop: u64) -> PyResult<Layout> {
-        Layout::wrap(self.inner.layer_range(start..stop))
+    fn layer_range(&self, start: Index, stop: Index) -> PyResult<Layout> {
+        Layout::wrap(self.inner.layer_range(start.0..stop.0))
     }
 
     /// Each block seen as ``ratio`` kernel blocks of ``block_size / ratio`` tokens.
-    fn split_blocks(&self, ratio: u64) -> PyResult<Layout> {
-        Layout::wrap(self.inner.split_blocks(ratio))
+    fn split_blocks(&self, ratio: Index) -> PyResult<Layout> {
+        Layout::wrap(self.inner.split_blocks(ratio.0))
     }
 
     /// Tokens ``start..stop`` of every block, as blocks of ``stop - start`` tokens.
-    fn slot_range(&self, start: u64, stop: u64) -> PyResult<Layout> {
-        Layout::wrap(self.inner.slot_range(start..stop))
+    fn slot_range(&self, start: Index, stop: Index) -> PyResult<Layout> {
+        Layout::wrap(self.inner.slot_range(start.0..stop.0))
     }
 
     /// ``None`` when both layouts put every element at the same place; otherwise raises
@@ -393,7 +394,8 @@ impl View {
     }
 
     /// Byte offset of a multi-index, each index checked against its extent.
-    fn byte_offset(&self, index: Vec<u64>) -> PyResult<u64> {
+    fn byte_offset(&self, index: Vec<Index>) -> PyResult<u64> {
+        let index: Vec<u64> = index.into_iter().map(|i| i.0).collect();
         self.inner.byte_offset(&index).map_err(raise)
     }
 

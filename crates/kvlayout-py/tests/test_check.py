@@ -368,3 +368,20 @@ def test_the_native_reader_leaves_huge_spans_to_describe():
     assert _native._read_ndarray(huge) is None
     with pytest.raises(errors.ArrayError):
         kvlayout.describe(huge)
+
+
+def test_cuda_interface_over_pinned_host_memory_is_host_memory():
+    host = np.zeros(8, np.float32)
+
+    class Pinned:
+        __cuda_array_interface__ = {
+            "data": (host.__array_interface__["data"][0], False),
+            "shape": (8,),
+            "typestr": "<f4",
+            "version": 3,
+        }
+
+        def __dlpack_device__(self):
+            return (3, 0)  # kDLCUDAHost
+
+    assert kvlayout.describe(Pinned()).device == "cpu"

@@ -38,3 +38,24 @@ def test_random_layouts_are_reproducible():
     b = [kvlayout._native.random_layout(seed) for seed in range(20)]
     assert a == b
     assert len({str(x) for x in a}) > 10
+
+
+def test_negative_counts_and_indices_are_typed():
+    layout = kvlayout.Layout(SPEC)
+    for call in (
+        lambda: layout.block_regions(-1),
+        lambda: layout.layer_regions((0, -1)),
+        lambda: layout.tp_slice(-2, 0),
+        lambda: layout.layer_range(-1, 1),
+        lambda: layout.split_blocks(-4),
+        lambda: layout.slot_range(0, -1),
+        lambda: layout.view("standard", "k").byte_offset([0, -1, 0, 0]),
+    ):
+        with pytest.raises(errors.InvalidQueryError) as e:
+            call()
+        assert e.value.value < 0
+    with pytest.raises(errors.OutOfRangeError) as e:
+        layout.offset("k", slot=-1)
+    assert (e.value.value, e.value.limit) == (-1, 16)
+    with pytest.raises(TypeError):
+        layout.split_blocks("two")

@@ -218,7 +218,9 @@ def _cuda_device(obj: Any) -> str:
     ``cuda``: the CUDA array interface does not carry the device ordinal."""
     try:
         kind, ordinal = obj.__dlpack_device__()
-        return f"{_DLPACK_DEVICES[int(kind)]}:{int(ordinal)}"
+        name = _DLPACK_DEVICES[int(kind)]
+        # pinned host memory: the host's, whatever the ordinal
+        return name if name == "cpu" else f"{name}:{int(ordinal)}"
     except Exception:
         return "cuda"
 
