@@ -25,7 +25,7 @@ use crate::memory::{typed, typed_mut, Call, HostArray};
 mod args;
 mod device;
 
-pub(crate) use args::{activations, cache_arg, index_arg};
+pub(crate) use args::{activations, cache_arg, decode_slices, index_arg, DecodeObjects};
 use args::{block_ids, block_pairs};
 use device::{download, host_tensor, lock, raise_fail, upload, Fail};
 
@@ -202,6 +202,7 @@ impl PyBackend {
     /// query's second extent, ``scale`` to ``1 / sqrt(head_size)``.
     #[pyo3(signature = (cache, query, block_table, seq_lens, layer=0, num_q_heads=None,
                         scale=None, sliding_window=None, soft_cap=None, out=None))]
+    // Python's keyword arguments: one Rust parameter each.
     #[allow(clippy::too_many_arguments)]
     fn paged_decode<'py>(
         &self,
@@ -224,7 +225,13 @@ impl PyBackend {
             sliding_window,
             soft_cap,
         };
-        let (out, _) = self.decode(py, cache, query, block_table, seq_lens, &args, out, 1)?;
+        let objects = DecodeObjects {
+            cache,
+            query,
+            block_table,
+            seq_lens,
+        };
+        let (out, _) = self.decode(py, &objects, &args, out, 1)?;
         Ok(out)
     }
 
@@ -232,6 +239,7 @@ impl PyBackend {
     /// each run inside Rust (the op alone, no Python in between); returns the seconds of
     /// each.
     #[pyo3(name = "_time_decode", signature = (cache, query, block_table, seq_lens, layer=0, runs=10, out=None))]
+    // Python's keyword arguments: one Rust parameter each.
     #[allow(clippy::too_many_arguments)]
     fn time_decode<'py>(
         &self,
@@ -251,7 +259,13 @@ impl PyBackend {
             sliding_window: None,
             soft_cap: None,
         };
-        let (_, times) = self.decode(py, cache, query, block_table, seq_lens, &args, out, runs)?;
+        let objects = DecodeObjects {
+            cache,
+            query,
+            block_table,
+            seq_lens,
+        };
+        let (_, times) = self.decode(py, &objects, &args, out, runs)?;
         Ok(times)
     }
 
@@ -328,14 +342,10 @@ impl PyBackend {
 
 impl PyBackend {
     /// `paged_decode`, run `runs` times; the output and each run's seconds.
-    #[allow(clippy::too_many_arguments)]
     fn decode<'py>(
         &self,
         py: Python<'py>,
-        cache: &Bound<'py, PyAny>,
-        query: &Bound<'py, PyAny>,
-        block_table: &Bound<'py, PyAny>,
-        seq_lens: &Bound<'py, PyAny>,
+        objects: &DecodeObjects<'_, 'py>,
         call: &DecodeCall,
         out: Option<Bound<'py, PyAny>>,
         runs: usize,
@@ -347,23 +357,11 @@ impl PyBackend {
             sliding_window,
             soft_cap,
         } = *call;
-        let c = cache_arg(cache, "cache")?;
-        let layout = &c.layout.get().inner;
+        let inputs = objects.read(py)?;
+        let layout_obj = inputs.cache.layout.clone();
+        let layout = &layout_obj.get().inner;
         let layer = crate::arrays::layer(layout, layer)?;
-        let q = HostArray::read(query, "query")?;
-        let table = index_arg(py, block_table, "i32", "block_table")?;
-        let lens = index_arg(py, seq_lens, "u32", "seq_lens")?;
-        let blocks_per_seq = match table.shape.as_slice() {
-            [_, n] => *n as usize,
-            other => {
-                return Err(raise(OpError::Shape {
-                    what: "block_table".into(),
-                    expected: "2 dims [seqs, blocks_per_seq]".into(),
-                    got: format!("shape {other:?}"),
-                }))
-            }
-        };
-        let num_q_heads = match (num_q_heads, q.shape.as_slice()) {
+        let num_q_heads = match (num_q_heads, inputs.query.shape.as_slice()) {
             (Some(n), _) => n,
             (None, [_, heads, _]) => *heads,
             (None, other) => {
@@ -375,21 +373,8 @@ impl PyBackend {
             }
         };
         let (qk_width, v_width) = decode_widths(layout).map_err(raise)?;
-        let seqs = lens.shape.iter().product::<u64>();
-        // The query's size is checked before an output is allocated from the numbers given.
-        let q_len = q.shape.iter().try_fold(1u64, |n, &e| n.checked_mul(e));
-        let want = seqs
-            .checked_mul(num_q_heads)
-            .and_then(|n| n.checked_mul(qk_width));
-        if want.is_none() || q_len != want {
-            return Err(raise(OpError::Shape {
-                what: "query".into(),
-                expected: format!(
-                    "[{seqs}, {num_q_heads}, {qk_width}] (seqs, num_q_heads, head size)"
-                ),
-                got: format!("shape {:?}", q.shape),
-            }));
-        }
+        inputs.check_query(num_q_heads, qk_width)?;
+        let (seqs, blocks_per_seq) = (inputs.seqs, inputs.blocks_per_seq);
         let out = match out {
             Some(o) => o,
             None => {
@@ -404,14 +389,9 @@ impl PyBackend {
                 got: o.dtype.clone(),
             }));
         }
-        let mut reads = vec![q, table, lens];
-        reads.extend(c.buffers);
-        let mut call = Call::new(reads, vec![o])?;
+        let mut call = inputs.into_call(vec![o])?;
         let (reads, mut writes) = call.slices();
-        let query = activations(reads[0].0, reads[0].1)?;
-        let block_table = typed::<i32>(reads[1].0, reads[1].1)?;
-        let seq_lens = typed::<u32>(reads[2].0, reads[2].1)?;
-        let bufs: Vec<&[u8]> = reads[3..].iter().map(|(_, b)| *b).collect();
+        let (query, block_table, seq_lens, bufs) = decode_slices(&reads)?;
         let (o, ob) = writes.remove(0);
         let out_f32 = typed_mut::<f32>(o, ob)?;
         let params = DecodeParams {

@@ -10,9 +10,9 @@ use kvlayout_cpu::{reference, CacheRef, Decode};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use crate::backend::{activations, cache_arg, index_arg};
+use crate::backend::{cache_arg, decode_slices, index_arg, DecodeObjects};
 use crate::errors::raise;
-use crate::memory::{typed, Call, HostArray};
+use crate::memory::{typed, Call};
 
 /// The module's comparison functions.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -52,6 +52,7 @@ type Decoded<'py> = (Bound<'py, PyBytes>, Vec<(f64, f64)>);
 #[pyfunction]
 #[pyo3(signature = (cache, query, block_table, seq_lens, num_q_heads, scale, layer=0,
                     sliding_window=None, soft_cap=None))]
+// Python's keyword arguments: one Rust parameter each.
 #[allow(clippy::too_many_arguments)]
 fn reference_decode<'py>(
     py: Python<'py>,
@@ -65,36 +66,21 @@ fn reference_decode<'py>(
     sliding_window: Option<u64>,
     soft_cap: Option<f32>,
 ) -> PyResult<Decoded<'py>> {
-    let c = cache_arg(cache, "cache")?;
-    let layout = c.layout.get().inner.clone();
-    let q = HostArray::read(query, "query")?;
-    let table = index_arg(py, block_table, "i32", "block_table")?;
-    let lens = index_arg(py, seq_lens, "u32", "seq_lens")?;
-    let blocks_per_seq = match table.shape.as_slice() {
-        [_, n] => *n as usize,
-        other => {
-            let want = "2 dims [seqs, blocks_per_seq]".to_string();
-            return Err(shape_error("block_table", want, format!("shape {other:?}")));
-        }
+    let objects = DecodeObjects {
+        cache,
+        query,
+        block_table,
+        seq_lens,
     };
+    let inputs = objects.read(py)?;
+    let layout = inputs.cache.layout.get().inner.clone();
     let (kw, vw) = decode_widths(&layout).map_err(raise)?;
-    let seqs: u64 = lens.shape.iter().product();
-    // The query's length bounds the output's before anything is allocated.
-    let q_len: u64 = q.shape.iter().product();
-    let rows = seqs.checked_mul(num_q_heads);
-    if rows.and_then(|r| r.checked_mul(kw)) != Some(q_len) {
-        let want = format!("{seqs} x {num_q_heads} x {kw} elements");
-        return Err(shape_error("query", want, format!("shape {:?}", q.shape)));
-    }
-    let mut out = vec![0f32; (q_len / kw * vw) as usize];
-    let mut reads = vec![q, table, lens];
-    reads.extend(c.buffers);
-    let mut call = Call::new(reads, vec![])?;
+    inputs.check_query(num_q_heads, kw)?;
+    let blocks_per_seq = inputs.blocks_per_seq;
+    let mut out = vec![0f32; (inputs.seqs * num_q_heads * vw) as usize];
+    let mut call = inputs.into_call(vec![])?;
     let (reads, _) = call.slices();
-    let query = activations(reads[0].0, reads[0].1)?;
-    let block_table = typed::<i32>(reads[1].0, reads[1].1)?;
-    let seq_lens = typed::<u32>(reads[2].0, reads[2].1)?;
-    let bufs: Vec<&[u8]> = reads[3..].iter().map(|(_, b)| *b).collect();
+    let (query, block_table, seq_lens, bufs) = decode_slices(&reads)?;
     let params = DecodeParams {
         num_q_heads,
         scale,
