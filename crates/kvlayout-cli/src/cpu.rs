@@ -88,7 +88,7 @@ pub(crate) fn run(as_json: bool) -> Result<String, CliError> {
         threads: be.threads(),
     };
     if as_json {
-        return crate::json(serde_json::to_string_pretty(&r));
+        return crate::json(&r);
     }
     let hidden = match (&cpu.hide, cpu.hidden.is_empty()) {
         (None, _) => "none".to_string(),

@@ -52,6 +52,9 @@ struct Cli {
 enum Command {
     /// Explain a layout: geometry, page size and padding, field strides, every convention's
     /// view (or why there is none), the registered span, and a picture of one page.
+    #[command(
+        after_help = "Example:\n  kvlayout explain llama-3-8b\n  kvlayout explain \"kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=HND\" --json"
+    )]
     Explain {
         #[arg(value_name = "SPEC", help = SPEC_HELP)]
         spec: String,
@@ -60,6 +63,9 @@ enum Command {
         json: bool,
     },
     /// Byte offset of one element: (layer, block, head, token slot, field, dim).
+    #[command(
+        after_help = "Example:\n  kvlayout offset llama-3-8b --layer 2 --block 7 --head 3 --token 5 --field v --dim 64"
+    )]
     Offset {
         #[arg(value_name = "SPEC", help = SPEC_HELP)]
         spec: String,
@@ -88,6 +94,9 @@ enum Command {
     },
     /// Strided view (offset, shape, strides in elements) of one field, or of K and V
     /// together, in a consumer's convention; refused, with the reason, where it needs a copy.
+    #[command(
+        after_help = "Example:\n  kvlayout view llama-3-8b --as flashinfer --field kv --json"
+    )]
     View {
         #[arg(value_name = "SPEC", help = SPEC_HELP)]
         spec: String,
@@ -109,6 +118,9 @@ enum Command {
     /// in process: one layer filled by `write_kv` (seeded random tokens, a random block
     /// table), `paged_decode` checked against the f64 reference and timed against the memory
     /// read bandwidth of the same run.
+    #[command(
+        after_help = "Example:\n  kvlayout decode llama-3-8b\n  kvlayout decode \"llama-3-8b order=HND dtype=fp8_e4m3\" --context 4096 --backend cpu"
+    )]
     Decode {
         #[arg(value_name = "SPEC", help = SPEC_HELP)]
         spec: String,
@@ -120,12 +132,14 @@ enum Command {
     },
     /// The CPU as the backend sees it: the features it uses and those `KVLAYOUT_CPU_HIDE`
     /// hides, the kernel builds it runs (the one it picks, and why) and those it cannot.
+    #[command(after_help = "Example:\n  KVLAYOUT_CPU_HIDE=avx512f kvlayout cpu")]
     Cpu {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
     },
     /// List the preset layouts: name, description and spec string.
+    #[command(after_help = "Example:\n  kvlayout presets --json")]
     Presets {
         /// Print the list as JSON.
         #[arg(long)]
@@ -204,14 +218,23 @@ fn parse_convention(s: &str) -> Result<Convention, CliError> {
     Convention::from_name(s).map_err(CliError::Layout)
 }
 
-/// Pretty JSON from `serde_json::to_string_pretty(..)`, with a final newline.
-fn json(rendered: serde_json::Result<String>) -> Result<String, CliError> {
-    rendered
-        .map(|mut s| {
-            s.push('\n');
-            s
-        })
-        .map_err(|e| CliError::Usage(format!("cannot render JSON: {e}")))
+/// Version of the schema of every `--json` output: the `"version"` field of its top-level
+/// object. It changes when a field is removed or changes meaning, not when one is added.
+const JSON_VERSION: u64 = 1;
+
+/// The `--json` output of a command: `value` as pretty JSON with a final newline, and
+/// `"version": JSON_VERSION` added to its top-level object (a value that is not an object goes
+/// under `"value"`).
+fn json<T: serde::Serialize>(value: &T) -> Result<String, CliError> {
+    let render = |e: serde_json::Error| CliError::Usage(format!("cannot render JSON: {e}"));
+    let mut object = match serde_json::to_value(value).map_err(render)? {
+        serde_json::Value::Object(map) => map,
+        other => serde_json::Map::from_iter([("value".to_string(), other)]),
+    };
+    object.insert("version".into(), JSON_VERSION.into());
+    let mut text = serde_json::to_string_pretty(&object).map_err(render)?;
+    text.push('\n');
+    Ok(text)
 }
 
 /// Runs one command and returns what goes to stdout.
@@ -223,7 +246,7 @@ fn run(command: Command) -> Result<String, CliError> {
         } => {
             let explanation = load(&spec)?.explain();
             if as_json {
-                json(serde_json::to_string_pretty(&explanation))
+                json(&explanation)
             } else {
                 Ok(explanation.to_text())
             }
@@ -261,7 +284,7 @@ fn run(command: Command) -> Result<String, CliError> {
             let t = field.parse::<ViewTarget>()?;
             let v = layout.view(c, t, layer)?;
             if as_json {
-                json(serde_json::to_string_pretty(&v))
+                json(&v)
             } else {
                 Ok(format!(
                     "{c} {t} layer {layer}: {} buffer {} offset {} shape {:?} strides {:?} \
@@ -300,7 +323,7 @@ fn one_field(field: &str) -> Result<Field, CliError> {
 fn offset_text(layout: &KvCacheLayout, coord: &Coord, as_json: bool) -> Result<String, CliError> {
     let at = layout.offset(coord)?;
     if as_json {
-        json(serde_json::to_string_pretty(&at))
+        json(&at)
     } else if layout.num_buffers() > 1 {
         Ok(format!("buffer {} offset {}\n", at.buffer, at.offset))
     } else {
@@ -313,7 +336,7 @@ fn offset_text(layout: &KvCacheLayout, coord: &Coord, as_json: bool) -> Result<S
 fn decode_cmd(spec: &str, step: &decode::StepArgs, as_json: bool) -> Result<String, CliError> {
     let report = decode::run(load(spec)?, step)?;
     let text = if as_json {
-        json(serde_json::to_string_pretty(&report))?
+        json(&report)?
     } else {
         report.to_text()
     };
@@ -343,7 +366,7 @@ fn presets_cmd(as_json: bool) -> Result<String, CliError> {
                 })
             })
             .collect();
-        json(serde_json::to_string_pretty(&list))
+        json(&serde_json::json!({ "presets": list }))
     } else {
         let width = PRESETS.iter().map(|p| p.0.len()).max().unwrap_or(0);
         let mut out = String::new();
@@ -403,6 +426,22 @@ mod tests {
     fn clap_definition_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_command_help_carries_an_example() {
+        use clap::CommandFactory;
+        for sub in Cli::command().get_subcommands() {
+            let after = sub
+                .get_after_help()
+                .map(|h| h.to_string())
+                .unwrap_or_default();
+            assert!(
+                after.starts_with("Example:\n  kvlayout ") || after.contains("kvlayout "),
+                "`kvlayout {} --help` has no example: {after:?}",
+                sub.get_name()
+            );
+        }
     }
 
     #[test]
