@@ -10,9 +10,11 @@
 //! from the last-level cache), and the ratio of the two bandwidths is what it reports, as the
 //! decode benchmark does, also against the paged bound (the decode's page pattern with no
 //! compute). Every address comes from the layout; this module only builds activations, a
-//! block table and slot numbers.
+//! block table and slot numbers. A cache (and block table and queries) given from a dump
+//! replaces the filled one ([`Given`]); reading and writing dumps is [`crate::decode_dump`]'s.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use kvlayout::ops::{
@@ -78,6 +80,36 @@ pub(crate) struct StepArgs {
     /// that a pass reads memory and evicts the cache before each timed run).
     #[arg(long, value_name = "MIB", default_value_t = 512)]
     pub bound_mib: usize,
+    /// Read the cache from this dump (`kvlayout fill`, `convert`, `decode --out`) instead of
+    /// filling one with write_kv; where the dump holds a decode step, its block table, lengths
+    /// and queries too, and the step's layer, sequences, context, query heads, window and
+    /// soft-cap come from it. Give SPEC or --from, not both.
+    #[arg(long, value_name = "FILE")]
+    pub from: Option<PathBuf>,
+    /// Write the step as a dump: the cache, block table, lengths, queries and output.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+/// Inputs of a step taken from a dump rather than generated.
+pub(crate) struct Given {
+    /// The dump's path, for the report.
+    pub path: String,
+    /// The cache's buffers (uploaded instead of `write_kv`).
+    pub cache: Vec<Vec<u8>>,
+    /// The block table, `seqs x blocks_per_seq`, where the dump holds one.
+    pub table: Option<Vec<i32>>,
+    /// The queries, `seqs x q_heads x qk_width`, where the dump holds them.
+    pub query: Option<Vec<f32>>,
+}
+
+/// What a step ran on and computed, for `--out`.
+pub(crate) struct Record {
+    pub cache: Vec<Vec<u8>>,
+    pub table: Vec<i32>,
+    pub blocks_per_seq: u64,
+    pub query: Vec<f32>,
+    pub output: Vec<f32>,
 }
 
 /// What one `kvlayout decode` measured.
@@ -94,6 +126,9 @@ pub(crate) struct StepReport {
     pub kv_heads: u64,
     pub blocks_used: usize,
     pub seed: u64,
+    /// The dump the cache (and the step's inputs it holds) came from; `null`: filled by
+    /// `write_kv`.
+    pub cache_from: Option<String>,
     /// The CPU: the features the kernel builds check that it has, and those
     /// `KVLAYOUT_CPU_HIDE` hid from the backend.
     pub cpu: crate::cpu::CpuReport,
@@ -169,7 +204,7 @@ impl StepReport {
             "layout   {} ({gib:.2} GiB)\n\
              step     layer {}: {} sequences x {} tokens{}; query heads {}, KV heads {}; \
              {} blocks of a random block table (seed {})\n\
-             write_kv {} tokens in {:.1} ms (the first writes to the cache's pages)\n\
+             {}\n\
              check    the first {} of {} sequences against the f64 reference: max error \
              {:.1e} of the values' magnitude, {:.3} of its bound ({} products: {:.1e} + \
              {:.1e} x the logits' magnitude): {verdict}\n\
@@ -194,8 +229,14 @@ impl StepReport {
             self.kv_heads,
             self.blocks_used,
             self.seed,
-            self.seqs as u64 * u64::from(self.context),
-            self.write_kv_ms,
+            match &self.cache_from {
+                Some(path) => format!("cache    from {path} (no write_kv)"),
+                None => format!(
+                    "write_kv {} tokens in {:.1} ms (the first writes to the cache's pages)",
+                    self.seqs as u64 * u64::from(self.context),
+                    self.write_kv_ms
+                ),
+            },
             self.checked_seqs,
             self.seqs,
             self.max_error,
@@ -500,8 +541,15 @@ fn gather_checked(
     Ok(host)
 }
 
-/// Runs the step; `Err` for any refusal (of the arguments here, or of the backend's ops).
-pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, CliError> {
+/// Runs the step on the inputs `given` (generated where `None`); with `record`, also returns
+/// what it ran on and computed. `Err` for any refusal (of the arguments here, or of the
+/// backend's ops).
+pub(crate) fn run_step(
+    layout: KvCacheLayout,
+    a: &StepArgs,
+    given: Option<Given>,
+    record: bool,
+) -> Result<(StepReport, Option<Record>), CliError> {
     let (qk, vw) = decode_widths(&layout)?;
     let g = *layout.geometry();
     let kv_heads = g.num_kv_heads;
@@ -516,14 +564,32 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
     let sizes = Footprint::of(a, q_heads, kv_heads, qk, vw, pool.current_num_threads())?;
     sizes.fits(available_memory())?;
     let mut rng = Rng(a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let table = random_blocks(&mut rng, g.num_blocks, blocks)?;
+    let (mut given_table, mut given_query) = (None, None);
+    if let Some(d) = &given {
+        given_table.clone_from(&d.table);
+        given_query.clone_from(&d.query);
+    }
+    let table = match given_table {
+        Some(t) => t,
+        None => random_blocks(&mut rng, g.num_blocks, blocks)?,
+    };
     let per_seq = per_seq as usize;
     let mut cache = be
         .alloc_cache(&layout, &BufferShape::exact(&layout))
         .map_err(backend_failed)?;
-    let write_kv_ms = fill_cache(&be, &mut cache, &layout, a, &table, &mut rng)?;
+    let (write_kv_ms, cache_from) = match given {
+        Some(d) => {
+            be.upload_cache(&mut cache, &d.cache)
+                .map_err(backend_failed)?;
+            (0.0, Some(d.path))
+        }
+        None => (
+            fill_cache(&be, &mut cache, &layout, a, &table, &mut rng)?,
+            None,
+        ),
+    };
 
-    let query = rng.fill(sizes.query);
+    let query = given_query.unwrap_or_else(|| rng.fill(sizes.query));
     let lens = vec![a.context; a.seqs];
     let params = DecodeParams {
         num_q_heads: q_heads,
@@ -547,6 +613,17 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
     let done = be.paged_decode(&cache, &step, &mut out)?;
     be.wait(done).map_err(backend_failed)?;
     let got = be.download_tensor(&out).map_err(backend_failed)?.to_f32();
+    let recorded = if record {
+        Some(Record {
+            cache: be.download_cache(&cache).map_err(backend_failed)?,
+            table: table.clone(),
+            blocks_per_seq: per_seq as u64,
+            query: query.clone(),
+            output: got.clone(),
+        })
+    } else {
+        None
+    };
 
     // The reference reads each element through the checked address function: seconds for a
     // few sequences of thousands of tokens, so only the first ones are compared, on their
@@ -578,7 +655,7 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
         let done = be.paged_decode(&cache, &step, &mut out)?;
         be.wait(done).map_err(backend_failed)
     })?;
-    Ok(StepReport {
+    let report = StepReport {
         layout: layout.to_string(),
         cache_bytes,
         layer: a.layer,
@@ -590,6 +667,7 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
         kv_heads,
         blocks_used: blocks as usize,
         seed: a.seed,
+        cache_from,
         cpu: crate::cpu::CpuReport::of(cpu),
         backend: be.name().to_string(),
         kernels: kernels.build,
@@ -614,7 +692,8 @@ pub(crate) fn run(layout: KvCacheLayout, a: &StepArgs) -> Result<StepReport, Cli
         ratio_best: timed.pair.ratio_best,
         paged_bound: timed.paged_bound,
         ratio_to_paged_bound: timed.pair.ratio_median / timed.paged_bound,
-    })
+    };
+    Ok((report, recorded))
 }
 
 /// The pool the read bound runs on: `threads` threads (every core when `None`).

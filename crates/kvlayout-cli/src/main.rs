@@ -26,8 +26,12 @@ use clap::{Parser, Subcommand};
 use kvlayout::ops::OpError;
 use kvlayout::{Convention, Coord, Field, KvCacheLayout, LayoutError, ViewTarget, PRESETS};
 
+mod convert;
 mod cpu;
 mod decode;
+mod decode_dump;
+mod dump;
+mod fill;
 
 /// Exit status of every user error (the same as clap's usage errors).
 const USER_ERROR: u8 = 2;
@@ -119,16 +123,39 @@ enum Command {
     /// table), `paged_decode` checked against the f64 reference and timed against the memory
     /// read bandwidth of the same run.
     #[command(
-        after_help = "Example:\n  kvlayout decode llama-3-8b\n  kvlayout decode \"llama-3-8b order=HND dtype=fp8_e4m3\" --context 4096 --backend cpu"
+        after_help = "Example:\n  kvlayout decode llama-3-8b\n  kvlayout decode \"llama-3-8b order=HND dtype=fp8_e4m3\" --context 4096 --backend cpu\n  kvlayout decode --from cache.safetensors --seqs 1 --context 40 --out step.safetensors"
     )]
     Decode {
-        #[arg(value_name = "SPEC", help = SPEC_HELP)]
-        spec: String,
+        #[arg(value_name = "SPEC", help = SPEC_HELP, required_unless_present = "from")]
+        spec: Option<String>,
         #[command(flatten)]
         step: decode::StepArgs,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Write a cache of the layout filled with a pattern as a safetensors dump (one U8 tensor
+    /// per buffer, the layout's JSON and every field's view in the metadata).
+    #[command(
+        after_help = "Example:\n  kvlayout fill \"kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD\" --pattern coords --out cache.safetensors"
+    )]
+    Fill {
+        #[arg(value_name = "SPEC", help = SPEC_HELP)]
+        spec: String,
+        #[command(flatten)]
+        args: fill::FillArgs,
+    },
+    /// Re-lay a dump in another layout through a backend's movers (`convert`); layouts of
+    /// other content or geometry are refused with the reason.
+    #[command(
+        after_help = "Example:\n  kvlayout convert cache.safetensors --to \"kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=HND\" --out hnd.safetensors"
+    )]
+    Convert {
+        /// The dump to read (`kvlayout fill`, `convert`, `decode --out`).
+        #[arg(value_name = "IN")]
+        input: String,
+        #[command(flatten)]
+        args: convert::ConvertArgs,
     },
     /// The CPU as the backend sees it: the features it uses and those `KVLAYOUT_CPU_HIDE`
     /// hides, the kernel builds it runs (the one it picks, and why) and those it cannot.
@@ -303,7 +330,9 @@ fn run(command: Command) -> Result<String, CliError> {
             spec,
             step,
             json: as_json,
-        } => decode_cmd(&spec, &step, as_json),
+        } => decode_cmd(spec.as_deref(), &step, as_json),
+        Command::Fill { spec, args } => fill::run(load(&spec)?, &args),
+        Command::Convert { input, args } => convert::run(&input, &args),
         Command::Cpu { json: as_json } => cpu::run(as_json),
         Command::Presets { json: as_json } => presets_cmd(as_json),
     }
@@ -333,8 +362,12 @@ fn offset_text(layout: &KvCacheLayout, coord: &Coord, as_json: bool) -> Result<S
 
 /// `decode`: runs the step and reports it; a disagreement with the reference is an error
 /// after the report is printed.
-fn decode_cmd(spec: &str, step: &decode::StepArgs, as_json: bool) -> Result<String, CliError> {
-    let report = decode::run(load(spec)?, step)?;
+fn decode_cmd(
+    spec: Option<&str>,
+    step: &decode::StepArgs,
+    as_json: bool,
+) -> Result<String, CliError> {
+    let report = decode_dump::run(spec, step)?;
     let text = if as_json {
         json(&report)?
     } else {
