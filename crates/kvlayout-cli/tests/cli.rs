@@ -10,6 +10,10 @@ mod cpu;
 mod decode;
 #[path = "cli/dump.rs"]
 mod dump;
+#[path = "cli/dump_bad.rs"]
+mod dump_bad;
+#[path = "cli/dump_file.rs"]
+mod dump_file;
 
 const SMALL: &str = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD";
 
