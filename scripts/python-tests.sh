@@ -2,7 +2,7 @@
 # The Python package's tests: builds crates/kvlayout-py with maturin and installs it into the
 # project's virtual environment (.venv, made by scripts/setup.sh) exactly as a user does
 # (`pip install ./crates/kvlayout-py`), then runs its pytest suite and the README's Python
-# example. Arguments go to pytest.
+# example and its dump snippet (scripts/readme-dump-snippet.sh). Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -18,3 +18,5 @@ awk '/^## In Python/ { on = 1; next } /^## / { on = 0 }
     > "$example"
 [ -s "$example" ] || { echo "README.md has no Python example under '## In Python'"; exit 1; }
 python "$example"
+# The README's dump snippet (a `kvlayout fill` dump opened with safetensors and numpy).
+./scripts/readme-dump-snippet.sh

@@ -122,13 +122,15 @@ fi
 
 # --- The project's Python environment (.venv): the Python package's build and tests -------
 # maturin builds crates/kvlayout-py (`pip install ./crates/kvlayout-py`); numpy and ml_dtypes
-# (bf16 and fp8 arrays) are what the package works on; pytest runs its tests. Pinned; made
-# and filled only when something is missing.
-VENV_PYTHON_PACKAGES=(maturin==1.16.0 "numpy==${NUMPY_VERSION}" ml_dtypes==0.6.0 pytest==9.2.0)
+# (bf16 and fp8 arrays) are what the package works on; pytest runs its tests; safetensors
+# opens the CLI's cache dumps in the README's dump snippet (scripts/readme-dump-snippet.sh).
+# Pinned; made and filled only when something is missing.
+VENV_PYTHON_PACKAGES=(maturin==1.16.0 "numpy==${NUMPY_VERSION}" ml_dtypes==0.6.0 pytest==9.2.0
+    safetensors==0.8.0)
 venv="$(cd "$(dirname "$0")/.." && pwd)/.venv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv" >/dev/null 2>&1 \
     || { apt_install python3-venv && python3 -m venv "$venv"; }
-if ! "$venv/bin/python" -c "import numpy, ml_dtypes, pytest, maturin" >/dev/null 2>&1 \
+if ! "$venv/bin/python" -c "import numpy, ml_dtypes, pytest, maturin, safetensors" >/dev/null 2>&1 \
     || [ "$("$venv/bin/python" -c "import numpy; print(numpy.__version__)")" != "$NUMPY_VERSION" ]; then
     log "pip install ${VENV_PYTHON_PACKAGES[*]} into .venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${VENV_PYTHON_PACKAGES[@]}"
