@@ -129,6 +129,8 @@ pub(crate) struct StepReport {
     /// The dump the cache (and the step's inputs it holds) came from; `null`: filled by
     /// `write_kv`.
     pub cache_from: Option<String>,
+    /// The dump the block table and queries came from; `null`: generated from the seed.
+    pub table_from: Option<String>,
     /// The CPU: the features the kernel builds check that it has, and those
     /// `KVLAYOUT_CPU_HIDE` hid from the backend.
     pub cpu: crate::cpu::CpuReport,
@@ -203,7 +205,7 @@ impl StepReport {
         format!(
             "layout   {} ({gib:.2} GiB)\n\
              step     layer {}: {} sequences x {} tokens{}; query heads {}, KV heads {}; \
-             {} blocks of a random block table (seed {})\n\
+             {} blocks of {}\n\
              {}\n\
              check    the first {} of {} sequences against the f64 reference: max error \
              {:.1e} of the values' magnitude, {:.3} of its bound ({} products: {:.1e} + \
@@ -228,7 +230,10 @@ impl StepReport {
             self.q_heads,
             self.kv_heads,
             self.blocks_used,
-            self.seed,
+            match &self.table_from {
+                Some(path) => format!("the block table of {path}"),
+                None => format!("a random block table (seed {})", self.seed),
+            },
             match &self.cache_from {
                 Some(path) => format!("cache    from {path} (no write_kv)"),
                 None => format!(
@@ -564,11 +569,14 @@ pub(crate) fn run_step(
     let sizes = Footprint::of(a, q_heads, kv_heads, qk, vw, pool.current_num_threads())?;
     sizes.fits(available_memory())?;
     let mut rng = Rng(a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let (mut given_table, mut given_query) = (None, None);
-    if let Some(d) = &given {
-        given_table.clone_from(&d.table);
-        given_query.clone_from(&d.query);
-    }
+    let (given_cache, given_table, given_query) = match given {
+        Some(d) => (Some((d.path, d.cache)), d.table, d.query),
+        None => (None, None, None),
+    };
+    let table_from = given_cache
+        .as_ref()
+        .filter(|_| given_table.is_some())
+        .map(|(path, _)| path.clone());
     let table = match given_table {
         Some(t) => t,
         None => random_blocks(&mut rng, g.num_blocks, blocks)?,
@@ -577,11 +585,11 @@ pub(crate) fn run_step(
     let mut cache = be
         .alloc_cache(&layout, &BufferShape::exact(&layout))
         .map_err(backend_failed)?;
-    let (write_kv_ms, cache_from) = match given {
-        Some(d) => {
-            be.upload_cache(&mut cache, &d.cache)
+    let (write_kv_ms, cache_from) = match given_cache {
+        Some((path, bytes)) => {
+            be.upload_cache(&mut cache, &bytes)
                 .map_err(backend_failed)?;
-            (0.0, Some(d.path))
+            (0.0, Some(path))
         }
         None => (
             fill_cache(&be, &mut cache, &layout, a, &table, &mut rng)?,
@@ -668,6 +676,7 @@ pub(crate) fn run_step(
         blocks_used: blocks as usize,
         seed: a.seed,
         cache_from,
+        table_from,
         cpu: crate::cpu::CpuReport::of(cpu),
         backend: be.name().to_string(),
         kernels: kernels.build,

@@ -177,6 +177,33 @@ fn convert_there_and_back_is_identical_on_elements() {
 }
 
 #[test]
+fn convert_runs_the_movers_of_the_backend_it_names() {
+    // The GPU kernels under the host emulators, and the scalar reference, write the same
+    // bytes as the CPU backend (padding included).
+    let a = fill(INT8, "coords", "backends");
+    let cpu = Temp::new("be-cpu");
+    ok(&["convert", a.s(), "--to", INT8_HND, "--out", cpu.s()]);
+    let want = read_st(&cpu.0);
+    check_coords(&want, INT8_HND);
+    for backend in ["reference", "cuda-emu", "hip-emu"] {
+        let out = Temp::new("be");
+        let j = parse_json(&ok(&[
+            "convert",
+            a.s(),
+            "--to",
+            INT8_HND,
+            "--out",
+            out.s(),
+            "--backend",
+            backend,
+            "--json",
+        ]));
+        assert_eq!(j["backend"], backend);
+        assert_eq!(read_st(&out.0).tensors, want.tensors, "{backend}");
+    }
+}
+
+#[test]
 fn convert_refuses_other_content_or_geometry() {
     let a = fill(NHD, "coords", "refuse");
     let out = Temp::new("refused");
@@ -310,7 +337,8 @@ fn decode_from_and_out_round_trip_against_the_reference() {
     args.extend(["--out", d1.s()]);
     let text = ok(&args);
     assert!(
-        text.contains(&format!("cache    from {}", cache.s())),
+        text.contains(&format!("cache    from {}", cache.s()))
+            && text.contains("6 blocks of a random block table (seed 1)"),
         "{text}"
     );
     let st1 = read_st(&d1.0);
@@ -352,6 +380,7 @@ fn decode_from_and_out_round_trip_against_the_reference() {
         "--json",
     ]));
     assert_eq!(j["cache_from"], d1.s());
+    assert_eq!(j["table_from"], d1.s());
     assert_eq!(j["layer"], 1);
     assert_eq!(j["context"], 40);
     let st2 = read_st(&d2.0);
