@@ -14,7 +14,7 @@
 //! | `format_version` | `1` |
 //! | `writer` | the program and command that wrote it |
 //! | `layout` | the layout's versioned JSON: the statement every tensor is checked against |
-//! | `views` | JSON list, per readable field and layer: the `standard` view (`buffer`, `dtype`, `offset_bytes`, `shape`, `strides_bytes`, `axes`) or why there is none |
+//! | `views` | JSON list, per readable field and layer: the `standard` view, else the `vllm-paged-v1` one (`convention`, `buffer`, `dtype`, `offset_bytes`, `shape`, `strides_bytes`, `axes`, ...), or why there is none |
 //! | `pattern` | what the cache holds (`coords`, `random seed=S`, `write_kv seed=S`), where known |
 //! | `padding` | what bytes outside every field hold (`zero`) |
 //! | `decode` | JSON ([`StepMeta`]), only in a dump of a decode step |

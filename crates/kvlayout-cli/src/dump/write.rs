@@ -2,7 +2,7 @@
 //! format states (see [`super`]) and one tensor per buffer, plus the step's tensors.
 //!
 //! It does not decide what the cache holds, and never computes a view: the `views` key is
-//! what `layout.view(standard, field, layer)` returns, or its refusal.
+//! what `layout.view(convention, field, layer)` returns, or its refusal.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -13,27 +13,35 @@ use safetensors::tensor::{Dtype, TensorView};
 use super::{buffer_name, Dump, FORMAT, FORMAT_VERSION};
 use crate::CliError;
 
-/// The `views` metadata: the standard view of every readable field in every layer, or why
-/// there is none.
+/// Conventions tried for a field's view, in order: the standard `[block, head, token, dim]`
+/// view, else vLLM's paged-attention view (the x-split key `[block, head, dim / x, token, x]`).
+const VIEW_CONVENTIONS: [Convention; 2] = [Convention::Standard, Convention::VllmPagedV1];
+
+/// The `views` metadata: for every readable field in every layer, the view of the first
+/// convention of [`VIEW_CONVENTIONS`] that has one, or why the standard one is refused.
 fn views(layout: &KvCacheLayout) -> serde_json::Value {
     let mut out = Vec::new();
     for layer in 0..layout.geometry().num_layers {
         for field in layout.readable_fields() {
-            let mut entry = serde_json::json!({
-                "field": field.to_string(),
-                "layer": layer,
-                "convention": Convention::Standard.to_string(),
-            });
-            match layout.view(Convention::Standard, ViewTarget::Field(field), layer) {
-                Ok(v) => {
-                    let view = serde_json::to_value(&v).unwrap_or_default();
-                    if let (Some(entry), serde_json::Value::Object(view)) =
-                        (entry.as_object_mut(), view)
+            let target = ViewTarget::Field(field);
+            let found = VIEW_CONVENTIONS
+                .iter()
+                .find_map(|&c| layout.view(c, target, layer).ok().map(|v| (c, v)));
+            let mut entry = serde_json::json!({"field": field.to_string(), "layer": layer});
+            match found {
+                Some((c, v)) => {
+                    entry["convention"] = c.to_string().into();
+                    if let (Some(entry), Ok(serde_json::Value::Object(view))) =
+                        (entry.as_object_mut(), serde_json::to_value(&v))
                     {
                         entry.extend(view);
                     }
                 }
-                Err(e) => entry["refused"] = e.to_string().into(),
+                None => {
+                    let why = layout.view(Convention::Standard, target, layer).err();
+                    entry["convention"] = Convention::Standard.to_string().into();
+                    entry["refused"] = why.map(|e| e.to_string()).unwrap_or_default().into();
+                }
             }
             out.push(entry);
         }

@@ -57,8 +57,8 @@ fn fill_coords_puts_every_element_at_its_offset() {
 
 #[test]
 fn fill_views_in_the_metadata_rebuild_each_field() {
-    let out = fill(HND, "coords", "views");
-    let st = read_st(&out.0);
+    // The HND view of K and V holds the coords values in (block, head, token, dim) order.
+    let st = read_st(&fill(HND, "coords", "views").0);
     let views: Value = serde_json::from_str(&st.meta["views"]).expect("views JSON");
     let views = views.as_array().expect("a list");
     assert_eq!(views.len(), 2 * 2, "K and V of two layers");
@@ -66,28 +66,113 @@ fn fill_views_in_the_metadata_rebuild_each_field() {
         let field: Field = v["field"].as_str().unwrap().parse().unwrap();
         let layer = v["layer"].as_u64().unwrap();
         assert_eq!(v["convention"], "standard");
-        assert_eq!(v["dtype"], "f16");
-        let buf = st.bytes(&format!("buffer{}", v["buffer"]));
-        let shape = super::u64s(&v["shape"]);
-        let strides = super::u64s(&v["strides_bytes"]);
-        assert_eq!(shape, [3, 4, 16, 8]);
-        let base = v["offset_bytes"].as_u64().unwrap();
-        let mut i = 0u64;
-        for b in 0..3 {
-            for h in 0..4 {
-                for n in 0..16 {
-                    for d in 0..8 {
-                        let off = (base + b * strides[0] + h * strides[1])
-                            + (n * strides[2] + d * strides[3]);
-                        let got = elem(DType::F16, &buf[off as usize..off as usize + 2]);
-                        let idx = (layer * 3 * 4 * 16 * 8) + i;
-                        assert_eq!(got, coords_value(field, DType::F16, idx), "{v}");
-                        i += 1;
+        assert_eq!(super::u64s(&v["shape"]), [3, 4, 16, 8]);
+        let mut i = layer * 3 * 4 * 16 * 8;
+        for_each_index(&[3, 4, 16, 8], &mut |idx| {
+            let got = view_elem(&st, v, idx);
+            assert_eq!(got, coords_value(field, DType::F16, i), "{v} {idx:?}");
+            i += 1;
+        });
+    }
+    // Every view of every field, the x-split key's and MLA's aliases included, reads what
+    // `layout.offset` addresses.
+    for spec in [
+        "kv L=1 B=3 N=16 H=4 D=32 dtype=f16 legacy=vllm-paged-v1",
+        "mla L=2 B=3 N=16 rank=16 rope=8 dtype=bf16 order=LBNHC",
+        INT8,
+        PADDED,
+        SEPARATE,
+    ] {
+        let st = read_st(&fill(spec, "coords", "views").0);
+        let layout = st.layout();
+        let views: Value = serde_json::from_str(&st.meta["views"]).unwrap();
+        let views = views.as_array().unwrap();
+        let fields = layout.readable_fields().len() as u64;
+        assert_eq!(
+            views.len() as u64,
+            layout.geometry().num_layers * fields,
+            "{spec}"
+        );
+        for v in views {
+            assert!(v.get("refused").is_none(), "{spec}: {v}");
+            let field: Field = v["field"].as_str().unwrap().parse().unwrap();
+            let layer = v["layer"].as_u64().unwrap();
+            let axes: Vec<&str> = v["axes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap())
+                .collect();
+            let shape = super::u64s(&v["shape"]);
+            let x = axes.iter().position(|&a| a == "x").map_or(1, |k| shape[k]);
+            let mut seen = 0u64;
+            for_each_index(&shape, &mut |idx| {
+                let (mut b, mut h, mut t, mut d) = (0, 0, 0, 0);
+                for (axis, &i) in axes.iter().zip(idx) {
+                    match *axis {
+                        "block" => b = i,
+                        "head" => h = i,
+                        "token" | "slot" => t = i,
+                        "dim" | "x" => d += i,
+                        "dim / x" => d += i * x,
+                        other => panic!("{spec}: axis {other}"),
                     }
                 }
-            }
+                let at = layout
+                    .offset(&Coord::new(field, layer, b, h, t, d))
+                    .unwrap();
+                let dtype = layout.field_map(field).unwrap().dtype;
+                let want = elem(
+                    dtype,
+                    &st.bytes(&format!("buffer{}", at.buffer))[at.offset as usize..],
+                );
+                assert_eq!(view_elem(&st, v, idx), want, "{spec}: {v} {idx:?}");
+                seen += 1;
+            });
+            let m = layout.field_map(field).unwrap();
+            assert_eq!(
+                seen,
+                m.num_blocks * m.num_heads * m.num_slots * m.width,
+                "{spec}: {v}"
+            );
         }
     }
+}
+
+/// Calls `f` with every multi-index of `shape`, the last axis fastest.
+fn for_each_index(shape: &[u64], f: &mut dyn FnMut(&[u64])) {
+    let mut idx = vec![0u64; shape.len()];
+    if shape.contains(&0) {
+        return;
+    }
+    loop {
+        f(&idx);
+        let mut k = shape.len();
+        loop {
+            if k == 0 {
+                return;
+            }
+            k -= 1;
+            idx[k] += 1;
+            if idx[k] < shape[k] {
+                break;
+            }
+            idx[k] = 0;
+        }
+    }
+}
+
+/// The element of view `v` (an entry of the `views` metadata) at `idx`, as a strided-view
+/// consumer reads it: `offset_bytes + sum(idx * strides_bytes)`.
+fn view_elem(st: &St, v: &Value, idx: &[u64]) -> f64 {
+    let strides = super::u64s(&v["strides_bytes"]);
+    let off = v["offset_bytes"].as_u64().unwrap()
+        + idx.iter().zip(&strides).map(|(i, s)| i * s).sum::<u64>();
+    let dtype: DType = v["dtype"].as_str().unwrap().parse().unwrap();
+    elem(
+        dtype,
+        &st.bytes(&format!("buffer{}", v["buffer"]))[off as usize..],
+    )
 }
 
 #[test]
