@@ -20,7 +20,7 @@
 //! | `decode` | JSON ([`StepMeta`]), only in a dump of a decode step |
 //!
 //! Other metadata keys are allowed and ignored. This module owns the format's names and the
-//! in-memory [`Dump`]; [`read`] owns the strict reading, [`write`] the writing. It does not
+//! in-memory [`Dump`]; [`mod@read`] owns the strict reading, [`mod@write`] the writing. It does not
 //! own what the cache holds (`fill`, `convert`, `decode` do).
 
 use kvlayout::KvCacheLayout;
