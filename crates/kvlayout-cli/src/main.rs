@@ -28,6 +28,8 @@ use kvlayout::{Convention, Coord, Field, KvCacheLayout, LayoutError, ViewTarget,
 
 mod cpu;
 mod decode;
+mod diff;
+mod plan;
 
 /// Exit status of every user error (the same as clap's usage errors).
 const USER_ERROR: u8 = 2;
@@ -138,6 +140,24 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The transfer plan of the connector for a DST (local, decode side) rank to pull
+    /// sequences from SRC (remote, prefill side) ranks: direct (every byte into its place) or
+    /// staged (into a staging cache, then scatter_blocks), its runs (source buffer and offset,
+    /// destination buffer and offset, length), or the refusal with its reason (exit 2). SRC
+    /// and DST are the layouts of one rank of each side.
+    #[command(
+        after_help = "Example:\n  kvlayout plan \"kv L=2 B=10 N=16 H=4 D=16 dtype=bf16 order=NHD\" \\\n    \"kv L=2 B=8 N=32 H=2 D=16 dtype=bf16 order=HND page=8192\" \\\n    --dst-tp 2 --dst-rank 1 --seq 3,7,1:5,2:40 --seq 0,9:6:23"
+    )]
+    Plan(plan::PlanArgs),
+    /// Whether two layouts are byte-compatible (every element at the same place): each
+    /// difference, field by field and stride by stride, and what a transfer from A to B would
+    /// need (direct runs per block, staged, or refused). Exit status as diff(1): 0 when the
+    /// layouts address every element alike, 1 when they differ, 2 on an error; so a script can
+    /// gate on `kvlayout diff A B`.
+    #[command(
+        after_help = "Example:\n  kvlayout diff \"kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD\" \"kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=HND\""
+    )]
+    Diff(diff::DiffArgs),
     /// List the preset layouts: name, description and spec string.
     #[command(after_help = "Example:\n  kvlayout presets --json")]
     Presets {
@@ -305,6 +325,8 @@ fn run(command: Command) -> Result<String, CliError> {
             json: as_json,
         } => decode_cmd(&spec, &step, as_json),
         Command::Cpu { json: as_json } => cpu::run(as_json),
+        Command::Plan(args) => plan::run(&args),
+        Command::Diff(args) => diff::run(&args),
         Command::Presets { json: as_json } => presets_cmd(as_json),
     }
 }
