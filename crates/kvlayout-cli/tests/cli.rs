@@ -8,6 +8,12 @@ mod backend;
 mod cpu;
 #[path = "cli/decode.rs"]
 mod decode;
+#[path = "cli/diff.rs"]
+mod diff;
+#[path = "cli/plan.rs"]
+mod plan;
+#[path = "cli/plan_bad.rs"]
+mod plan_bad;
 
 const SMALL: &str = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD";
 

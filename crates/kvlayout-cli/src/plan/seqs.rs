@@ -36,8 +36,11 @@ fn block_ids(arg: &str, what: &str, text: &str) -> Result<Vec<u64>, CliError> {
         .collect()
 }
 
+/// One `--seq` value as written: SRC block ids, DST block ids, tokens if given.
+type SeqArg = (Vec<u64>, Vec<u64>, Option<u64>);
+
 /// One `--seq` value. Tokens default to what the shorter side's blocks hold (`None` here).
-fn parse_seq(arg: &str) -> Result<(Vec<u64>, Vec<u64>, Option<u64>), CliError> {
+fn parse_seq(arg: &str) -> Result<SeqArg, CliError> {
     let parts: Vec<&str> = arg.split(':').collect();
     let (src, dst, tokens) = match parts.as_slice() {
         [src, dst] => (*src, *dst, None),
