@@ -269,6 +269,8 @@ fn auto_picks_staged_only_where_the_orders_move_elements() {
 
 #[path = "plan_apply.rs"]
 mod apply;
+#[path = "plan_execute.rs"]
+mod execute;
 
 #[test]
 fn plan_runs_applied_as_memcpys_put_every_element_in_place() {

@@ -99,10 +99,16 @@ fn scatter(
     }
 }
 
-/// Applies the plan `v` of case `c` and checks every element of every sequence's tokens.
-pub(super) fn check(c: &Case, v: &Value) {
-    let (src, dst) = c.layouts();
-    let src_bytes: Vec<Vec<Vec<u8>>> = (0..c.src_tp).map(|r| random_buffers(&src, 7 + r)).collect();
+/// Random bytes in every buffer of every SRC rank of case `c`.
+pub(super) fn src_bytes(c: &Case) -> Vec<Vec<Vec<u8>>> {
+    let src = c.layouts().0;
+    (0..c.src_tp).map(|r| random_buffers(&src, 7 + r)).collect()
+}
+
+/// The DST buffers after the plan `v` of case `c` ran on `src_bytes` (zeros before): its runs
+/// as memcpys, a staged transfer's scattered through the staging and DST offsets.
+pub(super) fn apply(c: &Case, v: &Value, src_bytes: &[Vec<Vec<u8>>]) -> Vec<Vec<u8>> {
+    let dst = c.layouts().1;
     let mut out = zeros(dst.extents().iter().map(|x| x.end));
     for t in v["transfers"].as_array().expect("transfers") {
         let rank = t["src_rank"].as_u64().unwrap() as usize;
@@ -122,6 +128,14 @@ pub(super) fn check(c: &Case, v: &Value) {
             other => panic!("into {other}"),
         }
     }
+    out
+}
+
+/// Applies the plan `v` of case `c` and checks every element of every sequence's tokens.
+pub(super) fn check(c: &Case, v: &Value) {
+    let (src, dst) = c.layouts();
+    let src_bytes = src_bytes(c);
+    let out = apply(c, v, &src_bytes);
     let total = c.model_heads();
     let mine = tp_head_range(total, c.dst_tp, c.dst_rank).unwrap();
     let (bs, bd) = (src.geometry().block_size, dst.geometry().block_size);
