@@ -24,6 +24,43 @@ pub(crate) fn runs(n: usize) -> String {
     format!("{n} run{}", if n == 1 { "" } else { "s" })
 }
 
+/// Block ids in their order for the text form: as a list up to [`IDS_SHOWN`] ids, else
+/// runs of consecutive ids as half-open ranges (`0..1024`), the first [`IDS_SHOWN`] of them
+/// and a count.
+pub(crate) fn ids(blocks: &[u64]) -> String {
+    if blocks.len() <= IDS_SHOWN {
+        let list: Vec<String> = blocks.iter().map(u64::to_string).collect();
+        return format!("[{}]", list.join(", "));
+    }
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for &b in blocks {
+        match ranges.last_mut() {
+            Some((_, end)) if *end == b => *end = b.saturating_add(1),
+            _ => ranges.push((b, b.saturating_add(1))),
+        }
+    }
+    let text: Vec<String> = ranges
+        .iter()
+        .take(IDS_SHOWN)
+        .map(|&(s, e)| {
+            if e - s == 1 {
+                s.to_string()
+            } else {
+                format!("{s}..{e}")
+            }
+        })
+        .collect();
+    let more = if ranges.len() > IDS_SHOWN {
+        ", ..."
+    } else {
+        ""
+    };
+    format!("[{}{more}] ({} ids)", text.join(", "), blocks.len())
+}
+
+/// Ids or ranges the text form lists.
+const IDS_SHOWN: usize = 8;
+
 /// One side of the transfer.
 #[derive(Debug, Serialize)]
 pub(crate) struct SideReport {
@@ -308,19 +345,21 @@ impl PlanReport {
         for (i, s) in self.sequences.iter().enumerate() {
             let _ = writeln!(
                 out,
-                "seq {i}: {} tokens, SRC blocks {:?} -> DST blocks {:?}",
-                s.tokens, s.src_blocks, s.dst_blocks
+                "seq {i}: {} tokens, SRC blocks {} -> DST blocks {}",
+                s.tokens,
+                ids(&s.src_blocks),
+                ids(&s.dst_blocks)
             );
         }
         let t = &self.totals;
         let _ = writeln!(
             out,
-            "{} plan: {} (descriptors), {} bytes, from {} SRC rank(s), DST blocks {:?}",
+            "{} plan: {} (descriptors), {} bytes, from {} SRC rank(s), DST blocks {}",
             self.plan,
             runs(t.runs),
             t.bytes,
             t.transfers,
-            t.dst_blocks
+            ids(&t.dst_blocks)
         );
         let _ = writeln!(out, "  why: {}", self.why);
         if let Some(o) = &self.other {
@@ -362,8 +401,10 @@ fn transfer_text(out: &mut String, tr: &TransferReport, show: usize, shown: &mut
         let _ = writeln!(
             out,
             "  into staging {} ({:?} bytes); then scatter_blocks: staging block i -> DST \
-             block {:?}[i], heads -> DST heads {dh0}..{dh1}",
-            s.layout, s.buffer_bytes, s.dst_blocks
+             block {}[i], heads -> DST heads {dh0}..{dh1}",
+            s.layout,
+            s.buffer_bytes,
+            ids(&s.dst_blocks)
         );
         "staging"
     } else {
