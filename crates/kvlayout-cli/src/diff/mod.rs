@@ -13,6 +13,7 @@ use clap::Args;
 use kvlayout::KvCacheLayout;
 use serde::Serialize;
 
+use crate::plan::budget;
 use crate::plan::groups::{self, SideTp};
 use crate::plan::pick::{self, Chosen, Outcome};
 use crate::plan::seqs::default_seq;
@@ -71,7 +72,7 @@ struct TransferNeed {
     tokens: u64,
     src_blocks: Vec<u64>,
     dst_blocks: Vec<u64>,
-    /// `direct`, `staged` or `refused`.
+    /// `direct`, `staged`, `refused`, or `not planned` (over the CLI's size budget).
     needs: &'static str,
     /// Why, or the refusal.
     reason: String,
@@ -125,6 +126,11 @@ fn transfer(a: &KvCacheLayout, b: &KvCacheLayout) -> TransferNeed {
         }
     };
     let seqs = [seq];
+    if let Err(e) = budget::check(a, b, &seqs) {
+        need.needs = "not planned";
+        need.reason = e.to_string();
+        return need;
+    }
     let (direct, staged) = (pick::direct(&sides, &seqs), pick::staged(&sides, &seqs));
     need.direct = Some(PlanSize::from(&direct));
     need.staged = Some(PlanSize::from(&staged));

@@ -3,14 +3,16 @@
 //!
 //! The command builds the handshake groups of both sides ([`groups`]: synthetic regions,
 //! the handshake's checks), reads the sequences ([`seqs`]), asks the connector's planner for
-//! the direct and the staged plan and picks one ([`pick`]), and prints it ([`report`]). Every
-//! run and every refusal is the connector's own; this module computes no offset.
+//! the direct and the staged plan (within a size [`budget`]) and picks one ([`pick`]), and
+//! prints it ([`report`]). Every run and every refusal but the budget's is the connector's
+//! own; this module computes no offset.
 
 use clap::Args;
 use kvlayout_connector::handshake::Limits;
 
 use crate::CliError;
 
+pub(crate) mod budget;
 pub(crate) mod groups;
 pub(crate) mod pick;
 pub(crate) mod report;
@@ -96,6 +98,7 @@ pub(crate) fn run(args: &PlanArgs) -> Result<String, CliError> {
         model_heads: args.model_heads,
     };
     let sides = groups::sides((&src, &src_tp), (&dst, &dst_tp))?;
+    budget::check(&src, &dst, &seqs)?;
     let picked = pick::pick(&sides, &seqs, args.mode)?;
     let (totals, transfers) = report::plan_parts(&picked);
     let stated = args.model_heads.is_some();

@@ -9,6 +9,9 @@ use super::{kvlayout, stderr, user_error};
 const NHD: &str = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD";
 const HND_H1: &str = "kv L=1 B=3 N=16 H=1 D=8 dtype=f16 order=HND";
 const HND_H2: &str = "kv L=1 B=3 N=16 H=2 D=8 dtype=f16 order=HND";
+/// Pages of 4096 layers x 256 tokens x 64 heads: 64 Mi K|V rows per block.
+const HUGE_NHD: &str = "kv L=4096 B=2 N=256 H=64 D=8 dtype=f16 order=NHD";
+const HUGE_HND: &str = "kv L=4096 B=2 N=256 H=64 D=8 dtype=f16 order=HND";
 
 fn refusal(extra: &[&str], src: &str, dst: &str) -> String {
     let mut args = vec!["plan", src, dst];
@@ -98,6 +101,13 @@ fn refusals_name_the_reason_in_one_line() {
             &["--dst-tp", "4096", "--model-heads", "4"][..],
             "tp_size 4096 is outside 1..=1024",
         ),
+        (
+            HUGE_NHD,
+            HUGE_HND,
+            &[][..],
+            "about 67108864 units (the move plan's units per block pair x pairs x SRC ranks), \
+             over the limit of 16777216",
+        ),
     ] {
         let line = refusal(extra, src, dst);
         assert!(line.contains(says), "{extra:?}: {line}");
@@ -167,8 +177,8 @@ impl Rng {
     }
 }
 
-/// Every input: success, or exit 2 with one `error:` line (clap's usage errors add a hint
-/// line); never a panic.
+/// Every input to `plan` and `diff`: success, or exit 2 with one `error:` line (clap's
+/// usage errors add a hint line), or for `diff` exit 1 with one line; never a panic.
 #[test]
 fn random_bad_arguments_never_panic() {
     let seconds = std::env::var("KVLAYOUT_FUZZ_SECONDS")
@@ -196,14 +206,19 @@ fn random_bad_arguments_never_panic() {
     let start = Instant::now();
     let mut runs = 0;
     while start.elapsed() < Duration::from_secs_f64(seconds) || runs < 20 {
-        let mut args: Vec<String> = vec!["plan".into()];
+        let command = if rng.next().is_multiple_of(4) {
+            "diff"
+        } else {
+            "plan"
+        };
+        let mut args: Vec<String> = vec![command.into()];
         args.push(rng.pick(&layouts).into());
         args.push(rng.pick(&layouts).into());
-        for _ in 0..rng.next() % 4 {
+        for _ in 0..rng.next() % 4 * u64::from(command == "plan") {
             args.push(rng.pick(&flags).into());
             args.push(rng.number());
         }
-        for _ in 0..rng.next() % 3 {
+        for _ in 0..rng.next() % 3 * u64::from(command == "plan") {
             args.push("--seq".into());
             args.push(rng.seq());
         }
@@ -213,10 +228,11 @@ fn random_bad_arguments_never_panic() {
         let o = kvlayout(&args.iter().map(String::as_str).collect::<Vec<_>>());
         let err = stderr(&o);
         let errors = err.lines().filter(|l| l.starts_with("error: ")).count();
+        let first_is_error = err.lines().next().is_some_and(|l| l.starts_with("error: "));
         let fine = o.status.success() && err.is_empty()
-            || o.status.code() == Some(2)
-                && errors == 1
-                && err.lines().next().is_some_and(|l| l.starts_with("error: "));
+            || o.status.code() == Some(2) && errors == 1 && first_is_error
+            // diff(1)'s status 1: the layouts differ, said in one line.
+            || command == "diff" && o.status.code() == Some(1) && err.lines().count() == 1 && first_is_error;
         assert!(
             fine && !err.contains("panicked"),
             "seed {seed}: {args:?}: {:?}\n{err}",
