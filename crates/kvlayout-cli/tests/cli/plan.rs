@@ -19,6 +19,10 @@ const NHD_H2: &str = "kv L=2 B=3 N=16 H=2 D=8 dtype=f16 order=NHD";
 const NHD_L2: &str = "kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=NHD";
 const H1_NHD: &str = "kv L=2 B=2 N=16 H=1 D=8 dtype=bf16 order=NHD";
 const H1_HND: &str = "kv L=2 B=2 N=16 H=1 D=8 dtype=bf16 order=HND";
+/// K and V in two buffers.
+const SEPARATE: &str = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 legacy=separate-hnd";
+/// vLLM's key split into 16-byte pieces.
+const VLLM: &str = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 legacy=vllm-paged-v1";
 
 /// One `kvlayout plan` case: the layouts, the TP placement and the sequences.
 struct Case {
@@ -147,6 +151,26 @@ fn cases() -> Vec<Case> {
             0,
             vec![(vec![1, 0], vec![0, 1], 30)],
             "auto",
+        ),
+        // Two SRC buffers; a split key (no staging: the SRC is not paged).
+        case(
+            SEPARATE,
+            NHD,
+            1,
+            1,
+            0,
+            vec![(vec![1, 2], vec![2, 0], 30)],
+            "auto",
+        ),
+        case(VLLM, HND, 1, 1, 0, vec![(vec![2], vec![1], 16)], "auto"),
+        case(
+            NHD,
+            VLLM,
+            1,
+            1,
+            0,
+            vec![(vec![0, 2], vec![2, 1], 20)],
+            "staged",
         ),
     ]
 }
