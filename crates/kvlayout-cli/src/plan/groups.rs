@@ -104,13 +104,11 @@ fn group(
     };
     let peer = PeerMetadata {
         engine_id: side.to_ascii_lowercase(),
-        groups: vec![g],
+        groups: vec![g.clone()],
     };
     peer.validate(&Limits::default())
         .map_err(|e| handshake_refused(&format!("{side} rank {rank}"), &e))?;
-    Ok(peer.groups.into_iter().next().unwrap_or_else(|| {
-        unreachable!("validate refuses a peer without groups, and this one has one")
-    }))
+    Ok(g)
 }
 
 /// A handshake refusal as the one error line.
