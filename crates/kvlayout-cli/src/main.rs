@@ -30,8 +30,10 @@ mod convert;
 mod cpu;
 mod decode;
 mod decode_dump;
+mod diff;
 mod dump;
 mod fill;
+mod plan;
 
 /// Exit status of every user error (the same as clap's usage errors).
 const USER_ERROR: u8 = 2;
@@ -165,6 +167,34 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The connector's transfer plan for a DST (local, decode side) rank to pull sequences
+    /// from SRC (remote, prefill side) ranks, or its refusal with the reason (exit 2).
+    ///
+    /// SRC and DST are the layouts of one rank of each side. Both sides go through the
+    /// handshake's checks (regions at synthetic addresses) and the compatibility check, then
+    /// the connector's planner: direct (every byte into its place) or staged (into a staging
+    /// cache in the SRC order, then scatter_blocks on the DST backend). The runs printed are
+    /// the planner's: source buffer and offset, destination buffer and offset, length. Every
+    /// layer moves, and the heads the DST rank holds (its TP rank picks them): the connector
+    /// selects no other layers or heads.
+    #[command(
+        after_help = "Example:\n  kvlayout plan \"kv L=2 B=10 N=16 H=4 D=16 dtype=bf16 order=NHD\" \\\n    \"kv L=2 B=8 N=32 H=2 D=16 dtype=bf16 order=HND page=8192\" \\\n    --dst-tp 2 --dst-rank 1 --seq 3,7,1:5,2:40 --seq 0,9:6:23"
+    )]
+    Plan(plan::PlanArgs),
+    /// Whether two layouts are byte-compatible (every element at the same place), each
+    /// difference, and what a transfer from A to B needs.
+    ///
+    /// Differences are listed field by field (the specs) and stride by stride (each stored
+    /// field's strides as the descriptor reports them), then the connector's direct and staged
+    /// plans for one B block's tokens at TP 1 each (`kvlayout plan` takes TP sizes). Exit
+    /// status as diff(1): 0 when A and B address every element alike (differences that move
+    /// no element are listed all the same), 1 when they do not (the report on stdout, the
+    /// first difference on stderr), 2 on an error; so a deployment script can gate on
+    /// `kvlayout diff prefill.json decode.json`.
+    #[command(
+        after_help = "Example:\n  kvlayout diff \"kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD\" \"kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=HND\""
+    )]
+    Diff(diff::DiffArgs),
     /// List the preset layouts: name, description and spec string.
     #[command(after_help = "Example:\n  kvlayout presets --json")]
     Presets {
@@ -334,6 +364,8 @@ fn run(command: Command) -> Result<String, CliError> {
         Command::Fill { spec, args } => fill::run(load(&spec)?, &args),
         Command::Convert { input, args } => convert::run(&input, &args),
         Command::Cpu { json: as_json } => cpu::run(as_json),
+        Command::Plan(args) => plan::run(&args),
+        Command::Diff(args) => diff::run(&args),
         Command::Presets { json: as_json } => presets_cmd(as_json),
     }
 }

@@ -8,12 +8,18 @@ mod backend;
 mod cpu;
 #[path = "cli/decode.rs"]
 mod decode;
+#[path = "cli/diff.rs"]
+mod diff;
 #[path = "cli/dump.rs"]
 mod dump;
 #[path = "cli/dump_bad.rs"]
 mod dump_bad;
 #[path = "cli/dump_file.rs"]
 mod dump_file;
+#[path = "cli/plan.rs"]
+mod plan;
+#[path = "cli/plan_bad.rs"]
+mod plan_bad;
 
 const SMALL: &str = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD";
 
