@@ -79,6 +79,16 @@ impl Canvas {
         self.body.push_str(s);
     }
 
+    /// Bytes of body written so far (a place for [`Canvas::insert`]).
+    pub fn raw_len(&self) -> usize {
+        self.body.len()
+    }
+
+    /// Inserts raw SVG at a place [`Canvas::raw_len`] gave.
+    pub fn insert(&mut self, at: usize, s: &str) {
+        self.body.insert_str(at, s);
+    }
+
     /// A text at `(x, y)`; `class` picks the style (`""` for the default).
     pub fn text(&mut self, x: f64, y: f64, class: &str, s: &str) {
         let class = if class.is_empty() {

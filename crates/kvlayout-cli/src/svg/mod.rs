@@ -27,6 +27,9 @@ is left out counted";
 
 /// Writes the picture of `layout` to `path`.
 pub fn write(layout: &KvCacheLayout, ex: &Explanation, path: &str) -> Result<(), CliError> {
+    if path.is_empty() {
+        return Err(CliError::Usage("--svg needs a file name, got \"\"".into()));
+    }
     let svg = render(layout, ex)?;
     std::fs::write(path, svg).map_err(|e| CliError::File {
         path: path.to_string(),
@@ -56,8 +59,17 @@ pub fn render(layout: &KvCacheLayout, ex: &Explanation) -> Result<String, CliErr
             "one rectangle per run of address-contiguous elements"
         },
     );
-    c.y += 14.0;
+    let at = c.raw_len();
     page::draw(&mut c, layout, ex, &mut page);
+    c.insert(
+        at,
+        &format!(
+            "<g id=\"page\" data-total-elements=\"{}\" data-drawn-elements=\"{}\">\n",
+            page.total_elements,
+            page.total_elements - page.elided_elements
+        ),
+    );
+    c.raw("</g>\n");
     if !page.note.is_empty() {
         c.line("m", &page.note);
     }
@@ -97,14 +109,13 @@ fn header(c: &mut Canvas, layout: &KvCacheLayout, ex: &Explanation) {
     c.line(
         "",
         &format!(
-            "L={} B={} N={} H={}, {} slots per block, {} buffer{}",
+            "L={} B={} N={} H={}, slots per block {}, buffers {}",
             g.num_layers,
             g.num_blocks,
             g.block_size,
             g.num_kv_heads,
             ex.num_slots,
             layout.num_buffers(),
-            if layout.num_buffers() > 1 { "s" } else { "" }
         ),
     );
     c.line(

@@ -7,7 +7,7 @@
 
 use std::fmt::Write as _;
 
-use kvlayout::{merge_ranges, ByteRange, Coord, Explanation, KvCacheLayout};
+use kvlayout::{merge_ranges, ByteRange, Coord, Explanation, Field, KvCacheLayout};
 
 use super::canvas::{esc, field_colour, num, Canvas, GAP_FILL, LEFT, PADDING_FILL, STRIP};
 use super::items::{Along, Item, PageItems};
@@ -163,6 +163,8 @@ pub fn draw(c: &mut Canvas, layout: &KvCacheLayout, ex: &Explanation, page: &mut
         bytes_per_line,
         px_per_byte: STRIP / bytes_per_line as f64,
     };
+    // Room for the stride arrows above the first line.
+    c.y += 40.0;
     let mut prev: Option<(u32, u64)> = None;
     for (buffer, start, end) in merged {
         if several {
@@ -273,40 +275,59 @@ fn draw_cut(c: &mut Canvas, strip: &Strip, page: &PageItems) {
     }
 }
 
-/// Labels over runs of items of one row (or over one run along tokens) where they fit.
+/// Labels over groups of touching items of one field and head on one line: the elements of
+/// one token (`k h0 t3`) or one dim across tokens (`v h0 t0..15 d3`), where they fit.
 fn draw_labels(c: &mut Canvas, strip: &Strip, items: &[Item]) {
     let mut i = 0;
     while i < items.len() {
         let first = &items[i];
+        let next = |j: usize| {
+            let (p, n) = (&items[j - 1], items.get(j)?);
+            let touching = n.field == first.field
+                && n.head == first.head
+                && n.buffer == p.buffer
+                && n.offset == p.end();
+            Some((touching, n))
+        };
         let mut j = i + 1;
-        if first.along == Along::Dim {
-            while j < items.len() {
-                let (p, n) = (&items[j - 1], &items[j]);
-                let same_row = n.field == first.field
-                    && n.head == first.head
-                    && n.slot == first.slot
-                    && n.along == Along::Dim
-                    && n.buffer == p.buffer
-                    && n.offset == p.end();
-                if !same_row {
-                    break;
-                }
-                j += 1;
+        // A token's row: items of the same slot; else one dim across consecutive slots.
+        let by_token =
+            first.along == Along::Dim && next(j).is_some_and(|(t, n)| t && n.slot == first.slot);
+        let by_dim = first.count == 1
+            && next(j).is_some_and(|(t, n)| t && n.dim == first.dim && n.count == 1);
+        while let Some((true, n)) = next(j) {
+            let same = if by_token {
+                n.slot == first.slot && n.along == Along::Dim
+            } else {
+                by_dim && n.dim == first.dim && n.count == 1 && n.slot == items[j - 1].slot + 1
+            };
+            if !same {
+                break;
             }
+            j += 1;
         }
         let last = &items[j - 1];
-        let text = if first.along == Along::Token || first.count > 1 || j - i > 1 {
-            match first.along {
-                Along::Dim => format!("{} h{} t{}", first.field, first.head, first.slot),
-                Along::Token => first.label(),
-            }
+        let text = if by_dim {
+            format!(
+                "{} h{} t{}..{} d{}",
+                first.field, first.head, first.slot, last.slot, first.dim
+            )
+        } else if by_token || first.along == Along::Dim && first.count > 1 {
+            format!("{} h{} t{}", first.field, first.head, first.slot)
+        } else if first.count > 1 {
+            first.label()
         } else {
             String::new()
+        };
+        let class = if matches!(first.field, Field::Ssm | Field::Conv) {
+            "ld"
+        } else {
+            "l"
         };
         let pieces = strip.pieces(first.buffer, first.offset, last.end() - first.offset);
         if let Some(&(x, y, w)) = pieces.first() {
             if !text.is_empty() && w >= text.len() as f64 * 6.1 + 4.0 {
-                c.text(x + 3.0, y + 10.5, "l", &text);
+                c.text(x + 3.0, y + 10.5, class, &text);
             }
         }
         i = j;
@@ -347,7 +368,7 @@ fn draw_arrows(c: &mut Canvas, strip: &Strip, layout: &KvCacheLayout, ex: &Expla
     for (k, (to, label)) in arrows.into_iter().enumerate() {
         let Some((xb, yb, wb)) = to else { continue };
         let xb = xb + wb / 2.0;
-        let lift = 14.0 + 7.0 * k as f64;
+        let lift = 14.0 + 12.0 * k as f64;
         let top = ya.min(yb) - lift;
         c.raw(&format!(
             "<path class=\"a\" marker-end=\"url(#arrow)\" d=\"M{} {}C{} {} {} {} {} {}\"/>\n",
@@ -360,6 +381,7 @@ fn draw_arrows(c: &mut Canvas, strip: &Strip, layout: &KvCacheLayout, ex: &Expla
             num(xb),
             num(yb + 1.0)
         ));
-        c.text((xa + xb) / 2.0 - 30.0, top + 3.0, "al", &label);
+        let x = ((xa + xb) / 2.0 - label.len() as f64 * 3.0).max(4.0);
+        c.text(x, top - 1.0, "al", &label);
     }
 }

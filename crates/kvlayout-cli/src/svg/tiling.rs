@@ -110,7 +110,7 @@ pub fn draw(c: &mut Canvas, layout: &KvCacheLayout, ex: &Explanation) {
         &format!(
             "How blocks tile the buffer{}: layer 0, blocks 0..{} of {}",
             if layout.num_buffers() > 1 { "s" } else { "" },
-            g.num_blocks.min(BLOCKS),
+            g.num_blocks.min(BLOCKS) - 1,
             g.num_blocks
         ),
     );
@@ -120,6 +120,16 @@ pub fn draw(c: &mut Canvas, layout: &KvCacheLayout, ex: &Explanation) {
         c.y += 16.0;
         draw_strip(c, &ps, buffer);
         c.y += BAR_H + 16.0;
+    }
+    let block_stride = ex.fields.first().map_or(0, |f| f.strides_bytes.block);
+    if g.num_blocks > BLOCKS {
+        c.line(
+            "m",
+            &format!(
+                "blocks {BLOCKS}..{} follow, {block_stride} B apart (the block stride)",
+                g.num_blocks - 1
+            ),
+        );
     }
     order_lines(c, layout, ex);
 }

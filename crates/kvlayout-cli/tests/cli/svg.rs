@@ -1,0 +1,578 @@
+//! `kvlayout explain SPEC --svg FILE`: the picture parsed as XML (roxmltree) and checked
+//! against the descriptor. Every element of the page of layer 0, block 0 is drawn exactly once
+//! at the offset `layout.offset` gives it (runs are expanded and each element checked), the
+//! padding is drawn, fields have distinct colours, the x-split key's cells and the block
+//! tiling match the descriptor; every preset renders small; bad paths and inputs exit 2.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use kvlayout::{Coord, Field, KvCacheLayout};
+
+use super::{expect_user_error, kvlayout, ok, parse_json, temp_path, user_error};
+
+/// The largest picture any preset may give.
+const MAX_SVG_BYTES: usize = 2 << 20;
+
+/// `kvlayout explain SPEC --svg FILE` (checked as `ok` checks it): the SVG text.
+fn svg_of(spec: &str) -> String {
+    let path = temp_path("svg").with_extension("svg");
+    let p = path.to_string_lossy().into_owned();
+    ok(&["explain", spec, "--svg", &p]);
+    let text = std::fs::read_to_string(&path).expect("the SVG file is written");
+    let _ = std::fs::remove_file(&path);
+    text
+}
+
+fn attr<'a>(n: &roxmltree::Node<'a, 'a>, name: &str) -> &'a str {
+    n.attribute(name)
+        .unwrap_or_else(|| panic!("<{}> has no {name}", n.tag_name().name()))
+}
+
+fn num(n: &roxmltree::Node, name: &str) -> u64 {
+    attr(n, name)
+        .parse()
+        .unwrap_or_else(|e| panic!("{name}={:?}: {e}", attr(n, name)))
+}
+
+/// One drawn page element: `(field, head, token, dim)`.
+type Key = (Field, u64, u64, u64);
+
+/// What the page group of a picture holds.
+struct Page {
+    /// Each element drawn, with how many times.
+    drawn: HashMap<Key, u32>,
+    /// Fill colour of each field's shapes.
+    fills: BTreeMap<Field, HashSet<String>>,
+    /// Whether every shape is one element.
+    per_element: bool,
+    /// `(offset, bytes)` of each padding shape.
+    padding: Vec<(u64, u64)>,
+    /// The group's `data-total-elements` and `data-drawn-elements`.
+    total: u64,
+    drawn_count: u64,
+}
+
+/// Reads the page group, expanding runs, and checks every element's offset, buffer, layer and
+/// block against the descriptor (a run's elements must lie one element apart).
+fn read_page(doc: &roxmltree::Document, layout: &KvCacheLayout) -> Page {
+    let group = doc
+        .descendants()
+        .find(|n| n.attribute("id") == Some("page"))
+        .expect("a <g id=\"page\">");
+    let mut page = Page {
+        drawn: HashMap::new(),
+        fills: BTreeMap::new(),
+        per_element: true,
+        padding: Vec::new(),
+        total: num(&group, "data-total-elements"),
+        drawn_count: num(&group, "data-drawn-elements"),
+    };
+    for n in group.descendants().filter(|n| n.is_element()) {
+        if n.attribute("data-kind") == Some("padding") {
+            page.padding
+                .push((num(&n, "data-offset"), num(&n, "data-bytes")));
+        }
+        let Some(field) = n.attribute("data-field") else {
+            continue;
+        };
+        let field: Field = field.parse().expect("a field name");
+        assert_eq!(
+            (num(&n, "data-layer"), num(&n, "data-block")),
+            (0, 0),
+            "the page is layer 0, block 0"
+        );
+        let (head, token, dim) = (
+            num(&n, "data-head"),
+            num(&n, "data-token"),
+            num(&n, "data-dim"),
+        );
+        let count = num(&n, "data-count");
+        let elem = layout.field_map(field).unwrap().elem_bytes();
+        assert_eq!(
+            num(&n, "data-bytes"),
+            count * elem,
+            "a run is count elements"
+        );
+        page.per_element &= count == 1;
+        page.fills
+            .entry(field)
+            .or_default()
+            .insert(attr(&n, "fill").to_string());
+        for i in 0..count {
+            let (t, d) = match attr(&n, "data-along") {
+                "dim" => (token, dim + i),
+                "token" => (token + i, dim),
+                other => panic!("data-along={other}"),
+            };
+            let at = layout
+                .offset(&Coord::new(field, 0, 0, head, t, d))
+                .unwrap_or_else(|e| panic!("{field} h{head} t{t} d{d} is not in the page: {e}"));
+            assert_eq!(
+                (at.buffer, at.offset),
+                (
+                    num(&n, "data-buffer") as u32,
+                    num(&n, "data-offset") + i * elem
+                ),
+                "{field} h{head} t{t} d{d}: where layout.offset puts it"
+            );
+            *page.drawn.entry((field, head, t, d)).or_default() += 1;
+        }
+    }
+    page
+}
+
+/// Every element of the page of layer 0, block 0, from the descriptor's domain.
+fn every_element(layout: &KvCacheLayout) -> HashSet<Key> {
+    let mut all = HashSet::new();
+    for m in layout.stored_fields() {
+        for h in 0..m.num_heads {
+            for n in 0..m.num_slots {
+                for d in 0..m.width {
+                    all.insert((m.field, h, n, d));
+                }
+            }
+        }
+    }
+    all
+}
+
+/// Draws `spec`, checks that every element appears exactly once and the colours differ,
+/// then hands the layout, the document and the page to `more`.
+fn check_whole_page(spec: &str, more: impl FnOnce(&KvCacheLayout, &roxmltree::Document, &Page)) {
+    let layout: KvCacheLayout = spec.parse().unwrap();
+    let text = svg_of(spec);
+    let doc = roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{spec}: {e}"));
+    let page = read_page(&doc, &layout);
+    let want = every_element(&layout);
+    let got: HashSet<Key> = page.drawn.keys().copied().collect();
+    assert_eq!(got.len(), want.len(), "{spec}: elements drawn");
+    assert!(got == want, "{spec}: the drawn elements are not the page's");
+    let twice: Vec<_> = page.drawn.iter().filter(|(_, &c)| c != 1).collect();
+    assert!(twice.is_empty(), "{spec}: drawn more than once: {twice:?}");
+    assert_eq!(
+        (page.total, page.drawn_count),
+        (want.len() as u64, want.len() as u64)
+    );
+    // One colour per field, different between fields and from the padding.
+    let mut seen = HashSet::new();
+    for (field, fills) in &page.fills {
+        assert_eq!(fills.len(), 1, "{spec}: {field} has fills {fills:?}");
+        let fill = fills.iter().next().unwrap();
+        assert!(
+            seen.insert(fill.clone()),
+            "{spec}: {field} shares fill {fill}"
+        );
+        assert!(
+            !fill.contains("padding"),
+            "{spec}: {field} drawn as padding"
+        );
+    }
+    let fields: HashSet<Field> = layout.stored_fields().iter().map(|m| m.field).collect();
+    assert_eq!(page.fills.keys().copied().collect::<HashSet<_>>(), fields);
+    more(&layout, &doc, &page);
+}
+
+#[test]
+fn svg_draws_every_element_of_small_pages_once_at_its_offset() {
+    for spec in [
+        "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD",
+        "kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=HND",
+        "kv L=2 B=3 N=16 H=4 D=8 Dv=4 dtype=bf16 order=BLNHC",
+        "kv-scaled L=1 B=3 N=16 H=4 D=8 dtype=int8 order=NHD",
+        "mla L=2 B=3 N=16 rank=8 rope=4 dtype=bf16 order=NHD",
+        "bytes L=1 B=3 N=16 row=24 order=NHD",
+        "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 legacy=flash-attn-hnd",
+        "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 legacy=separate-nhd",
+        "kv L=1 B=2 N=16 H=1 D=8 dtype=f16 order=HND",
+    ] {
+        check_whole_page(spec, |_, _, page| {
+            assert!(
+                page.per_element,
+                "{spec}: a small page is drawn element by element"
+            );
+        });
+    }
+}
+
+#[test]
+fn svg_quantized_page_draws_scales_in_their_own_colours() {
+    check_whole_page(
+        "kv-scaled L=1 B=3 N=16 H=4 D=8 dtype=int8 order=NHD",
+        |_, _, page| {
+            let fields: Vec<Field> = page.fills.keys().copied().collect();
+            assert_eq!(fields, [Field::K, Field::V, Field::KScale, Field::VScale]);
+        },
+    );
+}
+
+#[test]
+fn svg_padded_page_draws_its_padding() {
+    // HND page of 2048 B padded to 2304 B: 256 B of padding after the data of block 0.
+    let spec = "kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=HND page=2304";
+    check_whole_page(spec, |layout, doc, page| {
+        assert_eq!(layout.field_map(Field::K).unwrap().strides.block, 2304);
+        assert_eq!(page.padding, [(2048, 256)]);
+        // The tiling shows the padding after each pictured page.
+        let tiles: Vec<(u64, u64)> = doc
+            .descendants()
+            .filter(|n| n.attribute("data-tile-kind") == Some("padding"))
+            .map(|n| (num(&n, "data-tile-offset"), num(&n, "data-tile-bytes")))
+            .collect();
+        assert_eq!(tiles, [(2048, 256), (4352, 256), (6656, 256)]);
+    });
+    // An unpadded page has none.
+    check_whole_page(
+        "kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=HND",
+        |_, _, page| {
+            assert!(page.padding.is_empty());
+        },
+    );
+}
+
+#[test]
+fn svg_legacy_key_is_drawn_as_groups_of_tokens_by_x() {
+    // f32: x = 16 B / 4 B = 4, so a head of 8 is 2 groups of 16 tokens x 4 elements.
+    let spec = "kv L=1 B=3 N=16 H=4 D=8 dtype=f32 legacy=vllm-paged-v1";
+    check_whole_page(spec, |layout, doc, _| check_x_split_cells(layout, doc));
+}
+
+/// The key's cells of head 0: each (token, dim) once at its offset, arranged as vLLM draws it.
+fn check_x_split_cells(layout: &KvCacheLayout, doc: &roxmltree::Document) {
+    let k = layout.field_map(Field::K).unwrap();
+    assert_eq!((k.strides.dim_split, k.width), (4, 8));
+    let mut cells: HashMap<(u64, u64), (f64, f64)> = HashMap::new();
+    for n in doc
+        .descendants()
+        .filter(|n| n.has_attribute("data-x-field"))
+    {
+        assert_eq!(
+            attr(&n, "data-x-field"),
+            "k",
+            "only the key is stored x-split"
+        );
+        let (t, d) = (num(&n, "data-x-token"), num(&n, "data-x-dim"));
+        let at = layout.offset(&Coord::new(Field::K, 0, 0, 0, t, d)).unwrap();
+        assert_eq!(num(&n, "data-x-offset"), at.offset, "t{t} d{d}");
+        let xy = (
+            attr(&n, "x").parse::<f64>().unwrap(),
+            attr(&n, "y").parse::<f64>().unwrap(),
+        );
+        assert!(cells.insert((t, d), xy).is_none(), "t{t} d{d} drawn twice");
+    }
+    assert_eq!(cells.len(), 16 * 8, "head 0: every token and dim once");
+    // vLLM's picture: within a group, a token's x elements side by side, tokens one below
+    // the other; the next group to the right.
+    let (x0, y0) = cells[&(0, 0)];
+    assert!(cells[&(0, 3)].0 > x0 && cells[&(0, 3)].1 == y0);
+    assert!(cells[&(1, 0)].0 == x0 && cells[&(1, 0)].1 > y0);
+    assert!(cells[&(0, 4)].0 > cells[&(0, 3)].0 && cells[&(0, 4)].1 == y0);
+    assert!(cells[&(15, 4)].1 == cells[&(15, 0)].1);
+}
+
+#[test]
+fn svg_kv_outermost_tiling_puts_every_key_block_first() {
+    let spec = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 legacy=flash-attn-hnd";
+    check_whole_page(spec, |layout, doc, _| check_kv_outermost_tiles(layout, doc));
+}
+
+/// The tiles of blocks 0..3: the descriptor's block regions, all of K before any of V.
+fn check_kv_outermost_tiles(layout: &KvCacheLayout, doc: &roxmltree::Document) {
+    let tiles: Vec<(u64, u64, u64, String)> = doc
+        .descendants()
+        .filter(|n| n.has_attribute("data-tile-block"))
+        .map(|n| {
+            (
+                num(&n, "data-tile-block"),
+                num(&n, "data-tile-offset"),
+                num(&n, "data-tile-bytes"),
+                attr(&n, "data-tile-fields").to_string(),
+            )
+        })
+        .collect();
+    // Each block's ranges are the descriptor's block regions, coloured by the field in them.
+    let mut want = Vec::new();
+    for b in 0..3 {
+        for r in layout.block_regions(b, 0..1, 0..4).unwrap() {
+            let k = layout.offset(&Coord::new(Field::K, 0, b, 0, 0, 0)).unwrap();
+            let field = if k.offset == r.offset { "k" } else { "v" };
+            want.push((b, r.offset, r.len, field.to_string()));
+        }
+    }
+    want.sort_by_key(|t| t.1);
+    assert_eq!(tiles, want);
+    let order: Vec<&str> = tiles.iter().map(|t| t.3.as_str()).collect();
+    assert_eq!(order, ["k", "k", "k", "v", "v", "v"], "K/V outermost");
+}
+
+#[test]
+fn svg_every_preset_renders_whole_and_small() {
+    for (name, _, _) in kvlayout::PRESETS {
+        let text = svg_of(name);
+        assert!(text.len() < MAX_SVG_BYTES, "{name}: {} bytes", text.len());
+        let layout = kvlayout::preset(name).unwrap();
+        let doc = roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let title = doc
+            .descendants()
+            .find(|n| n.has_tag_name("title"))
+            .and_then(|n| n.text())
+            .unwrap_or_default();
+        assert!(
+            title.contains(&layout.to_string()),
+            "{name}: title {title:?}"
+        );
+        let page = read_page(&doc, &layout);
+        let want = every_element(&layout);
+        assert_eq!(page.drawn.len(), want.len(), "{name}: every element drawn");
+        assert!(page.drawn.values().all(|&c| c == 1), "{name}: drawn twice");
+        assert!(page.drawn.keys().all(|k| want.contains(k)), "{name}");
+        assert_eq!(page.total, want.len() as u64);
+    }
+}
+
+/// How much of a big page is drawn.
+#[derive(Debug, PartialEq)]
+enum Cap {
+    /// Every element, as runs.
+    Whole,
+    /// The first two and the last head and token slot of each field.
+    Rows,
+    /// The first and the last runs in address order.
+    Runs,
+}
+
+#[test]
+fn svg_of_a_big_page_is_capped_and_says_what_it_left_out() {
+    for (spec, cap) in [
+        (
+            "kv L=1 B=1024 N=16 H=8 D=128 dtype=f16 legacy=vllm-paged-v1",
+            Cap::Whole,
+        ),
+        (
+            "kv L=1 B=2 N=256 H=32 D=64 dtype=f32 legacy=vllm-paged-v1",
+            Cap::Rows,
+        ),
+        (
+            "kv L=1 B=2 N=512 H=64 D=128 dtype=bf16 order=HND",
+            Cap::Rows,
+        ),
+        (
+            "kv L=1 B=4 N=16 H=8 D=128 dtype=f32 legacy=vllm-paged-v1",
+            Cap::Runs,
+        ),
+    ] {
+        let layout: KvCacheLayout = spec.parse().unwrap();
+        let text = svg_of(spec);
+        assert!(text.len() < MAX_SVG_BYTES, "{spec}: {} bytes", text.len());
+        let doc = roxmltree::Document::parse(&text).unwrap();
+        let page = read_page(&doc, &layout);
+        let total = every_element(&layout).len() as u64;
+        assert!(!page.per_element, "{spec}: runs");
+        assert!(page.drawn.values().all(|&c| c == 1), "{spec}: drawn twice");
+        let drawn = page.drawn.len() as u64;
+        assert_eq!((page.total, page.drawn_count), (total, drawn), "{spec}");
+        let desc = doc
+            .descendants()
+            .find(|n| n.has_tag_name("desc"))
+            .and_then(|n| n.text())
+            .unwrap();
+        let said = format!("{} of {total} elements not drawn", total - drawn);
+        assert_eq!(cap == Cap::Whole, drawn == total, "{spec}: {desc}");
+        assert_eq!(cap != Cap::Whole, desc.contains(&said), "{spec}: {desc}");
+        if cap == Cap::Rows {
+            assert!(
+                desc.contains("rows: only the first two and the last"),
+                "{desc}"
+            );
+            for m in layout.stored_fields() {
+                for h in [0, 1, m.num_heads - 1] {
+                    for n in [0, 1, m.num_slots - 1] {
+                        for d in 0..m.width {
+                            assert!(page.drawn.contains_key(&(m.field, h, n, d)), "{spec}");
+                        }
+                    }
+                }
+            }
+        }
+        if cap == Cap::Runs {
+            let marker = doc
+                .descendants()
+                .find(|n| n.attribute("data-kind") == Some("elided"))
+                .expect("a marker where runs are left out");
+            assert!(num(&marker, "data-runs") > 0);
+            // The first element in address order is drawn.
+            assert!(page.drawn.contains_key(&(Field::K, 0, 0, 0)));
+        }
+    }
+}
+
+#[test]
+fn svg_with_json_writes_both() {
+    let path = temp_path("svg-json").with_extension("svg");
+    let p = path.to_string_lossy().into_owned();
+    let out = ok(&["explain", super::SMALL, "--json", "--svg", &p]);
+    let v = parse_json(&out);
+    assert_eq!(v["version"], 1);
+    assert_eq!(v["dense_page_bytes"], 2048);
+    let text = std::fs::read_to_string(&path).expect("the SVG is written");
+    let _ = std::fs::remove_file(&path);
+    assert!(roxmltree::Document::parse(&text).is_ok());
+}
+
+#[test]
+fn svg_to_an_unwritable_path_is_one_error_line() {
+    let dir = std::env::temp_dir();
+    let missing = dir.join("kvlayout-no-such-dir").join("page.svg");
+    let missing = missing.to_string_lossy().into_owned();
+    let line = user_error(&["explain", super::SMALL, "--svg", &missing]);
+    assert!(
+        line.contains(&missing) && line.contains("cannot write"),
+        "{line}"
+    );
+    let dir = dir.to_string_lossy().into_owned();
+    let line = user_error(&["explain", super::SMALL, "--svg", &dir]);
+    assert!(line.contains("cannot write"), "{line}");
+    // A bad spec is refused before anything is written.
+    let path = temp_path("svg-bad").with_extension("svg");
+    let p = path.to_string_lossy().into_owned();
+    user_error(&[
+        "explain",
+        "kv L=1 B=3 N=16 H=4 D=8 dtype=f17 order=NHD",
+        "--svg",
+        &p,
+    ]);
+    assert!(!path.exists());
+    let line = user_error(&["explain", super::SMALL, "--svg", ""]);
+    assert!(line.contains("--svg needs a file name"), "{line}");
+}
+
+/// A seeded xorshift generator.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
+        xs[(self.next() % xs.len() as u64) as usize]
+    }
+}
+
+/// A spec of a random content kind with mostly good values (one in ten keys bad or left out).
+fn random_spec(rng: &mut Rng) -> String {
+    let sizes = &["1", "2", "3", "4", "8", "16", "64", "256"][..];
+    let (kind, keys): (&str, Vec<(&str, &[&str])>) = match rng.next() % 6 {
+        0 => (
+            "kv-scaled",
+            vec![
+                ("D", &["8", "16", "128"][..]),
+                ("dtype", &["int8", "fp8_e4m3"][..]),
+            ],
+        ),
+        1 => (
+            "mla",
+            vec![
+                ("rank", &["8", "512"][..]),
+                ("rope", &["4", "64"][..]),
+                ("dtype", &["bf16", "f16"][..]),
+            ],
+        ),
+        2 => ("bytes", vec![("row", &["16", "24", "656"][..])]),
+        3 => (
+            "mamba-ssm",
+            vec![
+                ("head_dim", &["4", "64"][..]),
+                ("state", &["8", "128"][..]),
+                ("dtype", &["f32"][..]),
+            ],
+        ),
+        4 => (
+            rng.pick(&["llama-3-8b", "deepseek-v3", "mamba2-2.7b-conv"]),
+            vec![],
+        ),
+        _ => (
+            "kv",
+            vec![
+                ("D", &["4", "8", "32", "128"][..]),
+                ("dtype", &["f16", "bf16", "f32", "fp8_e4m3"][..]),
+            ],
+        ),
+    };
+    let mut spec = kind.to_string();
+    let common: [(&str, &[&str]); 4] = [("L", sizes), ("B", sizes), ("N", sizes), ("H", sizes)];
+    let placement = rng.pick(&[
+        "order=NHD",
+        "order=HND",
+        "order=BLNHC",
+        "order=HBNLC",
+        "order=LHBNC",
+        "legacy=vllm-paged-v1",
+        "legacy=flash-attn-hnd",
+        "legacy=separate-nhd",
+        "order=HND page=4160",
+        "order=NHD align=4096",
+        "",
+    ]);
+    for (key, values) in common.into_iter().chain(keys) {
+        let value = match rng.next() % 20 {
+            0 => continue,
+            1 => rng.pick(&["0", "x", "-1", "99999999999999999999", "1e3"]),
+            _ => rng.pick(values),
+        };
+        if !(kind == "mla" || kind == "bytes") || key != "H" {
+            spec.push_str(&format!(" {key}={value}"));
+        }
+    }
+    if !kind.contains('-') || kind.starts_with("kv") || kind.starts_with("mamba-") {
+        spec.push_str(&format!(" {placement}"));
+    }
+    spec
+}
+
+/// Random specs, good and bad, with `--svg`: every run succeeds with a picture that parses,
+/// or exits 2 with one error line; never a panic. `KVLAYOUT_FUZZ_SECONDS` sets the budget.
+#[test]
+fn svg_random_specs_render_or_fail_cleanly() {
+    let seconds: f64 = std::env::var("KVLAYOUT_FUZZ_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3.0);
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let path = temp_path("svg-fuzz").with_extension("svg");
+    let p = path.to_string_lossy().into_owned();
+    let mut rng = Rng(0x5eed_0029);
+    let (mut runs, mut pictures) = (0, 0);
+    while Instant::now() < deadline || runs < 8 {
+        let spec = random_spec(&mut rng);
+        let args = ["explain", spec.as_str(), "--svg", p.as_str()];
+        if std::env::var_os("KVLAYOUT_FUZZ_VERBOSE").is_some() {
+            eprintln!("{spec}");
+        }
+        let o = kvlayout(&args);
+        if o.status.success() {
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{spec}: succeeded without a picture: {e}"));
+            assert!(
+                text.len() < 4 * MAX_SVG_BYTES,
+                "{spec}: {} bytes",
+                text.len()
+            );
+            let doc = roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{spec}: {e}"));
+            let _ = read_page(&doc, &spec.parse().unwrap());
+            pictures += 1;
+        } else {
+            expect_user_error(&args, o);
+        }
+        let _ = std::fs::remove_file(&path);
+        runs += 1;
+    }
+    eprintln!("{runs} random specs, {pictures} pictures");
+    assert!(
+        pictures > 0 && pictures < runs,
+        "{pictures} pictures of {runs} runs"
+    );
+}
