@@ -66,8 +66,9 @@ enum Command {
         /// at its byte offset (fields, padding and strides marked), an x-split key as vLLM's
         /// paged-attention document draws it, and how the first blocks tile each buffer.
         /// Pages of at most 4096 elements are drawn one rectangle per element, larger ones
-        /// one per run of contiguous elements; past 2048 rows only the first two and last
-        /// heads and tokens, past 4096 runs the first and last runs, the rest counted.
+        /// one per run of contiguous elements; past 2048 rows or 3072 runs only the first two
+        /// and the last heads and tokens, and if still past 3072 runs the first and the last
+        /// runs in address order; the picture counts what it leaves out.
         #[arg(long, value_name = "FILE")]
         svg: Option<String>,
     },

@@ -10,6 +10,8 @@ mod cpu;
 mod decode;
 #[path = "cli/svg.rs"]
 mod svg;
+#[path = "cli/svg_command.rs"]
+mod svg_command;
 
 const SMALL: &str = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD";
 

@@ -29,6 +29,8 @@ pub fn field_colour(field: Field) -> &'static str {
 
 /// Fill of padding (a hatch pattern defined in the document).
 pub const PADDING_FILL: &str = "url(#padding)";
+/// Fill of the page's bytes whose elements the cap left out.
+pub const UNDRAWN_FILL: &str = "#c8c8c8";
 /// Fill of bytes inside a drawn range that belong to no element of the page.
 pub const GAP_FILL: &str = "#f4f4f4";
 
@@ -151,7 +153,7 @@ impl Canvas {
              fill=\"#111\"/></marker></defs>\n<style>text{font-family:monospace;font-size:11px;fill:#222}\
              text.h{font-size:15px;font-weight:bold}text.s{font-size:9px}\
              text.l{font-size:10px;fill:#fff}text.m{font-size:10px;fill:#555}\
-             .e{stroke:#fff;stroke-width:.6}.r{stroke:#333;stroke-width:.6}\
+             .e,[data-field],[data-x-field]{stroke:#fff;stroke-width:.6}.r{stroke:#333;stroke-width:.6}\
              .a{fill:none;stroke:#111;stroke-width:1.2}\
              text.al{font-size:10px;font-weight:bold;paint-order:stroke;stroke:#fff;stroke-width:3px}\
              text.ld{font-size:10px;fill:#222}</style>\n",

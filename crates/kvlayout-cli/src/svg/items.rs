@@ -1,9 +1,10 @@
 //! The elements of the pictured page (layer 0, block 0), each placed by `layout.offset`, and
 //! the cap that keeps a picture small: at most [`ELEMENT_LIMIT`] elements are drawn one by
 //! one; a larger page is drawn as runs of address-contiguous elements (a row, a piece of a
-//! row, or one dim across consecutive tokens); past [`ROW_LIMIT`] rows only the first two
-//! and the last head and token slot of each field are drawn, past [`RUN_LIMIT`] runs the
-//! first and the last runs in address order. What is left out is counted, never hidden.
+//! row, or one dim across consecutive tokens); past [`ROW_LIMIT`] rows or [`RUN_LIMIT`] runs
+//! only the first two and the last head and token slot of each field are drawn, and if that
+//! is still past [`RUN_LIMIT`] runs, the first and the last runs in address order. What is
+//! left out is counted, never hidden.
 //! It owns the choice of what is drawn, not the drawing.
 
 use kvlayout::{Coord, Field, FieldMap, KvCacheLayout, LayoutError};
@@ -15,7 +16,7 @@ pub const ROW_LIMIT: u64 = 2048;
 /// Elements enumerated one by one (rows that are not one contiguous run), at most.
 pub const ENUM_LIMIT: u64 = 1 << 18;
 /// Rectangles of the page picture, at most.
-pub const RUN_LIMIT: usize = 4096;
+pub const RUN_LIMIT: usize = 3072;
 /// Runs kept from the end of the page when [`RUN_LIMIT`] cuts it.
 const TAIL_RUNS: usize = 64;
 
@@ -95,9 +96,9 @@ pub struct PageItems {
     pub total_elements: u64,
     /// Elements not drawn.
     pub elided_elements: u64,
-    /// Where the items were cut by [`RUN_LIMIT`]: the index of the first item after the cut
-    /// and the runs left out there.
-    pub cut: Option<(usize, u64)>,
+    /// Where [`RUN_LIMIT`] cut the items: `(buffer, first byte, end byte)` of the bytes
+    /// between the last run kept before the cut and the first after it, and the runs left out.
+    pub cut: Option<((u32, u64, u64), u64)>,
     /// What was left out and why, in one sentence (empty when nothing was).
     pub note: String,
 }
@@ -127,15 +128,78 @@ pub fn page_items(layout: &KvCacheLayout) -> Result<PageItems, LayoutError> {
         .iter()
         .map(|m| m.num_heads.saturating_mul(m.num_slots))
         .fold(0, u64::saturating_add);
-    let subset = !per_element && rows > ROW_LIMIT;
+    // Elements enumerated one by one: every element of rows that are not one run.
+    let scattered: u64 = fields
+        .iter()
+        .filter(|m| m.row_run().is_none())
+        .map(|m| {
+            m.num_heads
+                .saturating_mul(m.num_slots)
+                .saturating_mul(m.width)
+        })
+        .fold(0, u64::saturating_add);
+    let mut subset = !per_element && (rows > ROW_LIMIT || scattered > ENUM_LIMIT);
+    let (mut items, mut notes) = collect(layout, per_element, subset)?;
+    if !per_element && !subset && items.len() > RUN_LIMIT {
+        subset = true;
+        (items, notes) = collect(layout, per_element, subset)?;
+    }
+    if subset {
+        notes.insert(
+            0,
+            format!(
+                "{rows} rows: only the first two and the last head and token slot of each field \
+                 are drawn"
+            ),
+        );
+    }
+    let mut cut = None;
+    if !per_element && items.len() > RUN_LIMIT {
+        let head = RUN_LIMIT - TAIL_RUNS;
+        let left_out = items.len() - RUN_LIMIT;
+        items.drain(head..items.len() - TAIL_RUNS);
+        notes.push(format!(
+            "{left_out} runs between the first {head} and the last {TAIL_RUNS} in address order"
+        ));
+        let (before, after) = (&items[head - 1], &items[head]);
+        let end = if after.buffer == before.buffer {
+            after.offset
+        } else {
+            before.end()
+        };
+        cut = Some(((before.buffer, before.end(), end), left_out as u64));
+    }
+    let drawn: u64 = items.iter().map(|i| i.count).sum();
+    let elided_elements = total_elements - drawn;
+    let note = if elided_elements == 0 {
+        String::new()
+    } else {
+        format!(
+            "{elided_elements} of {total_elements} elements not drawn ({})",
+            notes.join("; ")
+        )
+    };
+    Ok(PageItems {
+        items,
+        per_element,
+        total_elements,
+        elided_elements,
+        cut,
+        note,
+    })
+}
+
+/// The items of every row (of the first two and the last heads and token slots when
+/// `subset`), by buffer and offset, merged into runs unless `per_element`; and what was left
+/// out of the rows.
+fn collect(
+    layout: &KvCacheLayout,
+    per_element: bool,
+    subset: bool,
+) -> Result<(Vec<Item>, Vec<String>), LayoutError> {
     let mut items = Vec::new();
     let mut notes = Vec::new();
-    if subset {
-        notes.push(format!(
-            "{rows} rows: only the first two and the last head and token slot of each field"
-        ));
-    }
-    for m in fields {
+    for m in layout.stored_fields() {
         let heads = pick(m.num_heads, subset);
         let slots = pick(m.num_slots, subset);
         let scattered = heads.len() as u64 * slots.len() as u64 * m.width;
@@ -165,34 +229,7 @@ pub fn page_items(layout: &KvCacheLayout) -> Result<PageItems, LayoutError> {
     if !per_element {
         items = merge_runs(items);
     }
-    let mut cut = None;
-    if items.len() > RUN_LIMIT {
-        let head = RUN_LIMIT - TAIL_RUNS;
-        let left_out = items.len() - RUN_LIMIT;
-        items.drain(head..items.len() - TAIL_RUNS);
-        notes.push(format!(
-            "{left_out} runs between the first {head} and the last {TAIL_RUNS} in address order"
-        ));
-        cut = Some((head, left_out as u64));
-    }
-    let drawn: u64 = items.iter().map(|i| i.count).sum();
-    let elided_elements = total_elements - drawn;
-    let note = if elided_elements == 0 {
-        String::new()
-    } else {
-        format!(
-            "{elided_elements} of {total_elements} elements not drawn ({})",
-            notes.join("; ")
-        )
-    };
-    Ok(PageItems {
-        items,
-        per_element,
-        total_elements,
-        elided_elements,
-        cut,
-        note,
-    })
+    Ok((items, notes))
 }
 
 /// The items of one row: one item per listed dim, else one run when the row is one

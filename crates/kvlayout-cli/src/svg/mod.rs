@@ -16,14 +16,14 @@ mod xsplit;
 use kvlayout::{Explanation, KvCacheLayout};
 
 use crate::CliError;
-use canvas::{field_colour, Canvas, GAP_FILL, LEFT, PADDING_FILL};
+use canvas::{field_colour, Canvas, GAP_FILL, LEFT, PADDING_FILL, UNDRAWN_FILL};
 
 /// The drawing rule, stated in `--help`, the `<desc>` and under the page picture.
 pub const RULE: &str = "pages of at most 4096 elements are drawn one rectangle per element; \
 larger pages one rectangle per run of address-contiguous elements (a row, a piece of a row, or \
-one dim across consecutive tokens); past 2048 rows only the first two and the last head and \
-token of each field, past 4096 runs the first 4032 and the last 64 in address order, with what \
-is left out counted";
+one dim across consecutive tokens); past 2048 rows or 3072 runs only the first two and the last \
+head and token of each field, and if still past 3072 runs the first 3008 and the last 64 runs \
+in address order, with what is left out counted";
 
 /// Writes the picture of `layout` to `path`.
 pub fn write(layout: &KvCacheLayout, ex: &Explanation, path: &str) -> Result<(), CliError> {
@@ -41,7 +41,7 @@ pub fn write(layout: &KvCacheLayout, ex: &Explanation, path: &str) -> Result<(),
 pub fn render(layout: &KvCacheLayout, ex: &Explanation) -> Result<String, CliError> {
     let mut page = items::page_items(layout)?;
     let mut c = Canvas::new();
-    header(&mut c, layout, ex);
+    header(&mut c, layout, ex, page.elided_elements > 0);
     strides(&mut c, ex);
     c.y += 12.0;
     c.line(
@@ -103,7 +103,7 @@ pub fn render(layout: &KvCacheLayout, ex: &Explanation) -> Result<String, CliErr
 }
 
 /// The spec, geometry, page size and the legend.
-fn header(c: &mut Canvas, layout: &KvCacheLayout, ex: &Explanation) {
+fn header(c: &mut Canvas, layout: &KvCacheLayout, ex: &Explanation, elided: bool) {
     let g = layout.geometry();
     c.line("h", &format!("kvlayout explain: {}", ex.spec));
     c.line(
@@ -153,6 +153,9 @@ fn header(c: &mut Canvas, layout: &KvCacheLayout, ex: &Explanation) {
         swatch(c, field_colour(f.field), &name, &name);
     }
     swatch(c, PADDING_FILL, "padding", "padding");
+    if elided {
+        swatch(c, UNDRAWN_FILL, "page bytes not drawn", "undrawn");
+    }
     swatch(c, GAP_FILL, "not this page's bytes", "gap");
     c.y += 16.0;
 }
@@ -229,7 +232,8 @@ mod tests {
         for (limit, words) in [
             (ELEMENT_LIMIT, "at most {} elements"),
             (ROW_LIMIT, "past {} rows"),
-            (RUN_LIMIT as u64, "past {} runs"),
+            (RUN_LIMIT as u64, "or {} runs"),
+            (RUN_LIMIT as u64, "still past {} runs"),
         ] {
             let phrase = words.replace("{}", &limit.to_string());
             assert!(RULE.contains(&phrase), "{phrase:?} not in {RULE:?}");

@@ -9,7 +9,9 @@ use std::fmt::Write as _;
 
 use kvlayout::{merge_ranges, ByteRange, Coord, Explanation, Field, KvCacheLayout};
 
-use super::canvas::{esc, field_colour, num, Canvas, GAP_FILL, LEFT, PADDING_FILL, STRIP};
+use super::canvas::{
+    esc, field_colour, num, Canvas, GAP_FILL, LEFT, PADDING_FILL, STRIP, UNDRAWN_FILL,
+};
 use super::items::{Along, Item, PageItems};
 
 /// Vertical distance between lines of bytes.
@@ -94,8 +96,13 @@ fn shape(
             format!("<path d=\"{d}\"")
         }
     };
+    let class = if class.is_empty() {
+        String::new()
+    } else {
+        format!(" class=\"{class}\"")
+    };
     c.raw(&format!(
-        "{head} fill=\"{fill}\" class=\"{class}\"{attrs}><title>{}</title>{}\n",
+        "{head} fill=\"{fill}\"{class}{attrs}><title>{}</title>{}\n",
         esc(title),
         if pieces.len() == 1 {
             "</rect>"
@@ -163,8 +170,6 @@ pub fn draw(c: &mut Canvas, layout: &KvCacheLayout, ex: &Explanation, page: &mut
         bytes_per_line,
         px_per_byte: STRIP / bytes_per_line as f64,
     };
-    // Room for the stride arrows above the first line.
-    c.y += 40.0;
     let mut prev: Option<(u32, u64)> = None;
     for (buffer, start, end) in merged {
         if several {
@@ -179,6 +184,10 @@ pub fn draw(c: &mut Canvas, layout: &KvCacheLayout, ex: &Explanation, page: &mut
                 "m",
                 &format!("buffer {buffer}, bytes {start}..{end}{before}"),
             );
+        }
+        if prev.is_none() {
+            // Room for the stride arrows above the first line.
+            c.y += 46.0;
         }
         c.y += 6.0;
         let y0 = c.y;
@@ -202,6 +211,18 @@ pub fn draw(c: &mut Canvas, layout: &KvCacheLayout, ex: &Explanation, page: &mut
             y0,
         });
         prev = Some((buffer, end));
+    }
+    if page.elided_elements > 0 {
+        for r in ranges.iter().filter(|r| Some(**r) != pad) {
+            let pieces = strip.pieces(r.buffer, r.offset, r.len);
+            if !pieces.is_empty() {
+                let attrs = format!(
+                    " data-kind=\"undrawn\" data-buffer=\"{}\" data-offset=\"{}\"",
+                    r.buffer, r.offset
+                );
+                shape(c, &pieces, UNDRAWN_FILL, "", &attrs, "page bytes not drawn");
+            }
+        }
     }
     if let Some(p) = pad {
         let pieces = strip.pieces(p.buffer, p.offset, p.len);
@@ -251,28 +272,31 @@ fn draw_items(c: &mut Canvas, strip: &Strip, page: &PageItems) {
             i.offset,
             i.bytes
         );
-        let title = format!("{} at byte {} ({} B)", i.label(), i.offset, i.bytes);
-        shape(c, &pieces, field_colour(i.field), "e", &attrs, &title);
+        let title = format!("{} @{}, {} B", i.label(), i.offset, i.bytes);
+        shape(c, &pieces, field_colour(i.field), "", &attrs, &title);
     }
 }
 
-/// The marker where runs were left out: a dashed outline over their bytes.
+/// The marker where runs were left out: a dashed outline over the bytes between the runs
+/// kept (where they are drawn) and a line saying how many runs are not drawn.
 fn draw_cut(c: &mut Canvas, strip: &Strip, page: &PageItems) {
-    let Some((at, runs)) = page.cut else { return };
-    let (Some(before), Some(after)) = (page.items.get(at.wrapping_sub(1)), page.items.get(at))
-    else {
+    let Some(((buffer, start, end), runs)) = page.cut else {
         return;
     };
-    if before.buffer != after.buffer || after.offset <= before.end() {
-        return;
-    }
-    let pieces = strip.pieces(before.buffer, before.end(), after.offset - before.end());
     let title = format!("… {runs} more runs not drawn …");
-    let attrs = format!(" data-kind=\"elided\" data-runs=\"{runs}\" stroke-dasharray=\"3 2\"");
-    shape(c, &pieces, "none", "r", &attrs, &title);
-    if let Some((x, y, _)) = pieces.first() {
-        c.text(x + 3.0, y + 11.0, "", &title);
+    let pieces = strip.pieces(buffer, start, end.saturating_sub(start));
+    if !pieces.is_empty() {
+        shape(c, &pieces, "none", "r", " stroke-dasharray=\"3 2\"", &title);
     }
+    c.y += 15.0;
+    let y = c.y;
+    c.raw(&format!(
+        "<text x=\"{}\" y=\"{}\" data-kind=\"elided\" data-runs=\"{runs}\" \
+         data-buffer=\"{buffer}\" data-offset=\"{start}\">{} (bytes {start}..{end})</text>\n",
+        num(LEFT),
+        num(y),
+        esc(&title)
+    ));
 }
 
 /// Labels over groups of touching items of one field and head on one line: the elements of
@@ -368,7 +392,7 @@ fn draw_arrows(c: &mut Canvas, strip: &Strip, layout: &KvCacheLayout, ex: &Expla
     for (k, (to, label)) in arrows.into_iter().enumerate() {
         let Some((xb, yb, wb)) = to else { continue };
         let xb = xb + wb / 2.0;
-        let lift = 14.0 + 12.0 * k as f64;
+        let lift = 12.0 + 12.0 * k as f64;
         let top = ya.min(yb) - lift;
         c.raw(&format!(
             "<path class=\"a\" marker-end=\"url(#arrow)\" d=\"M{} {}C{} {} {} {} {} {}\"/>\n",

@@ -113,12 +113,10 @@ fn draw_field(c: &mut Canvas, layout: &KvCacheLayout, m: &FieldMap, s: kvlayout:
                     };
                     c.raw(&format!(
                         "<rect x=\"{}\" y=\"{}\" width=\"{CELL}\" height=\"{CELL}\" fill=\"{colour}\" \
-                         class=\"e\" data-x-field=\"{}\" data-x-token=\"{n}\" data-x-dim=\"{dim}\" \
-                         data-x-offset=\"{}\"><title>{} t{n} d{dim} at byte {}</title></rect>\n",
+                         data-x-field=\"{}\" data-x-token=\"{n}\" data-x-dim=\"{dim}\" \
+                         data-x-offset=\"{}\"/>\n",
                         num(gx + i as f64 * CELL),
                         num(y0 + row as f64 * CELL),
-                        m.field,
-                        at.offset,
                         m.field,
                         at.offset
                     ));
