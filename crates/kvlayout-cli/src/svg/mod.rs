@@ -213,10 +213,26 @@ fn strides(c: &mut Canvas, ex: &Explanation) {
                 "-".into()
             },
         ];
-        c.line(
-            "",
-            &format!("{}  {:>4}", row(cells), s.dim).replace(' ', "\u{a0}"),
-        );
+        let text = format!("{}  {:>4}", row(cells), s.dim).replace(' ', "\u{a0}");
+        c.y += 15.0;
+        c.raw(&format!(
+            "<text x=\"12\" y=\"{}\" data-stride-field=\"{}\" data-stride-buffer=\"{}\" \
+             data-stride-base=\"{}\" data-stride-layer=\"{}\" data-stride-block=\"{}\" \
+             data-stride-head=\"{}\" data-stride-token=\"{}\" data-stride-x=\"{}\" \
+             data-stride-chunk=\"{}\" data-stride-dim=\"{}\">{}</text>\n",
+            canvas::num(c.y),
+            f.field,
+            s.buffer,
+            s.base_offset,
+            s.layer,
+            s.block,
+            s.head,
+            s.slot,
+            s.dim_split,
+            s.dim_chunk,
+            s.dim,
+            canvas::esc(&text)
+        ));
     }
     c.raw("</g>\n");
 }

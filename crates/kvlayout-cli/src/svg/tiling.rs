@@ -13,7 +13,8 @@ use super::canvas::{field_colour, num, Canvas, LEFT, PADDING_FILL, STRIP};
 const BLOCKS: u64 = 4;
 /// Ranges pictured per buffer, at most.
 const MAX_RANGES: usize = 48;
-/// Width of a break standing for bytes not of the pictured blocks.
+/// Width of a break standing for bytes not of the pictured blocks, at most (breaks share at
+/// most 40% of the strip).
 const BREAK_W: f64 = 64.0;
 /// Height of the strip.
 const BAR_H: f64 = 26.0;
@@ -144,14 +145,17 @@ fn draw_strip(c: &mut Canvas, ps: &[Piece], buffer: u32) {
             Piece::Break(..) => 0,
         })
         .sum();
-    let px = (STRIP - breaks * BREAK_W).max(64.0) / scaled.max(1) as f64;
+    let break_w = BREAK_W.min(STRIP * 0.4 / breaks.max(1.0));
+    // Ranges get at least 3 px each; the rest of the strip is shared by their bytes.
+    let ranges = ps.len() as f64 - breaks;
+    let px = (STRIP - breaks * break_w - 3.0 * ranges).max(64.0) / scaled.max(1) as f64;
     let y = c.y;
     let mut x = LEFT;
     let mut label_end = 0.0;
     for p in ps {
         let (w, start) = match p {
             Piece::Block(block, r, fields) => {
-                let w = (r.len as f64 * px).max(3.0);
+                let w = r.len as f64 * px + 3.0;
                 let stripe = BAR_H / fields.len().max(1) as f64;
                 let names: Vec<String> = fields.iter().map(|f| f.to_string()).collect();
                 let attrs = format!(
@@ -180,7 +184,7 @@ fn draw_strip(c: &mut Canvas, ps: &[Piece], buffer: u32) {
                 (w, r.offset)
             }
             Piece::Padding(r) => {
-                let w = (r.len as f64 * px).max(3.0);
+                let w = r.len as f64 * px;
                 let attrs = format!(
                     " class=\"r\" data-tile-kind=\"padding\" data-tile-offset=\"{}\" \
                      data-tile-bytes=\"{}\"",
@@ -190,13 +194,21 @@ fn draw_strip(c: &mut Canvas, ps: &[Piece], buffer: u32) {
                 (w, r.offset)
             }
             Piece::Break(a, b) => {
-                c.raw(&format!(
-                    "<text x=\"{}\" y=\"{}\" class=\"s\" text-anchor=\"middle\">… {} B …</text>\n",
-                    num(x + BREAK_W / 2.0),
-                    num(y + BAR_H / 2.0 + 3.0),
-                    b - a
-                ));
-                (BREAK_W, *a)
+                let text = format!("… {} B …", b - a);
+                if break_w >= text.chars().count() as f64 * 5.6 {
+                    c.raw(&format!(
+                        "<text x=\"{}\" y=\"{}\" class=\"s\" text-anchor=\"middle\">{text}</text>\n",
+                        num(x + break_w / 2.0),
+                        num(y + BAR_H / 2.0 + 3.0),
+                    ));
+                } else {
+                    c.raw(&format!(
+                        "<text x=\"{}\" y=\"{}\" class=\"s\" text-anchor=\"middle\">…</text>\n",
+                        num(x + break_w / 2.0),
+                        num(y + BAR_H / 2.0 + 3.0),
+                    ));
+                }
+                (break_w, *a)
             }
         };
         if x >= label_end {

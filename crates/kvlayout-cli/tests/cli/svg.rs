@@ -186,11 +186,12 @@ fn svg_draws_every_element_of_small_pages_once_at_its_offset() {
         // 4096 elements: the most drawn one by one.
         "kv L=1 B=3 N=16 H=4 D=32 dtype=f16 legacy=vllm-paged-v1",
     ] {
-        check_whole_page(spec, |_, _, page| {
+        check_whole_page(spec, |layout, doc, page| {
             assert!(
                 page.per_element,
                 "{spec}: a small page is drawn element by element"
             );
+            check_stride_table(layout, doc);
         });
     }
 }
@@ -234,7 +235,33 @@ fn svg_padded_page_draws_its_padding() {
 fn svg_legacy_key_is_drawn_as_groups_of_tokens_by_x() {
     // f32: x = 16 B / 4 B = 4, so a head of 8 is 2 groups of 16 tokens x 4 elements.
     let spec = "kv L=1 B=3 N=16 H=4 D=8 dtype=f32 legacy=vllm-paged-v1";
-    check_whole_page(spec, |layout, doc, _| check_x_split_cells(layout, doc));
+    check_whole_page(spec, |layout, doc, _| {
+        check_x_split_cells(layout, doc);
+        check_stride_table(layout, doc);
+    });
+}
+
+/// The stride table lists each stored field once with the strides the descriptor reports.
+fn check_stride_table(layout: &KvCacheLayout, doc: &roxmltree::Document) {
+    let mut listed = Vec::new();
+    for n in doc
+        .descendants()
+        .filter(|n| n.has_attribute("data-stride-field"))
+    {
+        let field: Field = attr(&n, "data-stride-field").parse().unwrap();
+        let names = [
+            "buffer", "base", "layer", "block", "head", "token", "x", "chunk", "dim",
+        ];
+        let got: Vec<u64> = names
+            .iter()
+            .map(|a| num(&n, &format!("data-stride-{a}")))
+            .collect();
+        let want = layout.field_map(field).unwrap().strides.to_array();
+        assert_eq!(got, want, "{field}");
+        listed.push(field);
+    }
+    let stored: Vec<Field> = layout.stored_fields().iter().map(|m| m.field).collect();
+    assert_eq!(listed, stored);
 }
 
 /// The key's cells of head 0: each (token, dim) once at its offset, arranged as vLLM draws it.
