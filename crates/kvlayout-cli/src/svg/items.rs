@@ -61,6 +61,8 @@ pub struct Item {
     pub offset: u64,
     /// Bytes covered.
     pub bytes: u64,
+    /// Elements in a row of the field.
+    pub width: u64,
 }
 
 impl Item {
@@ -253,6 +255,7 @@ fn push_row(
         buffer: loc.buffer,
         offset: loc.offset,
         bytes,
+        width: m.width,
     };
     if let (None, Some(run)) = (dims, m.row_run()) {
         out.push(item(0, m.width, run, at(0)?));

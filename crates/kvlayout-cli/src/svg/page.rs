@@ -337,7 +337,13 @@ fn draw_labels(c: &mut Canvas, strip: &Strip, items: &[Item]) {
                 first.field, first.head, first.slot, last.slot, first.dim
             )
         } else if by_token || first.along == Along::Dim && first.count > 1 {
-            format!("{} h{} t{}", first.field, first.head, first.slot)
+            let (a, b) = (first.dim, last.dim + last.count - 1);
+            let dims = if (a, b) == (0, first.width - 1) {
+                String::new()
+            } else {
+                format!(" d{a}..{b}")
+            };
+            format!("{} h{} t{}{dims}", first.field, first.head, first.slot)
         } else if first.count > 1 {
             first.label()
         } else {
