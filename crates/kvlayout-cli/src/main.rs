@@ -54,7 +54,7 @@ enum Command {
     /// Explain a layout: geometry, page size and padding, field strides, every convention's
     /// view (or why there is none), the registered span, and a picture of one page.
     #[command(
-        after_help = "Example:\n  kvlayout explain llama-3-8b\n  kvlayout explain \"kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=HND\" --json\n  kvlayout explain \"kv L=1 B=3 N=16 H=4 D=32 dtype=f16 legacy=vllm-paged-v1\" --svg page.svg"
+        after_help = "Example:\n  kvlayout explain llama-3-8b\n  kvlayout explain \"kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=HND\" --json\n  kvlayout explain \"kv L=1 B=3 N=16 H=4 D=16 dtype=f16 legacy=vllm-paged-v1\" --svg page.svg"
     )]
     Explain {
         #[arg(value_name = "SPEC", help = SPEC_HELP)]

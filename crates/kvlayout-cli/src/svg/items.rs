@@ -17,6 +17,10 @@ pub const ROW_LIMIT: u64 = 2048;
 pub const ENUM_LIMIT: u64 = 1 << 18;
 /// Rectangles of the page picture, at most.
 pub const RUN_LIMIT: usize = 3072;
+/// Pages of at most this many elements have their byte ranges enumerated
+/// (`layout.block_regions`, at most one range per element); larger pages are pictured from
+/// the drawn items' ranges alone, and their tiling is not drawn.
+pub const REGION_LIMIT: u64 = 1 << 20;
 /// Runs kept from the end of the page when [`RUN_LIMIT`] cuts it.
 const TAIL_RUNS: usize = 64;
 
@@ -172,7 +176,7 @@ pub fn page_items(layout: &KvCacheLayout) -> Result<PageItems, LayoutError> {
         cut = Some(((before.buffer, before.end(), end), left_out as u64));
     }
     let drawn: u64 = items.iter().map(|i| i.count).sum();
-    let elided_elements = total_elements - drawn;
+    let elided_elements = total_elements.saturating_sub(drawn);
     let note = if elided_elements == 0 {
         String::new()
     } else {

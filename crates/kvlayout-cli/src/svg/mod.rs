@@ -255,4 +255,24 @@ mod tests {
             assert!(RULE.contains(&phrase), "{phrase:?} not in {RULE:?}");
         }
     }
+
+    /// `explain --help` states the same limits for `--svg`.
+    #[test]
+    fn the_help_names_the_limits() {
+        use clap::CommandFactory;
+        let cli = crate::Cli::command();
+        let explain = cli.find_subcommand("explain").expect("explain");
+        let svg = explain
+            .get_arguments()
+            .find(|a| a.get_id() == "svg")
+            .expect("--svg");
+        let help = svg.get_help().map(|h| h.to_string()).unwrap_or_default();
+        for phrase in [
+            format!("at most {ELEMENT_LIMIT} elements"),
+            format!("past {ROW_LIMIT} rows or {RUN_LIMIT} runs"),
+            format!("still past {RUN_LIMIT} runs"),
+        ] {
+            assert!(help.contains(&phrase), "{phrase:?} not in {help:?}");
+        }
+    }
 }

@@ -12,7 +12,7 @@ use kvlayout::{merge_ranges, ByteRange, Coord, Explanation, Field, KvCacheLayout
 use super::canvas::{
     esc, field_colour, num, Canvas, GAP_FILL, LEFT, PADDING_FILL, STRIP, UNDRAWN_FILL,
 };
-use super::items::{Along, Item, PageItems};
+use super::items::{Along, Item, PageItems, REGION_LIMIT};
 
 /// Vertical distance between lines of bytes.
 const LINE_H: f64 = 17.0;
@@ -112,18 +112,25 @@ fn shape(
     ));
 }
 
-/// The byte ranges of the page: the descriptor's block regions of layer 0, block 0 (or, if
-/// it refuses to enumerate them, the drawn items' ranges merged).
+/// The byte ranges of the page: the descriptor's block regions of layer 0, block 0 (or, for a
+/// page past [`REGION_LIMIT`] elements or one it refuses to enumerate, the drawn items' ranges
+/// merged).
 fn page_ranges(layout: &KvCacheLayout, page: &PageItems) -> Vec<ByteRange> {
     let heads = layout.geometry().num_kv_heads;
-    layout.block_regions(0, 0..1, 0..heads).unwrap_or_else(|_| {
+    let of_items = || {
         let ranges = page.items.iter().map(|i| ByteRange {
             buffer: i.buffer,
             offset: i.offset,
             len: i.bytes,
         });
         merge_ranges(ranges.collect()).unwrap_or_default()
-    })
+    };
+    if page.total_elements > REGION_LIMIT {
+        return of_items();
+    }
+    layout
+        .block_regions(0, 0..1, 0..heads)
+        .unwrap_or_else(|_| of_items())
 }
 
 /// The padding after the page's data when pages are contiguous and padded: `[end of data,

@@ -8,6 +8,7 @@
 use kvlayout::{ByteRange, Coord, Explanation, Field, FieldMap, KvCacheLayout};
 
 use super::canvas::{field_colour, num, Canvas, LEFT, PADDING_FILL, STRIP};
+use super::items::REGION_LIMIT;
 
 /// Blocks pictured per buffer, at most.
 const BLOCKS: u64 = 4;
@@ -102,6 +103,19 @@ fn pieces(layout: &KvCacheLayout, ex: &Explanation, buffer: u32) -> Vec<Piece> {
     out
 }
 
+/// Elements of one page, all fields.
+fn page_elements(layout: &KvCacheLayout) -> u64 {
+    layout
+        .stored_fields()
+        .iter()
+        .map(|m| {
+            m.num_heads
+                .saturating_mul(m.num_slots)
+                .saturating_mul(m.width)
+        })
+        .fold(0, u64::saturating_add)
+}
+
 /// Draws the overview of every buffer and the order lines.
 pub fn draw(c: &mut Canvas, layout: &KvCacheLayout, ex: &Explanation) {
     let g = layout.geometry();
@@ -115,6 +129,14 @@ pub fn draw(c: &mut Canvas, layout: &KvCacheLayout, ex: &Explanation) {
             g.num_blocks
         ),
     );
+    if page_elements(layout) > REGION_LIMIT {
+        c.line(
+            "m",
+            &format!("more than {REGION_LIMIT} elements per page: too many ranges to picture"),
+        );
+        order_lines(c, layout, ex);
+        return;
+    }
     for buffer in 0..layout.num_buffers() as u32 {
         let ps = pieces(layout, ex, buffer);
         c.line("m", &format!("buffer {buffer}"));
