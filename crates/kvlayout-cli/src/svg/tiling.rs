@@ -263,8 +263,10 @@ fn order_lines(c: &mut Canvas, layout: &KvCacheLayout, ex: &Explanation) {
         c.line(
             "",
             &format!(
-                "{} within a page, outermost first: {}",
+                "{}: block +{} B, layer +{} B; within a page, outermost first: {}",
                 m.field,
+                s.block,
+                s.layer,
                 if order.is_empty() {
                     "one element".to_string()
                 } else {
