@@ -7,6 +7,7 @@
 //! buffer, offset, bytes) a program can check. It owns the picture, not the numbers: nothing
 //! here computes an offset or a stride from a shape.
 
+mod annotate;
 mod canvas;
 mod items;
 mod page;

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::svg::{read_page, MAX_SVG_BYTES};
+use super::svg_read::{read_page, MAX_SVG_BYTES};
 use super::{expect_user_error, kvlayout, ok, parse_json, temp_path, user_error};
 
 #[test]
