@@ -19,7 +19,7 @@ use kvlayout::{Explanation, KvCacheLayout};
 use crate::CliError;
 use canvas::{field_colour, Canvas, GAP_FILL, LEFT, PADDING_FILL, UNDRAWN_FILL};
 
-/// The drawing rule, stated in `--help`, the `<desc>` and under the page picture.
+/// The drawing rule, stated in the picture's `<desc>` (and in the same numbers in `--help`).
 pub const RULE: &str = "pages of at most 4096 elements are drawn one rectangle per element; \
 larger pages one rectangle per run of address-contiguous elements (a row, a piece of a row, or \
 one dim across consecutive tokens); past 2048 rows or 3072 runs only the first two and the last \
@@ -67,7 +67,7 @@ pub fn render(layout: &KvCacheLayout, ex: &Explanation) -> Result<String, CliErr
         &format!(
             "<g id=\"page\" data-total-elements=\"{}\" data-drawn-elements=\"{}\">\n",
             page.total_elements,
-            page.total_elements - page.elided_elements
+            page.total_elements.saturating_sub(page.elided_elements)
         ),
     );
     c.raw("</g>\n");
@@ -82,7 +82,7 @@ pub fn render(layout: &KvCacheLayout, ex: &Explanation) -> Result<String, CliErr
          fields {}. Rule: {RULE}.{}",
         ex.spec,
         page.total_elements,
-        page.total_elements - page.elided_elements,
+        page.total_elements.saturating_sub(page.elided_elements),
         page.items.len(),
         if page.per_element {
             "one per element"
