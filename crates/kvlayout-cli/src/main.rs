@@ -34,6 +34,7 @@ mod diff;
 mod dump;
 mod fill;
 mod plan;
+mod svg;
 
 /// Exit status of every user error (the same as clap's usage errors).
 const USER_ERROR: u8 = 2;
@@ -59,7 +60,7 @@ enum Command {
     /// Explain a layout: geometry, page size and padding, field strides, every convention's
     /// view (or why there is none), the registered span, and a picture of one page.
     #[command(
-        after_help = "Example:\n  kvlayout explain llama-3-8b\n  kvlayout explain \"kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=HND\" --json"
+        after_help = "Example:\n  kvlayout explain llama-3-8b\n  kvlayout explain \"kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=HND\" --json\n  kvlayout explain \"kv L=1 B=3 N=16 H=4 D=16 dtype=f16 legacy=vllm-paged-v1\" --svg page.svg"
     )]
     Explain {
         #[arg(value_name = "SPEC", help = SPEC_HELP)]
@@ -67,6 +68,15 @@ enum Command {
         /// Print the explanation as JSON.
         #[arg(long)]
         json: bool,
+        /// Also write an SVG picture to FILE: the page of layer 0, block 0 with every element
+        /// at its byte offset (fields, padding and strides marked), an x-split key as vLLM's
+        /// paged-attention document draws it, and how the first blocks tile each buffer.
+        /// Pages of at most 4096 elements are drawn one rectangle per element, larger ones
+        /// one per run of contiguous elements; past 2048 rows or 3072 runs only the first two
+        /// and the last heads and tokens, and if still past 3072 runs the first and the last
+        /// runs in address order; the picture counts what it leaves out.
+        #[arg(long, value_name = "FILE")]
+        svg: Option<String>,
     },
     /// Byte offset of one element: (layer, block, head, token slot, field, dim).
     #[command(
@@ -300,8 +310,13 @@ fn run(command: Command) -> Result<String, CliError> {
         Command::Explain {
             spec,
             json: as_json,
+            svg: svg_path,
         } => {
-            let explanation = load(&spec)?.explain();
+            let layout = load(&spec)?;
+            let explanation = layout.explain();
+            if let Some(path) = &svg_path {
+                svg::write(&layout, &explanation, path)?;
+            }
             if as_json {
                 json(&explanation)
             } else {

@@ -20,6 +20,12 @@ mod dump_file;
 mod plan;
 #[path = "cli/plan_bad.rs"]
 mod plan_bad;
+#[path = "cli/svg.rs"]
+mod svg;
+#[path = "cli/svg_command.rs"]
+mod svg_command;
+#[path = "cli/svg_read.rs"]
+mod svg_read;
 
 const SMALL: &str = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD";
 
