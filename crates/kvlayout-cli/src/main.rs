@@ -28,6 +28,7 @@ use kvlayout::{Convention, Coord, Field, KvCacheLayout, LayoutError, ViewTarget,
 
 mod cpu;
 mod decode;
+mod demo;
 
 /// Exit status of every user error (the same as clap's usage errors).
 const USER_ERROR: u8 = 2;
@@ -130,6 +131,26 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The main job: a prompt's KV cache from a prefill instance (NHD, blocks of 16, TP 1)
+    /// to a decode instance of another layout (HND, padded pages, blocks of 32, TP 2), each
+    /// step on one line with its bytes, time and bandwidth against memcpy: write_kv,
+    /// handshake, compatibility check, plan, transfer, post-receive scatter, paged_decode on
+    /// every decode rank, verification against the reference bit for bit (exit 1 if it
+    /// fails).
+    #[command(after_help = DEMO_HELP)]
+    Demo {
+        #[command(flatten)]
+        args: demo::DemoArgs,
+        /// Print the whole record as JSON: scenario, every step, verification.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The decode side of `demo --engine nixl`, run by the demo itself.
+    #[command(hide = true, after_help = "Example:\n  kvlayout demo --engine nixl")]
+    DemoPeer {
+        #[command(flatten)]
+        args: demo::PeerArgs,
+    },
     /// The CPU as the backend sees it: the features it uses and those `KVLAYOUT_CPU_HIDE`
     /// hides, the kernel builds it runs (the one it picks, and why) and those it cannot.
     #[command(after_help = "Example:\n  KVLAYOUT_CPU_HIDE=avx512f kvlayout cpu")]
@@ -146,6 +167,20 @@ enum Command {
         json: bool,
     },
 }
+
+const DEMO_HELP: &str = "Example:
+  kvlayout demo
+  kvlayout demo --preset qwen2.5-7b --tp 4 --decode \"order=NHD N=32\" --json
+  kvlayout demo --prefill-tp 2 --tp 1 --decode \"order=HND N=16 page=139264\" --prompts 1000,3
+
+Each side's SPEC is one rank's cache: modifiers of the preset (which get the rank's heads, \
+--layers and --blocks first) or a whole SPEC. The plan is direct where both sides have the \
+same order and staged otherwise (--plan). Verified: every K/V element on each decode rank \
+equals byte for byte the prefill cache's at the same (layer, token, head, dim); the scalar \
+reference's decode on each decode rank's cache equals bit for bit its decode on the prefill \
+cache for the same query heads; the backend's paged_decode lies within the conformance \
+tolerance of the reference. Exit status: 0 verified, 1 not verified or the transfer failed, \
+2 a bad flag or a refused scenario (the handshake, compatibility check or planner's reason).";
 
 /// A user error: printed as one `error: ...` line, exit status 2.
 #[derive(Debug)]
@@ -304,6 +339,11 @@ fn run(command: Command) -> Result<String, CliError> {
             step,
             json: as_json,
         } => decode_cmd(&spec, &step, as_json),
+        Command::Demo {
+            args,
+            json: as_json,
+        } => demo::command(&args, as_json),
+        Command::DemoPeer { args } => demo::peer(&args),
         Command::Cpu { json: as_json } => cpu::run(as_json),
         Command::Presets { json: as_json } => presets_cmd(as_json),
     }

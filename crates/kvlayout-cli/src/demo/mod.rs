@@ -1,0 +1,428 @@
+//! `kvlayout demo`, the main job: a prompt's KV cache moved from a prefill instance to a
+//! decode instance of another layout, TP size and block size, then decoded and verified.
+//!
+//! The steps, each reported on one line ([`step::Step`]): `write_kv` of the prompts into the
+//! prefill ranks' caches ([`prefill`]); the handshake, the compatibility check, the plan
+//! (direct or staged), the transfer, the post-receive operation and `paged_decode` on every
+//! decode rank ([`rank`]); the verification against the reference ([`verify`]). The engine is
+//! the in-process memcpy engine, or NIXL with the decode side in a second process
+//! ([`nixl`]).
+//!
+//! It owns the scenario's flags ([`scenario`]) and the report; every layout, plan and byte
+//! run comes from `kvlayout` and `kvlayout-connector`.
+
+use std::time::Instant;
+
+use kvlayout::ops::{AnyBackend, Backend};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::CliError;
+
+mod nixl;
+mod prefill;
+mod rank;
+mod scenario;
+mod step;
+mod verify;
+
+pub(crate) use nixl::PeerArgs;
+use rank::{Published, RankRun};
+use scenario::Scenario;
+use step::{size, Step};
+use verify::Verification;
+
+/// What `kvlayout demo` takes. Numbers are read here, so that a bad one is one line.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct DemoArgs {
+    /// The model: a preset (`kvlayout presets`), with overrides if any ("llama-3-8b
+    /// dtype=f16"). Its content, head size, dtype and KV heads are what both sides hold.
+    #[arg(long, value_name = "PRESET", default_value = "llama-3-8b")]
+    pub preset: String,
+    /// One prefill rank's cache: modifiers of the preset ("order=NHD N=16": N tokens per
+    /// block, order, page= bytes per padded page, ...), which get the rank's heads (the
+    /// model's / --prefill-tp), --layers and --blocks first; or a whole SPEC, taken as is (its
+    /// H is one rank's heads).
+    #[arg(long, value_name = "SPEC", default_value = "order=NHD N=16")]
+    pub prefill: String,
+    /// One decode rank's cache, as --prefill ("order=HND N=32 page=69632": head-major
+    /// 32-token blocks, each page padded to 69632 bytes, 4 KiB past the dense page of 4 heads).
+    #[arg(long, value_name = "SPEC", default_value = "order=HND N=32 page=69632")]
+    pub decode: String,
+    /// TP size of the prefill side.
+    #[arg(long = "prefill-tp", value_name = "N", default_value = "1")]
+    pub prefill_tp: String,
+    /// TP size of the decode side: each decode rank pulls its share of the heads.
+    #[arg(long, value_name = "N", default_value = "2")]
+    pub tp: String,
+    /// Layer slots of both sides' caches (the preset's are shrunk to this).
+    #[arg(long, value_name = "L", default_value = "2")]
+    pub layers: String,
+    /// Blocks in each rank's pool, on both sides (B of the rank's layout).
+    #[arg(long, value_name = "B", default_value = "128")]
+    pub blocks: String,
+    /// Tokens of each prompt, comma-separated; their blocks are drawn at random from each
+    /// side's pool.
+    #[arg(long, value_name = "T,T,...", default_value = "509,77,130")]
+    pub prompts: String,
+    /// auto (direct where both sides have the same physical order, staged otherwise),
+    /// direct (every byte straight into its place) or staged (whole page slices into a
+    /// staging cache, then scatter_blocks on the backend).
+    #[arg(long, value_name = "HOW", default_value = "auto")]
+    pub plan: String,
+    /// Backend of write_kv, scatter_blocks and paged_decode (`kvlayout decode --help` lists
+    /// the names).
+    #[arg(long, value_name = "NAME", default_value = "cpu")]
+    pub backend: String,
+    /// Transfer engine: memcpy (one process) or nixl (the decode side in a second process,
+    /// over NIXL on loopback; exit 2 where the library does not load).
+    #[arg(long, value_name = "ENGINE", default_value = "memcpy")]
+    pub engine: String,
+    /// Seed of the keys, values, queries and block tables.
+    #[arg(long, value_name = "N", default_value = "1")]
+    pub seed: String,
+}
+
+/// The whole record of a run (`--json`).
+#[derive(Debug, Serialize)]
+pub(crate) struct Record {
+    pub scenario: Scenario,
+    pub backend: String,
+    pub kernels: String,
+    pub engine: String,
+    pub cpu: String,
+    pub steps: Vec<Step>,
+    pub verification: Verification,
+    /// Wall time of the whole demo, in milliseconds (the memcpy bounds included).
+    pub wall_ms: f64,
+}
+
+impl Record {
+    pub(crate) fn to_text(&self) -> String {
+        let sc = &self.scenario;
+        let side = |s: &scenario::Side| {
+            format!(
+                "{:<8}  TP {}, per rank {} ({}, {} blocks of {} tokens)\n",
+                s.name,
+                s.tp,
+                s.spec,
+                size(s.rank_bytes),
+                s.blocks,
+                s.block_size
+            )
+        };
+        let mut out = format!(
+            "model     {} shrunk to {} layers: {} KV heads, {} query heads, key width {}, \
+             value width {}; prompts {:?} tokens (seed {})\n",
+            sc.preset,
+            sc.layers,
+            sc.kv_heads,
+            sc.q_heads,
+            sc.key_width,
+            sc.value_width,
+            sc.prompts,
+            sc.seed
+        );
+        out.push_str(&side(&sc.prefill));
+        out.push_str(&side(&sc.decode));
+        out.push_str(&format!(
+            "engine    {}, backend {} ({} kernels), {} plan; cpu {}\n",
+            self.engine, self.backend, self.kernels, sc.plan, self.cpu
+        ));
+        for s in &self.steps {
+            out.push_str(&s.to_text());
+        }
+        out.push_str(&format!(
+            "result    {} in {:.0} ms\n",
+            if self.verification.passed {
+                "verified bit for bit"
+            } else {
+                "FAILED"
+            },
+            self.wall_ms
+        ));
+        out
+    }
+}
+
+/// Opens the backend by name (a name that cannot run here is a user error, exit 2).
+fn open_backend(name: &str) -> Result<AnyBackend, CliError> {
+    kvlayout_backends::open(name).map_err(|e| CliError::Usage(format!("--backend: {e}")))
+}
+
+/// Runs the demo and returns its record; a failed verification is the caller's to report.
+pub(crate) fn run(a: &DemoArgs) -> Result<Record, CliError> {
+    let start = Instant::now();
+    let sc = Scenario::from_args(a)?;
+    let engine = match a.engine.as_str() {
+        "memcpy" | "nixl" => a.engine.clone(),
+        other => {
+            return Err(CliError::Usage(format!(
+                "--engine {other:?}: memcpy or nixl"
+            )))
+        }
+    };
+    if engine == "nixl" {
+        nixl::available()?;
+    }
+    let be = open_backend(&a.backend)?;
+    let cpu = crate::cpu::CpuReport::of(crate::cpu::features()?).model_name;
+    let kernels = be.kernels().build;
+
+    let filled = prefill::prefill(&be, &sc)?;
+    let mut steps = vec![write_step(&sc, &be, &filled)];
+    let (published, encode_s, ranks) = if engine == "nixl" {
+        nixl::run(a, &sc, &filled.bytes)?
+    } else {
+        memcpy_run(&be, &sc, &filled.bytes)?
+    };
+    steps.extend(pull_steps(&sc, &be, &engine, &published, encode_s, &ranks));
+    let t = Instant::now();
+    let verification = verify::verify(&be, &sc, &filled.bytes, &ranks)?;
+    steps.push(verify_step(&verification, t.elapsed().as_secs_f64()));
+    Ok(Record {
+        scenario: sc,
+        backend: be.name().to_string(),
+        kernels,
+        engine,
+        cpu,
+        steps,
+        verification,
+        wall_ms: start.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+/// The decode side in this process with the memcpy engine: the prefill ranks' engines
+/// publish their handshakes, each decode rank pulls.
+fn memcpy_run(
+    be: &AnyBackend,
+    sc: &Scenario,
+    prefill: &[Vec<Vec<u8>>],
+) -> Result<(Vec<Published>, f64, Vec<RankRun>), CliError> {
+    use kvlayout_connector::engine::{MemcpyEngine, TransferEngine};
+    use kvlayout_connector::handshake::{Limits, PeerMetadata};
+    let tag = std::process::id();
+    let mut engines = Vec::new();
+    let mut published = Vec::new();
+    let mut encode_s = 0.0;
+    for (rank, bytes) in prefill.iter().enumerate() {
+        let name = format!("demo-{tag}-prefill-{rank}");
+        let e = MemcpyEngine::new(&name, bytes.clone())
+            .map_err(|e| CliError::Failed(format!("prefill rank {rank}: {e}")))?;
+        let meta = PeerMetadata {
+            engine_id: name.clone(),
+            groups: vec![rank::group(&sc.prefill, rank as u64, e.regions())],
+        };
+        let t = Instant::now();
+        meta.validate(&Limits::default())
+            .map_err(|e| CliError::Usage(format!("prefill rank {rank}: handshake: {e}")))?;
+        let handshake = meta.encode();
+        encode_s += t.elapsed().as_secs_f64();
+        published.push(Published {
+            handshake,
+            engine: e
+                .local_metadata()
+                .map_err(|e| CliError::Failed(e.to_string()))?,
+        });
+        engines.push(e);
+    }
+    let ranks = (0..sc.decode.tp)
+        .map(|r| {
+            rank::run(be, sc, r, &published, |buffers| {
+                MemcpyEngine::new(&format!("demo-{tag}-decode-{r}"), buffers)
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((published, encode_s, ranks))
+}
+
+fn write_step(sc: &Scenario, be: &AnyBackend, f: &prefill::Prefilled) -> Step {
+    let tokens: u64 = sc.prompts.iter().map(|&t| u64::from(t)).sum();
+    Step::new(
+        "write_kv",
+        format!(
+            "{} prompts, {tokens} tokens x {} layers into {} prefill rank(s) on {}: {} calls",
+            sc.prompts.len(),
+            sc.layers,
+            sc.prefill.tp,
+            be.name(),
+            f.calls
+        ),
+        f.written,
+        f.seconds,
+        json!({ "tokens": tokens, "calls": f.calls }),
+    )
+}
+
+/// The lines of the handshake, check, plan, transfer, receive and decode steps, summed over
+/// the decode ranks.
+fn pull_steps(
+    sc: &Scenario,
+    be: &AnyBackend,
+    engine: &str,
+    published: &[Published],
+    encode_s: f64,
+    ranks: &[RankRun],
+) -> Vec<Step> {
+    let sum = |f: fn(&RankRun) -> f64| ranks.iter().map(f).sum::<f64>();
+    let total = |f: fn(&RankRun) -> u64| ranks.iter().map(f).sum::<u64>();
+    let per_rank = |f: fn(&RankRun) -> u64| ranks.iter().map(f).collect::<Vec<_>>();
+    let (p, d) = (&sc.prefill, &sc.decode);
+    let each = published.first().map_or(0, |x| x.handshake.len());
+    let descriptors = total(|r| r.descriptors);
+    let hash = ranks.first().map_or("", |r| &r.compat_hash[..16]);
+    let receive = if sc.plan == "staged" {
+        format!(
+            "scatter_blocks on {} from each leg's staging cache ({} order) into the {} order, \
+             padding and heads of each decode rank",
+            be.name(),
+            order_name(&p.spec),
+            order_name(&d.spec)
+        )
+    } else {
+        "direct plan: bytes already in place; the engine's buffers handed to the backend"
+            .to_string()
+    };
+    let q = sc.q_heads / d.tp;
+    vec![
+        Step::new(
+            "handshake",
+            format!(
+                "{} prefill rank(s) publish {each} B each (engine id, layout JSON, TP place, \
+                 regions, compat hash); {} decode rank(s) decode them under the default Limits",
+                p.tp, d.tp
+            ),
+            total(|r| r.handshake_bytes),
+            encode_s + sum(|r| r.handshake_s),
+            json!({ "bytes_per_prefill_rank": each }),
+        ),
+        Step::new(
+            "check",
+            format!(
+                "compat hash {hash}..: content, head sizes, dtype, scales, {} layers and {} \
+                 model KV heads agree on all {} rank pairs; TP {} vs {}, blocks of {} vs {}, \
+                 order and padding are the planner's",
+                sc.layers,
+                sc.kv_heads,
+                p.tp * d.tp,
+                p.tp,
+                d.tp,
+                p.block_size,
+                d.block_size
+            ),
+            total(|r| r.check_bytes),
+            sum(|r| r.check_s),
+            json!({ "compat_hash": ranks.first().map(|r| r.compat_hash.clone()) }),
+        ),
+        Step::new(
+            "plan",
+            format!(
+                "{} plan: {} leg(s) over {} decode rank(s), {descriptors} descriptors \
+                 (per rank {:?})",
+                sc.plan,
+                total(|r| r.legs),
+                d.tp,
+                per_rank(|r| r.descriptors)
+            ),
+            total(|r| r.wire_bytes),
+            sum(|r| r.plan_s),
+            json!({ "plan": sc.plan, "legs": total(|r| r.legs),
+                    "descriptors_per_rank": per_rank(|r| r.descriptors),
+                    "bytes_per_rank": per_rank(|r| r.wire_bytes) }),
+        )
+        .with_descriptors(descriptors),
+        Step::new(
+            "transfer",
+            format!(
+                "execute on the {engine} engine: {} reads of {descriptors} descriptors, \
+                 notifications to the prefill side",
+                total(|r| r.legs)
+            ),
+            total(|r| r.wire_bytes),
+            sum(|r| r.transfer_s),
+            json!({ "engine": engine }),
+        )
+        .with_descriptors(descriptors),
+        Step::new(
+            "receive",
+            receive,
+            total(|r| r.receive_bytes),
+            sum(|r| r.receive_s),
+            json!({ "post_receive": if sc.plan == "staged" { "scatter_blocks" } else { "none" } }),
+        ),
+        Step::new(
+            "decode",
+            format!(
+                "paged_decode on {} on each of {} decode rank(s) x {} layers: {q} query heads \
+                 over {} KV head(s) each, {} prompts",
+                be.name(),
+                d.tp,
+                sc.layers,
+                sc.kv_heads.div_ceil(d.tp),
+                sc.prompts.len()
+            ),
+            total(|r| r.decode_bytes),
+            sum(|r| r.decode_s),
+            json!({ "outputs": ranks.iter().map(|r| r.outputs.iter().map(Vec::len).sum::<usize>()).sum::<usize>() }),
+        ),
+    ]
+}
+
+/// `NHD` of a spec's `order=...`, for the receive line.
+fn order_name(spec: &str) -> &str {
+    spec.split_whitespace()
+        .find_map(|t| t.strip_prefix("order="))
+        .unwrap_or("strided")
+}
+
+fn verify_step(v: &Verification, seconds: f64) -> Step {
+    let line = format!(
+        "{} K/V elements equal byte for byte to the prefill cache's ({} differ); {} reference \
+         outputs equal bit for bit ({} differ); backend within {:.3} of its bound ({} products, \
+         max error {:.1e}): {}",
+        v.elements,
+        v.elements_differing,
+        v.reference_outputs,
+        v.reference_differing,
+        v.backend_error_to_bound,
+        v.products,
+        v.backend_max_error,
+        if v.passed { "ok" } else { "FAILED" }
+    );
+    Step::new("verify", line, v.element_bytes, seconds, json!({}))
+}
+
+/// `kvlayout demo`: runs it and prints the record; a failed verification is exit 1 after the
+/// record is printed.
+pub(crate) fn command(a: &DemoArgs, as_json: bool) -> Result<String, CliError> {
+    let record = run(a)?;
+    let text = if as_json {
+        crate::json(&record)?
+    } else {
+        record.to_text()
+    };
+    if record.verification.passed {
+        return Ok(text);
+    }
+    // The record goes to stdout all the same: it is what shows the disagreement.
+    let _ = crate::emit(&text);
+    let v = &record.verification;
+    Err(CliError::Check(format!(
+        "the decode side does not match the prefill side: {} of {} elements differ{}, {} of {} \
+         reference outputs differ, backend at {:.2} x its bound",
+        v.elements_differing,
+        v.elements,
+        v.first_difference
+            .as_ref()
+            .map(|f| format!(" (first: {f})"))
+            .unwrap_or_default(),
+        v.reference_differing,
+        v.reference_outputs,
+        v.backend_error_to_bound
+    )))
+}
+
+/// `kvlayout demo-peer`: the decode side's process of `demo --engine nixl`.
+pub(crate) fn peer(a: &PeerArgs) -> Result<String, CliError> {
+    nixl::peer(a)
+}
