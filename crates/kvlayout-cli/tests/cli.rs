@@ -8,6 +8,8 @@ mod backend;
 mod cpu;
 #[path = "cli/decode.rs"]
 mod decode;
+#[path = "cli/demo.rs"]
+mod demo;
 
 const SMALL: &str = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD";
 

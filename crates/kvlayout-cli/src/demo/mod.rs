@@ -50,20 +50,45 @@ pub(crate) struct DemoArgs {
     #[arg(long, value_name = "SPEC", default_value = "order=HND N=32 page=69632")]
     pub decode: String,
     /// TP size of the prefill side.
-    #[arg(long = "prefill-tp", value_name = "N", default_value = "1")]
+    #[arg(
+        long = "prefill-tp",
+        value_name = "N",
+        default_value = "1",
+        allow_hyphen_values = true
+    )]
     pub prefill_tp: String,
     /// TP size of the decode side: each decode rank pulls its share of the heads.
-    #[arg(long, value_name = "N", default_value = "2")]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value = "2",
+        allow_hyphen_values = true
+    )]
     pub tp: String,
     /// Layer slots of both sides' caches (the preset's are shrunk to this).
-    #[arg(long, value_name = "L", default_value = "2")]
+    #[arg(
+        long,
+        value_name = "L",
+        default_value = "2",
+        allow_hyphen_values = true
+    )]
     pub layers: String,
     /// Blocks in each rank's pool, on both sides (B of the rank's layout).
-    #[arg(long, value_name = "B", default_value = "128")]
+    #[arg(
+        long,
+        value_name = "B",
+        default_value = "128",
+        allow_hyphen_values = true
+    )]
     pub blocks: String,
     /// Tokens of each prompt, comma-separated; their blocks are drawn at random from each
     /// side's pool.
-    #[arg(long, value_name = "T,T,...", default_value = "509,77,130")]
+    #[arg(
+        long,
+        value_name = "T,T,...",
+        default_value = "509,77,130",
+        allow_hyphen_values = true
+    )]
     pub prompts: String,
     /// auto (direct where both sides have the same physical order, staged otherwise),
     /// direct (every byte straight into its place) or staged (whole page slices into a
@@ -79,7 +104,12 @@ pub(crate) struct DemoArgs {
     #[arg(long, value_name = "ENGINE", default_value = "memcpy")]
     pub engine: String,
     /// Seed of the keys, values, queries and block tables.
-    #[arg(long, value_name = "N", default_value = "1")]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value = "1",
+        allow_hyphen_values = true
+    )]
     pub seed: String,
 }
 
@@ -102,8 +132,8 @@ impl Record {
         let sc = &self.scenario;
         let side = |s: &scenario::Side| {
             format!(
-                "{:<8}  TP {}, per rank {} ({}, {} blocks of {} tokens)\n",
-                s.name,
+                "{:<9} TP {}, per rank {} ({}, {} blocks of {} tokens)\n",
+                format!("{}:", s.name),
                 s.tp,
                 s.spec,
                 size(s.rank_bytes),
@@ -112,7 +142,7 @@ impl Record {
             )
         };
         let mut out = format!(
-            "model     {} shrunk to {} layers: {} KV heads, {} query heads, key width {}, \
+            "model:    {} shrunk to {} layers: {} KV heads, {} query heads, key width {}, \
              value width {}; prompts {:?} tokens (seed {})\n",
             sc.preset,
             sc.layers,
@@ -126,14 +156,14 @@ impl Record {
         out.push_str(&side(&sc.prefill));
         out.push_str(&side(&sc.decode));
         out.push_str(&format!(
-            "engine    {}, backend {} ({} kernels), {} plan; cpu {}\n",
+            "engine:   {}, backend {} ({} kernels), {} plan; cpu {}\n",
             self.engine, self.backend, self.kernels, sc.plan, self.cpu
         ));
         for s in &self.steps {
             out.push_str(&s.to_text());
         }
         out.push_str(&format!(
-            "result    {} in {:.0} ms\n",
+            "result:   {} in {:.0} ms\n",
             if self.verification.passed {
                 "verified bit for bit"
             } else {

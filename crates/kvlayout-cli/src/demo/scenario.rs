@@ -224,14 +224,24 @@ fn side(
         })?;
         let layers = count("--layers", &a.layers, 1 << 10)?;
         let blocks = count("--blocks", &a.blocks, 1 << 24)?;
-        (
-            format!(
-                "{} L={layers} B={blocks} H={} {value}",
-                a.preset,
-                heads.end - heads.start
-            ),
-            model_heads,
-        )
+        // The preset's overrides or the modifiers may set L, B or H themselves; the spec
+        // grammar takes each key once.
+        let given = |key: &str| {
+            (a.preset.split_whitespace().skip(1))
+                .chain(value.split_whitespace())
+                .any(|t| t.starts_with(key))
+        };
+        let mut spec = a.preset.clone();
+        for (key, v) in [
+            ("L=", layers),
+            ("B=", blocks),
+            ("H=", heads.end - heads.start),
+        ] {
+            if !given(key) {
+                spec.push_str(&format!(" {key}{v}"));
+            }
+        }
+        (format!("{spec} {value}"), model_heads)
     } else {
         (value.to_string(), 0)
     };
@@ -287,8 +297,10 @@ fn paged_order(layout: &KvCacheLayout) -> Option<kvlayout::AxisOrder> {
 impl Scenario {
     /// The scenario `a` describes, or a one-line refusal.
     pub(crate) fn from_args(a: &DemoArgs) -> Result<Scenario, CliError> {
-        let model =
-            kvlayout::preset(&a.preset).map_err(|e| CliError::Usage(format!("--preset: {e}")))?;
+        let model = a
+            .preset
+            .parse::<KvCacheLayout>()
+            .map_err(|e| CliError::Usage(format!("--preset {:?}: {e}", a.preset)))?;
         let Some((key_width, value_width)) = decode_widths(&model).ok() else {
             return Err(CliError::Usage(format!(
                 "--preset {}: content {} holds no keys and values to decode (the demo needs \
