@@ -19,13 +19,17 @@ pub(crate) fn failed(e: String) -> CliError {
     CliError::Failed(e)
 }
 
-/// Zeroed host buffers of `layout` (one per buffer, its registered span).
+/// `n` zero bytes, every page written once (a fresh allocation is mapped on first write,
+/// which would otherwise be timed as part of the first transfer into it).
+pub(crate) fn touched(n: u64) -> Vec<u8> {
+    let mut v = std::hint::black_box(vec![0u8; n as usize]);
+    v.fill(0);
+    v
+}
+
+/// Zeroed host buffers of `layout` (one per buffer, its registered span), touched.
 pub(crate) fn zeros(layout: &KvCacheLayout) -> Vec<Vec<u8>> {
-    layout
-        .extents()
-        .iter()
-        .map(|x| vec![0; x.end as usize])
-        .collect()
+    layout.extents().iter().map(|x| touched(x.end)).collect()
 }
 
 /// Bytes one token and head takes in `layout`: every stored field's row (K and V, inline

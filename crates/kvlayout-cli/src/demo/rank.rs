@@ -23,7 +23,7 @@ use kvlayout_connector::staged::{
 use kvlayout_connector::{execute, Plan};
 use serde::{Deserialize, Serialize};
 
-use super::prefill::{failed, row_bytes, zeros};
+use super::prefill::{failed, row_bytes, touched, zeros};
 use super::scenario::Scenario;
 use crate::CliError;
 
@@ -82,9 +82,11 @@ pub(crate) struct RankRun {
     /// and the seconds of the calls and waits.
     pub decode_bytes: u64,
     pub decode_s: f64,
-    /// The rank's cache after the pull, as host bytes.
+    /// The rank's cache after the pull, as host bytes (sent apart from the JSON).
+    #[serde(skip)]
     pub cache: Vec<Vec<u8>>,
-    /// The backend's decode output per layer: `[prompt, q_head, value_width]`.
+    /// The backend's decode output per layer: `[prompt, q_head, value_width]` (sent apart).
+    #[serde(skip)]
     pub outputs: Vec<Vec<f32>>,
 }
 
@@ -175,8 +177,8 @@ pub(crate) fn run<E: TransferEngine>(
         run.wire_bytes = plan.bytes();
         run.legs = plan.transfers.len() as u64;
         let staging = plan.staging_extents().into_iter();
-        let mut engine = engine(staging.map(|n| vec![0; n as usize]).collect())
-            .map_err(|e| engine_failed(rank, e))?;
+        let mut engine =
+            engine(staging.map(touched).collect()).map_err(|e| engine_failed(rank, e))?;
         add_peers(&mut engine)?;
         let mut scatter = TimedScatter {
             inner: Scatter::new(be, &mut cache),

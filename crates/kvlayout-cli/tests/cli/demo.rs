@@ -403,3 +403,18 @@ fn random_flag_values_succeed_or_are_one_line() {
     }
     println!("{runs} random runs of kvlayout demo");
 }
+
+/// Without the NIXL library (the workspace run of scripts/test.sh), `--engine nixl` is one
+/// line naming the library and how to provide it, exit 2. Where the library loads, a visible
+/// skip: tests/nixl.rs runs the two-process demo there, apart from the other tests.
+#[test]
+fn engine_nixl_without_the_library_is_one_line() {
+    if kvlayout_connector::nixl::available().is_ok() {
+        println!("skipped: nixl present: tests/nixl.rs runs the demo over NIXL");
+        return;
+    }
+    let line = user_error(&["demo", "--engine", "nixl", "--prompts", "40"]);
+    assert!(line.contains("--engine nixl: "), "{line}");
+    assert!(line.contains("libnixl_capi.so"), "{line}");
+    assert!(line.contains("scripts/nixl-path.sh"), "{line}");
+}
