@@ -173,8 +173,8 @@ const DEMO_HELP: &str = "Example:
   kvlayout demo --preset qwen2.5-7b --tp 4 --decode \"order=NHD N=32\" --json
   kvlayout demo --prefill-tp 2 --tp 1 --decode \"order=HND N=16 page=139264\" --prompts 1000,3
 
-Each side's SPEC is one rank's cache: modifiers of the preset (which get the rank's heads, \
---layers and --blocks first) or a whole SPEC. The plan is direct where both sides have the \
+Each side's SPEC is one rank's cache: modifiers of the preset (H= is the rank's heads, L= \
+--layers and B= --blocks, unless the modifiers set them) or a whole SPEC. The plan is direct where both sides have the \
 same order and staged otherwise (--plan). Verified: every K/V element on each decode rank \
 equals byte for byte the prefill cache's at the same (layer, token, head, dim); the scalar \
 reference's decode on each decode rank's cache equals bit for bit its decode on the prefill \

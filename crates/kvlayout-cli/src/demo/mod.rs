@@ -38,9 +38,9 @@ pub(crate) struct DemoArgs {
     #[arg(long, value_name = "PRESET", default_value = "llama-3-8b")]
     pub preset: String,
     /// One prefill rank's cache: modifiers of the preset ("order=NHD N=16": N tokens per
-    /// block, order, page= bytes per padded page, ...), which get the rank's heads (the
-    /// model's / --prefill-tp), --layers and --blocks first; or a whole SPEC, taken as is (its
-    /// H is one rank's heads).
+    /// block, order, page= bytes per padded page, ...), to which the demo adds H= the rank's
+    /// heads (the model's / --prefill-tp), L= --layers and B= --blocks unless the modifiers
+    /// set them; or a whole SPEC, taken as is (its H is one rank's heads).
     #[arg(long, value_name = "SPEC", default_value = "order=NHD N=16")]
     pub prefill: String,
     /// One decode rank's cache, as --prefill ("order=HND N=32 page=69632": head-major
