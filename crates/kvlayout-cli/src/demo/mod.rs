@@ -236,3 +236,67 @@ pub(crate) fn command(a: &DemoArgs, as_json: bool) -> Result<String, CliError> {
 pub(crate) fn peer(a: &PeerArgs) -> Result<String, CliError> {
     nixl::peer(a)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use kvlayout::{Coord, Field};
+
+    /// The demo's arguments as the command line gives them.
+    fn args(flags: &[&str]) -> DemoArgs {
+        let argv = ["kvlayout", "demo"].iter().chain(flags).copied();
+        match crate::Cli::try_parse_from(argv)
+            .expect("the flags parse")
+            .command
+        {
+            crate::Command::Demo { args, .. } => args,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A corrupted byte on a decode rank, or a corrupted output, fails the verification and
+    /// names the element; the untouched run passes.
+    #[test]
+    fn verification_catches_one_corrupted_element_and_one_corrupted_output() {
+        let a = args(&["--prompts", "40,23", "--blocks", "8", "--layers", "1"]);
+        let sc = Scenario::from_args(&a).unwrap();
+        let be = open_backend("cpu").unwrap();
+        let filled = prefill::prefill(&be, &sc).unwrap();
+        let (_, _, mut ranks) = memcpy_run(&be, &sc, &filled.bytes).unwrap();
+        let v = verify::verify(&be, &sc, &filled.bytes, &ranks).unwrap();
+        assert!(v.passed, "{v:?}");
+        assert_eq!(v.elements, 63 * 8 * 256);
+
+        // Prompt 1's token 20, rank 1's head 2 (model head 6), V element 5.
+        let d = &sc.decode;
+        let at = Coord {
+            layer: 0,
+            block: d.tables[1][(20 / d.block_size) as usize],
+            head: 2,
+            slot: 20 % d.block_size,
+            field: Field::V,
+            dim: 5,
+        };
+        let loc = d.layout.offset(&at).unwrap();
+        ranks[1].cache[loc.buffer as usize][loc.offset as usize] ^= 0x40;
+        let v = verify::verify(&be, &sc, &filled.bytes, &ranks).unwrap();
+        assert!(!v.passed);
+        assert_eq!(v.elements_differing, 1);
+        let first = v.first_difference.unwrap();
+        assert!(
+            first.contains("decode rank 1 layer 0 prompt 1 token 20 head 6 v dim 5"),
+            "{first}"
+        );
+        // The reference on the corrupted cache differs from the prefill side's for the query
+        // heads of that KV head, on prompt 1 only.
+        assert!(v.reference_differing > 0);
+        ranks[1].cache[loc.buffer as usize][loc.offset as usize] ^= 0x40;
+
+        ranks[0].outputs[0][7] += 1.0;
+        let v = verify::verify(&be, &sc, &filled.bytes, &ranks).unwrap();
+        assert!(!v.passed);
+        assert_eq!((v.elements_differing, v.reference_differing), (0, 0));
+        assert!(v.backend_error_to_bound > 1.0, "{v:?}");
+    }
+}
