@@ -22,7 +22,8 @@ const MLA_Q_HEADS: u64 = 16;
 /// Largest cache the demo allocates per rank, in bytes (it is a demo: seconds, not minutes).
 const MAX_RANK_BYTES: u64 = 1 << 30;
 
-/// Most tokens a prompt may have (the demo's decode reference reads every one).
+/// Most tokens of the prompts together (the verification reads every one through the
+/// descriptors and the f64 reference: seconds, not minutes).
 const MAX_PROMPT_TOKENS: u32 = 1 << 16;
 
 /// Most prompts.
@@ -126,6 +127,12 @@ fn prompts(value: &str) -> Result<Vec<u32>, CliError> {
             list.len()
         )));
     }
+    let total: u64 = list.iter().map(|&t| u64::from(t)).sum();
+    if total > u64::from(MAX_PROMPT_TOKENS) {
+        return Err(CliError::Usage(format!(
+            "--prompts: {total} tokens in all, at most {MAX_PROMPT_TOKENS}"
+        )));
+    }
     Ok(list)
 }
 
@@ -193,12 +200,16 @@ fn tables(
             "{side} side: B={pool} exceeds the block ids of a block table (i32)"
         )));
     }
-    let mut ids: Vec<u64> = (0..pool).collect();
-    for i in (1..ids.len()).rev() {
-        let j = (rng.next() % (i as u64 + 1)) as usize;
-        ids.swap(i, j);
-    }
-    let mut next = ids.into_iter();
+    // The first `total` steps of a Fisher-Yates shuffle of `0..pool`, keeping only the moved
+    // entries: memory for the blocks drawn, not the pool.
+    let mut moved: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    let mut next = (0..total).map(|i| {
+        let j = i + rng.next() % (pool - i);
+        let at_j = *moved.get(&j).unwrap_or(&j);
+        let at_i = *moved.get(&i).unwrap_or(&i);
+        moved.insert(j, at_i);
+        at_j
+    });
     Ok(need
         .iter()
         .map(|&n| next.by_ref().take(n as usize).collect())

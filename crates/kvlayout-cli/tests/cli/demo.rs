@@ -294,6 +294,10 @@ fn bad_flags_exit_2_with_one_line() {
         (&["--prompts", ""][..], "--prompts \"\""),
         (&["--prompts", "1,,2"][..], "--prompts \"\""),
         (&["--prompts", "70000"][..], "--prompts 70000"),
+        (
+            &["--prompts", "60000,6000"][..],
+            "66000 tokens in all, at most 65536",
+        ),
         (&["--seed", "nope"][..], "--seed"),
         (&["--plan", "sideways"][..], "--plan \"sideways\""),
         (&["--engine", "rdma"][..], "--engine \"rdma\""),
