@@ -137,7 +137,7 @@ enum Command {
     /// handshake, compatibility check, plan, transfer, post-receive scatter, paged_decode on
     /// every decode rank, verification against the reference bit for bit (exit 1 if it
     /// fails).
-    #[command(after_help = DEMO_HELP)]
+    #[command(after_help = demo::HELP)]
     Demo {
         #[command(flatten)]
         args: demo::DemoArgs,
@@ -167,20 +167,6 @@ enum Command {
         json: bool,
     },
 }
-
-const DEMO_HELP: &str = "Example:
-  kvlayout demo
-  kvlayout demo --preset qwen2.5-7b --tp 4 --decode \"order=NHD N=32\" --json
-  kvlayout demo --prefill-tp 2 --tp 1 --decode \"order=HND N=16 page=139264\" --prompts 1000,3
-
-Each side's SPEC is one rank's cache: modifiers of the preset (H= is the rank's heads, L= \
---layers and B= --blocks, unless the modifiers set them) or a whole SPEC. The plan is direct where both sides have the \
-same order and staged otherwise (--plan). Verified: every K/V element on each decode rank \
-equals byte for byte the prefill cache's at the same (layer, token, head, dim); the scalar \
-reference's decode on each decode rank's cache equals bit for bit its decode on the prefill \
-cache for the same query heads; the backend's paged_decode lies within the conformance \
-tolerance of the reference. Exit status: 0 verified, 1 not verified or the transfer failed, \
-2 a bad flag or a refused scenario (the handshake, compatibility check or planner's reason).";
 
 /// A user error: printed as one `error: ...` line, exit status 2.
 #[derive(Debug)]

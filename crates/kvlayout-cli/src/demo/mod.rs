@@ -30,6 +30,22 @@ use rank::{Published, RankRun};
 use report::{pull_steps, verify_step, write_step, Record};
 use scenario::Scenario;
 
+/// `kvlayout demo --help`'s text after the options: examples, then what the flags mean
+/// together, what is verified and the exit status.
+pub(crate) const HELP: &str = "Example:
+  kvlayout demo
+  kvlayout demo --preset qwen2.5-7b --tp 4 --decode \"order=NHD N=32\" --json
+  kvlayout demo --prefill-tp 2 --tp 1 --decode \"order=HND N=16 page=139264\" --prompts 1000,3
+
+Each side's SPEC is one rank's cache: modifiers of the preset (H= is the rank's heads, L= \
+--layers and B= --blocks, unless the modifiers set them) or a whole SPEC. The plan is direct where both sides have the \
+same order and staged otherwise (--plan). Verified: every K/V element on each decode rank \
+equals byte for byte the prefill cache's at the same (layer, token, head, dim); the scalar \
+reference's decode on each decode rank's cache equals bit for bit its decode on the prefill \
+cache for the same query heads; the backend's paged_decode lies within the conformance \
+tolerance of the reference. Exit status: 0 verified, 1 not verified or the transfer failed, \
+2 a bad flag or a refused scenario (the handshake, compatibility check or planner's reason).";
+
 /// What `kvlayout demo` takes. Numbers are read here, so that a bad one is one line.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct DemoArgs {
