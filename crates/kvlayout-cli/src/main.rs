@@ -30,6 +30,7 @@ mod convert;
 mod cpu;
 mod decode;
 mod decode_dump;
+mod demo;
 mod diff;
 mod dump;
 mod fill;
@@ -57,6 +58,26 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// The main job: a prompt's KV cache from a prefill instance (NHD, blocks of 16, TP 1)
+    /// to a decode instance of another layout (HND, padded pages, blocks of 32, TP 2), each
+    /// step on one line with its bytes, time and bandwidth against memcpy: write_kv,
+    /// handshake, compatibility check, plan, transfer, post-receive scatter, paged_decode on
+    /// every decode rank, verification against the reference bit for bit (exit 1 if it
+    /// fails).
+    #[command(after_help = demo::HELP)]
+    Demo {
+        #[command(flatten)]
+        args: demo::DemoArgs,
+        /// Print the whole record as JSON: scenario, every step, verification.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The decode side of `demo --engine nixl`, run by the demo itself.
+    #[command(hide = true, after_help = "Example:\n  kvlayout demo --engine nixl")]
+    DemoPeer {
+        #[command(flatten)]
+        args: demo::PeerArgs,
+    },
     /// Explain a layout: geometry, page size and padding, field strides, every convention's
     /// view (or why there is none), the registered span, and a picture of one page.
     #[command(
@@ -378,6 +399,11 @@ fn run(command: Command) -> Result<String, CliError> {
         } => decode_cmd(spec.as_deref(), &step, as_json),
         Command::Fill { spec, args } => fill::run(load(&spec)?, &args),
         Command::Convert { input, args } => convert::run(&input, &args),
+        Command::Demo {
+            args,
+            json: as_json,
+        } => demo::command(&args, as_json),
+        Command::DemoPeer { args } => demo::peer(&args),
         Command::Cpu { json: as_json } => cpu::run(as_json),
         Command::Plan(args) => plan::run(&args),
         Command::Diff(args) => diff::run(&args),

@@ -8,6 +8,8 @@ mod backend;
 mod cpu;
 #[path = "cli/decode.rs"]
 mod decode;
+#[path = "cli/demo.rs"]
+mod demo;
 #[path = "cli/diff.rs"]
 mod diff;
 #[path = "cli/dump.rs"]
