@@ -26,6 +26,8 @@ use clap::{Parser, Subcommand};
 use kvlayout::ops::OpError;
 use kvlayout::{Convention, Coord, Field, KvCacheLayout, LayoutError, ViewTarget, PRESETS};
 
+mod bench;
+mod check;
 mod cpu;
 mod decode;
 
@@ -127,6 +129,33 @@ enum Command {
         #[command(flatten)]
         step: decode::StepArgs,
         /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every op (write_kv, paged_decode, copy/swap/gather/scatter_blocks, convert) on a
+    /// backend, timed against bounds measured in the same run: memcpy of the same bytes, the
+    /// streaming read, and pages read in a random block-table order.
+    #[command(
+        after_help = "Example:\n  kvlayout bench\n  kvlayout bench \"kv L=1 B=64 N=16 H=4 D=64 dtype=f16 order=HND\" --backend cuda-emu --runs 1 --json"
+    )]
+    Bench {
+        #[arg(value_name = "SPEC", help = SPEC_HELP, default_value = bench::DEFAULT_SPEC)]
+        spec: String,
+        #[command(flatten)]
+        args: bench::BenchArgs,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The conformance suite on backends: every case family x backend, each op checked against
+    /// the scalar reference; a backend that cannot run here is a named skip.
+    #[command(
+        after_help = "Example:\n  kvlayout check --backend cpu,reference\n  kvlayout check --backend cpu,cuda-emu --family std,mla --json"
+    )]
+    Check {
+        #[command(flatten)]
+        args: check::CheckArgs,
+        /// Print the matrix as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -304,6 +333,27 @@ fn run(command: Command) -> Result<String, CliError> {
             step,
             json: as_json,
         } => decode_cmd(&spec, &step, as_json),
+        Command::Bench {
+            spec,
+            args,
+            json: as_json,
+        } => {
+            let layout = load(&spec)?;
+            let to = match &args.to {
+                Some(to) => load(to)?,
+                None => bench::other_order(&layout)?,
+            };
+            let report = bench::run(layout, to, &args, as_json)?;
+            if as_json {
+                json(&report)
+            } else {
+                Ok(report.to_text())
+            }
+        }
+        Command::Check {
+            args,
+            json: as_json,
+        } => check::run(&args, as_json),
         Command::Cpu { json: as_json } => cpu::run(as_json),
         Command::Presets { json: as_json } => presets_cmd(as_json),
     }
