@@ -133,7 +133,7 @@ impl BenchReport {
             mib(self.read_bound_bytes),
             self.paged_page_bytes >> 10,
             "op",
-            "MiB",
+            "bytes",
             "ms",
             "GB/s",
             "memcpy",
@@ -149,9 +149,9 @@ impl BenchReport {
                 continue;
             }
             out += &format!(
-                "{:<15} {:>9.1} {:>9.3} {:>7.2} {:>8.2} {:>6.2} {:>8.2} {:>6.2} {:>8.2} {:>6.2}\n",
+                "{:<15} {:>9} {:>9.3} {:>7.2} {:>8.2} {:>6.2} {:>8.2} {:>6.2} {:>8.2} {:>6.2}\n",
                 r.op,
-                mib(r.bytes),
+                binary_size(r.bytes),
                 r.time_ms_median,
                 r.gb_s,
                 r.memcpy_gb_s,
@@ -169,6 +169,22 @@ impl BenchReport {
             self.total_s
         );
         out
+    }
+}
+
+/// `bytes` in the largest binary unit (B, KiB, MiB, GiB) it has at least one of, one word.
+fn binary_size(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB"];
+    let mut size = bytes as f64;
+    let mut unit = 0;
+    while size >= 1024.0 && unit + 1 < units.len() {
+        size /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes}B")
+    } else {
+        format!("{size:.1}{}", units[unit])
     }
 }
 
@@ -257,4 +273,32 @@ pub(crate) fn other_order(layout: &KvCacheLayout) -> Result<KvCacheLayout, CliEr
         block_stride_bytes: None,
     });
     Ok(KvCacheLayout::new(spec)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_one_word_in_the_largest_unit() {
+        assert_eq!(binary_size(0), "0B");
+        assert_eq!(binary_size(1023), "1023B");
+        assert_eq!(binary_size(32 << 10), "32.0KiB");
+        assert_eq!(binary_size(3 << 19), "1.5MiB");
+        assert_eq!(binary_size(5 << 30), "5.0GiB");
+        assert_eq!(binary_size(1 << 50), "1048576.0GiB");
+    }
+
+    /// NHD and HND trade places; any other placement becomes HND.
+    #[test]
+    fn the_default_destination_is_the_other_order() {
+        let to = |spec: &str| {
+            let l: KvCacheLayout = spec.parse().expect("spec");
+            other_order(&l).expect("other order").to_string()
+        };
+        assert!(to("kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD").contains("order=LBHNC"));
+        assert!(to("kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=HND").contains("order=LBNHC"));
+        let from_legacy = to("kv L=1 B=3 N=16 H=4 D=8 dtype=f16 legacy=flash-attn-nhd");
+        assert!(from_legacy.contains("order=LBHNC"), "{from_legacy}");
+    }
 }

@@ -124,7 +124,7 @@ fn the_table_names_the_cpu_and_every_op() {
             .lines()
             .find(|l| l.starts_with(&format!("{op} ")))
             .unwrap_or_else(|| panic!("no {op} row: {text}"));
-        // op, MiB, ms, GB/s, then each bound's GB/s and the ratio to it.
+        // op, bytes, ms, GB/s, then each bound's GB/s and the ratio to it.
         assert_eq!(row.split_whitespace().count(), 10, "{row}");
     }
 }
