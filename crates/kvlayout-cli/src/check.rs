@@ -152,6 +152,28 @@ fn families(a: &CheckArgs) -> Result<Option<BTreeSet<String>>, CliError> {
     Ok(Some(out))
 }
 
+/// The row of `family` in `rows`, appended (every backend's cell empty, or skipped with why)
+/// where there is none yet.
+fn row_index(rows: &mut Vec<Row>, family: &str, backends: &[Opened]) -> usize {
+    if let Some(at) = rows.iter().position(|r| r.family == family) {
+        return at;
+    }
+    rows.push(Row {
+        family: family.to_string(),
+        cases: 0,
+        cells: backends
+            .iter()
+            .map(|b| Cell {
+                backend: b.name.clone(),
+                passed: 0,
+                failed: 0,
+                skipped: b.backend.as_ref().err().cloned(),
+            })
+            .collect(),
+    });
+    rows.len() - 1
+}
+
 /// Runs the checks and builds the matrix.
 fn check(a: &CheckArgs) -> Result<CheckReport, CliError> {
     let start = Instant::now();
@@ -173,52 +195,46 @@ fn check(a: &CheckArgs) -> Result<CheckReport, CliError> {
         )));
     }
     let oracle = Host::<ScalarReference>::reference();
+    // One row per family, in table order.
     let mut rows: Vec<Row> = Vec::new();
+    for c in all_cases().iter().filter(|c| keep(c)) {
+        row_index(&mut rows, family_of(c), &backends);
+    }
     let mut first_failure = None;
     for prepared in &groups {
-        // A group holds one content; its family is its first case's.
-        let family = family_of(&prepared[0].case).to_string();
-        let at = match rows.iter().position(|r| r.family == family) {
-            Some(at) => at,
-            None => {
-                rows.push(Row {
-                    family: family.clone(),
-                    cases: 0,
-                    cells: backends
-                        .iter()
-                        .map(|b| Cell {
-                            backend: b.name.clone(),
-                            passed: 0,
-                            failed: 0,
-                            skipped: b.backend.as_ref().err().cloned(),
-                        })
-                        .collect(),
-                });
-                rows.len() - 1
-            }
-        };
-        let row = &mut rows[at];
-        row.cases += prepared.len();
+        // A group holds one content, and its cases may be of several families (a TP slice
+        // and the dense layouts of its content): each case's checks, and those of the pairs
+        // from it, count in its own family's row.
+        let row_of: Vec<usize> = prepared
+            .iter()
+            .map(|p| row_index(&mut rows, family_of(&p.case), &backends))
+            .collect();
+        for &at in &row_of {
+            rows[at].cases += 1;
+        }
         let (case_oracle, pair_oracle) = oracles(&oracle, prepared);
         let runner = GroupRunner {
             cases: prepared,
             oracle: &case_oracle,
             pair_oracle: &pair_oracle,
         };
-        for (b, cell) in backends.iter().zip(&mut row.cells) {
+        for (column, b) in backends.iter().enumerate() {
             let Ok(be) = &b.backend else { continue };
-            let mut rep = Report::default();
-            runner.run(be, &mut rep);
-            cell.passed += rep.total();
-            cell.failed += rep.failures.len();
-            if let (None, Some(f)) = (&first_failure, rep.failures.first()) {
-                first_failure = Some(FirstFailure {
-                    backend: b.name.clone(),
-                    family: family.clone(),
-                    op: f.op.clone(),
-                    message: f.line.clone(),
-                    layouts: f.layouts.clone(),
-                });
+            let mut reps: Vec<Report> = prepared.iter().map(|_| Report::default()).collect();
+            runner.run_per_case(be, &mut reps);
+            for (rep, &at) in reps.iter().zip(&row_of) {
+                let cell = &mut rows[at].cells[column];
+                cell.passed += rep.total();
+                cell.failed += rep.failures.len();
+                if let (None, Some(f)) = (&first_failure, rep.failures.first()) {
+                    first_failure = Some(FirstFailure {
+                        backend: b.name.clone(),
+                        family: rows[at].family.clone(),
+                        op: f.op.clone(),
+                        message: f.line.clone(),
+                        layouts: f.layouts.clone(),
+                    });
+                }
             }
         }
     }

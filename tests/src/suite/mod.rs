@@ -37,24 +37,61 @@ impl GroupRunner<'_> {
     /// Every case and ordered pair of the group on `be`, tallied in `rep` (whose `layouts`
     /// name the case, or the pair, each check is on).
     pub fn run<B: Backend>(&self, be: &B, rep: &mut Report) {
-        for (p, want) in self.cases.iter().zip(self.oracle) {
-            rep.layouts = vec![p.case.layout.to_string()];
-            match guarded(&p.case.name, || case_outcome(be, p)) {
-                Ok(got) => compare_case(rep, p, &got, want),
-                Err(e) => rep.fail("panic", e),
+        for i in 0..self.cases.len() {
+            self.run_case(be, i, rep);
+        }
+        for i in 0..self.cases.len() {
+            for j in 0..self.cases.len() {
+                self.run_pair(be, i, j, rep);
             }
         }
-        for (i, a) in self.cases.iter().enumerate() {
-            for (j, b) in self.cases.iter().enumerate() {
-                rep.layouts = vec![a.case.layout.to_string(), b.case.layout.to_string()];
-                let what = format!("{} -> {}", a.case.name, b.case.name);
-                match guarded(&what, || pair_outcome(be, a, b)) {
-                    Ok(got) => compare_pair(rep, a, b, &got, &self.pair_oracle[i][j]),
-                    Err(e) => rep.fail("panic", e),
-                }
+        self.synchronize(be, rep);
+    }
+
+    /// [`GroupRunner::run`] with a report per case (`reps[i]` for case `i`): case `i`'s
+    /// checks and those of the pairs from it (`i -> j`) go to `reps[i]`; a failure to
+    /// synchronize goes to `reps[0]`. For a tally by case, or by family where a group's cases
+    /// are of several families.
+    pub fn run_per_case<B: Backend>(&self, be: &B, reps: &mut [Report]) {
+        assert_eq!(reps.len(), self.cases.len(), "one report per case");
+        for (i, rep) in reps.iter_mut().enumerate() {
+            self.run_case(be, i, rep);
+        }
+        for (i, rep) in reps.iter_mut().enumerate() {
+            for j in 0..self.cases.len() {
+                self.run_pair(be, i, j, rep);
             }
+        }
+        if let Some(rep) = reps.first_mut() {
+            self.synchronize(be, rep);
+        }
+    }
+
+    /// Case `i`'s ops on `be` against the reference's.
+    fn run_case<B: Backend>(&self, be: &B, i: usize, rep: &mut Report) {
+        let p = &self.cases[i];
+        rep.layouts = vec![p.case.layout.to_string()];
+        match guarded(&p.case.name, || case_outcome(be, p)) {
+            Ok(got) => compare_case(rep, p, &got, &self.oracle[i]),
+            Err(e) => rep.fail("panic", e),
         }
         rep.layouts.clear();
+    }
+
+    /// The ordered pair `i -> j`'s `convert` and `swap_blocks` on `be` against the
+    /// reference's.
+    fn run_pair<B: Backend>(&self, be: &B, i: usize, j: usize, rep: &mut Report) {
+        let (a, b) = (&self.cases[i], &self.cases[j]);
+        rep.layouts = vec![a.case.layout.to_string(), b.case.layout.to_string()];
+        let what = format!("{} -> {}", a.case.name, b.case.name);
+        match guarded(&what, || pair_outcome(be, a, b)) {
+            Ok(got) => compare_pair(rep, a, b, &got, &self.pair_oracle[i][j]),
+            Err(e) => rep.fail("panic", e),
+        }
+        rep.layouts.clear();
+    }
+
+    fn synchronize<B: Backend>(&self, be: &B, rep: &mut Report) {
         if let Err(e) = be.synchronize() {
             rep.fail("synchronize", format!("synchronize: {e}"));
         }

@@ -67,6 +67,34 @@ fn a_family_passes_on_cpu_reference_and_the_emulator() {
     assert_eq!(v["passed"].as_u64(), Some(total));
 }
 
+/// A TP slice of H=2 replicated to one head has the content of the `h1` family's f32 layouts
+/// and runs in their group (its `convert` pairs are with them), yet counts in its own row.
+#[test]
+fn every_case_counts_in_its_own_family() {
+    let v = parse_json(&ok(&[
+        "check",
+        "--backend",
+        "reference",
+        "--family",
+        "tp,h1",
+        "--json",
+    ]));
+    let rows = v["rows"].as_array().expect("rows");
+    let families: Vec<&str> = rows
+        .iter()
+        .map(|r| r["family"].as_str().expect("family"))
+        .collect();
+    assert_eq!(families, ["h1", "tp"], "table order: {v}");
+    for r in rows {
+        let family = r["family"].as_str().expect("family");
+        assert_eq!(r["cases"].as_u64(), Some(cases_of(family) as u64), "{r}");
+    }
+    assert_eq!(
+        v["cases"].as_u64(),
+        Some((cases_of("h1") + cases_of("tp")) as u64)
+    );
+}
+
 #[test]
 fn a_backend_that_cannot_open_is_a_named_skip() {
     let name = "cuda:0";
