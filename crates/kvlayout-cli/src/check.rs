@@ -257,6 +257,7 @@ impl CheckReport {
         for b in &self.backends {
             out += &format!("  {:<w$}", b, w = width(b));
         }
+        out.truncate(out.trim_end().len());
         out.push('\n');
         for r in &self.rows {
             out += &format!("{:<12} {:>5}", r.family, r.cases);
@@ -268,6 +269,7 @@ impl CheckReport {
                 };
                 out += &format!("  {:<w$}", text, w = width(&c.backend));
             }
+            out.truncate(out.trim_end().len());
             out.push('\n');
         }
         if let Some(r) = self.rows.first() {

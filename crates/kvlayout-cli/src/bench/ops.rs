@@ -166,8 +166,9 @@ impl Plan {
         let heads = 0..l.geometry().num_kv_heads;
         match name {
             "write_kv" | "paged_decode" => {
-                if let Err(e) = decode_widths(l) {
-                    return Ok(OpRow::skipped(name, e.to_string(), self.runs));
+                if decode_widths(l).is_err() {
+                    let why = refusal(be, &mut src, name)?;
+                    return Ok(OpRow::skipped(name, why, self.runs));
                 }
                 let w = self.write_args(be)?;
                 let written = region_bytes(l, blocks, 0..1)?;
@@ -324,6 +325,45 @@ impl Plan {
             be.wait(be.paged_decode(cache, &args, &mut out)?)
                 .map_err(CliError::Failed)
         })
+    }
+}
+
+/// Why the backend refuses `write_kv` or `paged_decode` (`op`) on `cache`, content without
+/// keys and values: its own refusal of a one-token call.
+fn refusal(be: &AnyBackend, cache: &mut AnyCache, op: &str) -> Result<String, CliError> {
+    let key = be
+        .upload_tensor(&HostTensor::F32(vec![0.0; 8]))
+        .map_err(CliError::Failed)?;
+    let refused = if op == "write_kv" {
+        let w = WriteArgs {
+            layer: 0,
+            key: &key,
+            value: None,
+            slot_mapping: &[0],
+        };
+        be.write_kv(cache, &w).err()
+    } else {
+        let mut out = be.alloc_tensor(DType::F32, 8).map_err(CliError::Failed)?;
+        let d = DecodeArgs {
+            layer: 0,
+            query: &key,
+            block_table: &[0],
+            blocks_per_seq: 1,
+            seq_lens: &[1],
+            params: DecodeParams {
+                num_q_heads: 1,
+                scale: 1.0,
+                sliding_window: None,
+                soft_cap: None,
+            },
+        };
+        be.paged_decode(cache, &d, &mut out).err()
+    };
+    match refused {
+        Some(e) => Ok(e.to_string()),
+        None => Err(CliError::Failed(format!(
+            "{op} accepted content without keys and values"
+        ))),
     }
 }
 
