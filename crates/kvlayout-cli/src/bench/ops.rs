@@ -101,17 +101,16 @@ impl Plan {
         // Gathered blocks land in a cache of the same layout, block i holding table[i].
         let staging = layout.clone();
         let cache_bytes = buffer_bytes(layout);
-        // Activations of `write_kv`: every slot, as f32 at most; the bounds: memcpy of at
-        // most the cache twice over, the read bound's buffers.
-        let slots = (g.num_blocks as u128) * (g.block_size as u128);
-        let row = layout.stored_fields().iter().map(|m| m.width).sum::<u64>() as u128;
-        let activations = slots * g.num_kv_heads as u128 * row * 4;
+        // At most at once, in one op: the source cache and its zeros on the host, the
+        // destination (`to` or staging), memcpy's source and destination of the op's bytes
+        // (each at most the larger cache), the activations of `write_kv` (every slot, f32 at
+        // most) and the read bound's buffers.
+        let larger = u128::from(cache_bytes.max(buffer_bytes(to)));
+        let slots = u128::from(g.num_blocks) * u128::from(g.block_size);
+        let row = layout.stored_fields().iter().map(|m| m.width).sum::<u64>();
+        let activations = slots * u128::from(g.num_kv_heads) * u128::from(row) * 4;
         let bound = (a.bound_mib as u128) << 20;
-        let total = 2 * cache_bytes as u128
-            + buffer_bytes(to) as u128
-            + buffer_bytes(&staging) as u128
-            + activations
-            + bound * threads as u128;
+        let total = 5 * larger + activations + bound * threads as u128;
         let gib = total as f64 / f64::from(1u32 << 30);
         if gib > a.max_gib {
             return Err(usage(format!(
@@ -119,6 +118,15 @@ impl Plan {
                  --max-gib {}; lower B or L in the spec, or --bound-mib",
                 a.max_gib
             )));
+        }
+        if let Some(free) = crate::decode::available_memory() {
+            if total > u128::from(free) {
+                return Err(usage(format!(
+                    "the bench needs {gib:.2} GiB (caches, activations, bound buffers); this \
+                     machine has {:.2} GiB available: lower B or L in the spec, or --bound-mib",
+                    free as f64 / f64::from(1u32 << 30)
+                )));
+            }
         }
         let table = permutation(g.num_blocks, a.seed);
         let page_bytes = region_bytes(layout, &table[..1], 0..1)?;
