@@ -3,11 +3,12 @@
 //! This crate owns the tests that every part of the workspace must pass: property tests of
 //! the descriptor over random layouts of every kind, the regression cases of the engines'
 //! layouts and the known bug classes, and the check that the C header of the kernel ABI
-//! agrees with the Rust side. Its library holds what the tests share: a generator of random valid
-//! layouts ([`gen`]), an independent enumeration of a layout's domain ([`domain`]), the cases
-//! and workloads of the cross-backend suite ([`cases`]), and the backends it drives
-//! ([`backend`]: adapters over the contract's `Backend` trait). It does not implement any
-//! layout logic or op of its own beyond what a reference needs.
+//! agrees with the Rust side. Its library holds what the tests share: a generator of random
+//! valid layouts ([`gen`]), an independent enumeration of a layout's domain ([`domain`]), the
+//! cases and workloads of the cross-backend suite ([`cases`]), the backends it drives
+//! ([`backend`]: adapters over the contract's `Backend` trait), and the suite's checks of a
+//! backend against the reference ([`suite`], which `kvlayout check` runs too). It does not
+//! implement any layout logic or op of its own beyond what a reference needs.
 
 #![forbid(unsafe_code)]
 
@@ -17,6 +18,7 @@ pub mod domain;
 pub mod gen;
 pub mod gpu_bench;
 pub mod inputs;
+pub mod suite;
 
 /// Writes one line of the suite's report to stderr, past the test harness's capture (which
 /// takes `println!` and `eprintln!` of passing tests): what was skipped, and why, and what

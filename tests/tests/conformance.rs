@@ -34,109 +34,21 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use kvlayout_conformance::backend::{Backend, Backends, Host, ScalarReference};
-use kvlayout_conformance::cases::{all_cases, LayoutCase};
+use kvlayout_conformance::backend::{Backends, Host, ScalarReference};
+use kvlayout_conformance::cases::all_cases;
+// The suite's checks live in the library (`kvlayout check` runs them too); the modules of
+// this test reach them as `crate::bytes`, `crate::run`, ... .
+use kvlayout_conformance::suite::{
+    bytes, check_block_regions, oracles, prepared_groups, report, run, GroupRunner,
+};
 
-#[path = "conformance/bytes.rs"]
-mod bytes;
-#[path = "conformance/compare.rs"]
-mod compare;
 #[path = "conformance/planted.rs"]
 mod planted;
 #[path = "conformance/refusals.rs"]
 mod refusals;
-#[path = "conformance/report.rs"]
-mod report;
-#[path = "conformance/run.rs"]
-mod run;
 
-use bytes::{blocks_mask, regions_mask};
-use compare::{compare_case, compare_pair};
-use report::{guarded, print_backend_reports, print_reports, report_of, Report};
-use run::{case_outcome, pair_outcome, prepare, CaseOutcome, PairOutcome, Prepared};
-
-/// Runs one group of cases (one content) on a backend.
-struct GroupRunner<'a> {
-    cases: &'a [Prepared],
-    oracle: &'a [CaseOutcome],
-    pair_oracle: &'a [Vec<PairOutcome>],
-}
-
-impl GroupRunner<'_> {
-    /// Every case and ordered pair of the group on `be`, tallied in `rep`.
-    fn run<B: Backend>(&self, be: &B, rep: &mut Report) {
-        for (p, want) in self.cases.iter().zip(self.oracle) {
-            match guarded(&p.case.name, || case_outcome(be, p)) {
-                Ok(got) => compare_case(rep, p, &got, want),
-                Err(e) => rep.failures.push(e),
-            }
-        }
-        for (i, a) in self.cases.iter().enumerate() {
-            for (j, b) in self.cases.iter().enumerate() {
-                let what = format!("{} -> {}", a.case.name, b.case.name);
-                match guarded(&what, || pair_outcome(be, a, b)) {
-                    Ok(got) => compare_pair(rep, a, b, &got, &self.pair_oracle[i][j]),
-                    Err(e) => rep.failures.push(e),
-                }
-            }
-        }
-        if let Err(e) = be.synchronize() {
-            rep.failures.push(format!("synchronize: {e}"));
-        }
-    }
-}
-
-/// The cases grouped by content, in table order.
-fn groups(cases: Vec<LayoutCase>) -> Vec<Vec<LayoutCase>> {
-    let mut groups: Vec<(String, Vec<LayoutCase>)> = Vec::new();
-    for c in cases {
-        match groups.iter_mut().find(|g| g.0 == c.group) {
-            Some(g) => g.1.push(c),
-            None => groups.push((c.group.clone(), vec![c])),
-        }
-    }
-    groups.into_iter().map(|g| g.1).collect()
-}
-
-/// The element byte sets the suite uses agree with the layout's own block regions.
-fn check_block_regions(layout_checks: &mut Report, p: &Prepared) {
-    let l = &p.case.layout;
-    let h = l.geometry().num_kv_heads;
-    let blocks: Vec<u64> = (0..l.geometry().num_blocks).collect();
-    for (blocks, heads) in [
-        (vec![blocks[blocks.len() - 1]], 0..h),
-        (p.plan.gather_blocks.clone(), p.plan.heads.clone()),
-        (blocks, 0..h),
-    ] {
-        layout_checks.check(
-            "block_regions",
-            &format!("{} blocks {blocks:?} heads {heads:?}", p.case.name),
-            regions_mask(l, &blocks, heads.clone()).and_then(|m| {
-                (m == blocks_mask(l, &blocks, heads.clone()))
-                    .then_some(())
-                    .ok_or_else(|| "block_regions differ from the element bytes".into())
-            }),
-        );
-    }
-}
-
-/// The reference's outcomes on a group: each case, and each ordered pair.
-fn oracles(
-    oracle: &Host<ScalarReference>,
-    prepared: &[Prepared],
-) -> (Vec<CaseOutcome>, Vec<Vec<PairOutcome>>) {
-    let cases = prepared.iter().map(|p| case_outcome(oracle, p)).collect();
-    let pairs = prepared
-        .iter()
-        .map(|a| {
-            prepared
-                .iter()
-                .map(|b| pair_outcome(oracle, a, b))
-                .collect()
-        })
-        .collect();
-    (cases, pairs)
-}
+use report::{print_backend_reports, print_reports, report_of, Report};
+use run::Prepared;
 
 /// Runs one group on the reference, then on every backend against it.
 fn run_group(
@@ -156,23 +68,6 @@ fn run_group(
             runner.run(be, rep);
         }
     }
-}
-
-/// The table's groups, each with its cases prepared (numbered in table order).
-fn prepared_groups() -> Vec<Vec<Prepared>> {
-    let mut index = 0;
-    groups(all_cases())
-        .into_iter()
-        .map(|group| {
-            group
-                .into_iter()
-                .map(|c| {
-                    index += 1;
-                    prepare(c, index)
-                })
-                .collect()
-        })
-        .collect()
 }
 
 /// Which CPU kernels ran, and which builds this machine cannot run: skipped where the CPU

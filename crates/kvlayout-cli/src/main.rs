@@ -26,6 +26,8 @@ use clap::{Parser, Subcommand};
 use kvlayout::ops::OpError;
 use kvlayout::{Convention, Coord, Field, KvCacheLayout, LayoutError, ViewTarget, PRESETS};
 
+mod bench;
+mod check;
 mod convert;
 mod cpu;
 mod decode;
@@ -189,6 +191,33 @@ enum Command {
         input: String,
         #[command(flatten)]
         args: convert::ConvertArgs,
+    },
+    /// Every op (write_kv, paged_decode, copy/swap/gather/scatter_blocks, convert) on a
+    /// backend, timed against bounds measured in the same run: memcpy of the same bytes, the
+    /// streaming read, and pages read in a random block-table order.
+    #[command(
+        after_help = "Example:\n  kvlayout bench\n  kvlayout bench \"kv L=1 B=64 N=16 H=4 D=64 dtype=f16 order=HND\" --backend cuda-emu --runs 1 --json"
+    )]
+    Bench {
+        #[arg(value_name = "SPEC", help = SPEC_HELP, default_value = bench::DEFAULT_SPEC)]
+        spec: String,
+        #[command(flatten)]
+        args: bench::BenchArgs,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The conformance suite on backends: every case family x backend, each op checked against
+    /// the scalar reference; a backend that cannot run here is a named skip.
+    #[command(
+        after_help = "Example:\n  kvlayout check --backend cpu,reference\n  kvlayout check --backend cpu,cuda-emu --family std,mla --json"
+    )]
+    Check {
+        #[command(flatten)]
+        args: check::CheckArgs,
+        /// Print the matrix as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// The CPU as the backend sees it: the features it uses and those `KVLAYOUT_CPU_HIDE`
     /// hides, the kernel builds it runs (the one it picks, and why) and those it cannot.
@@ -404,6 +433,27 @@ fn run(command: Command) -> Result<String, CliError> {
             json: as_json,
         } => demo::command(&args, as_json),
         Command::DemoPeer { args } => demo::peer(&args),
+        Command::Bench {
+            spec,
+            args,
+            json: as_json,
+        } => {
+            let layout = load(&spec)?;
+            let to = match &args.to {
+                Some(to) => load(to)?,
+                None => bench::other_order(&layout)?,
+            };
+            let report = bench::run(layout, to, &args, as_json)?;
+            if as_json {
+                json(&report)
+            } else {
+                Ok(report.to_text())
+            }
+        }
+        Command::Check {
+            args,
+            json: as_json,
+        } => check::run(&args, as_json),
         Command::Cpu { json: as_json } => cpu::run(as_json),
         Command::Plan(args) => plan::run(&args),
         Command::Diff(args) => diff::run(&args),

@@ -4,6 +4,10 @@ use std::process::{Command, Output};
 
 #[path = "cli/backend.rs"]
 mod backend;
+#[path = "cli/bench.rs"]
+mod bench;
+#[path = "cli/check.rs"]
+mod check;
 #[path = "cli/cpu.rs"]
 mod cpu;
 #[path = "cli/decode.rs"]

@@ -345,11 +345,11 @@ fn refusals<B: Backend>(be: &B, rep: &mut Report) {
         let case = case_from_spec(name, spec, DType::F32);
         match guarded(name, || refusals_for(be, rep, &case)) {
             Ok(Ok(())) => {}
-            Ok(Err(e)) | Err(e) => rep.failures.push(format!("refusal: {name}: {e}")),
+            Ok(Err(e)) | Err(e) => rep.fail("refusal", format!("refusal: {name}: {e}")),
         }
     }
     if let Err(e) = odd_address_accepted(be, rep) {
-        rep.failures.push(format!("refusal: odd address: {e}"));
+        rep.fail("refusal", format!("refusal: odd address: {e}"));
     }
 }
 

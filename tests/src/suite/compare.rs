@@ -1,15 +1,15 @@
 //! Comparing a backend's outcome with the reference's.
 
+use crate::cases::{widths, DecodeCase, Ops, Workload};
 use kvlayout::{Coord, Field, KvCacheLayout};
-use kvlayout_conformance::cases::{widths, DecodeCase, Ops, Workload};
 use kvlayout_cpu::tolerance::{decode_error, Tolerance};
 use kvlayout_cpu::{reference, CacheRef};
 
-use crate::bytes::{
+use super::bytes::{
     byte_equal, equal_on, host_cache, sentinel, untouched_outside, within, Bytes, Mask, Outcome,
 };
-use crate::report::Report;
-use crate::run::{CaseOutcome, PairOutcome, Prepared};
+use super::report::Report;
+use super::run::{CaseOutcome, PairOutcome, Prepared};
 
 /// Both outcomes' values, or what failed (the reference's failure named as such).
 fn both<'a, T>(got: &'a Outcome<T>, want: &'a Outcome<T>) -> Outcome<(&'a T, &'a T)> {
@@ -105,7 +105,7 @@ fn compare_decode(
 }
 
 /// Checks one case's outcome on a backend against the reference's.
-pub(crate) fn compare_case(rep: &mut Report, p: &Prepared, got: &CaseOutcome, want: &CaseOutcome) {
+pub fn compare_case(rep: &mut Report, p: &Prepared, got: &CaseOutcome, want: &CaseOutcome) {
     let name = &p.case.name;
     let spec = &p.case.spec;
     let what = format!("{name} [{spec}]");
@@ -144,7 +144,7 @@ pub(crate) fn compare_case(rep: &mut Report, p: &Prepared, got: &CaseOutcome, wa
 }
 
 /// Checks one ordered pair's outcome on a backend against the reference's.
-pub(crate) fn compare_pair(
+pub fn compare_pair(
     rep: &mut Report,
     a: &Prepared,
     b: &Prepared,

@@ -3,58 +3,56 @@
 
 use std::collections::BTreeSet;
 
+use crate::backend::{Backend, BufferShape, DecodeArgs, HostTensor, WriteArgs};
+use crate::cases::{mover_plan, widths, workload, LayoutCase, MoverPlan, Ops, Workload};
 use kvlayout::ops::{DecodeParams, OpError};
 use kvlayout::{DType, KvCacheLayout};
-use kvlayout_conformance::backend::{Backend, BufferShape, DecodeArgs, HostTensor, WriteArgs};
-use kvlayout_conformance::cases::{
-    mover_plan, widths, workload, LayoutCase, MoverPlan, Ops, Workload,
-};
 
-use crate::bytes::{
+use super::bytes::{
     all_elements, blocks_mask, byte_equal, mask, random_bytes, sentinel, Bytes, Mask, Outcome,
 };
 
 /// A cache of `l` (exact buffers) holding `bytes`.
-pub(crate) fn upload<B: Backend>(be: &B, l: &KvCacheLayout, bytes: &Bytes) -> Outcome<B::Cache> {
+pub fn upload<B: Backend>(be: &B, l: &KvCacheLayout, bytes: &Bytes) -> Outcome<B::Cache> {
     let mut c = be.alloc_cache(l, &BufferShape::exact(l))?;
     be.upload_cache(&mut c, bytes)?;
     Ok(c)
 }
 
 /// An op's result, waited for: `Err` when it was refused or failed.
-pub(crate) fn done<B: Backend>(be: &B, r: Result<B::Completion, OpError>) -> Outcome<()> {
+pub fn done<B: Backend>(be: &B, r: Result<B::Completion, OpError>) -> Outcome<()> {
     let c = r.map_err(|e| format!("refused: {e}"))?;
     be.wait(c)
 }
 
 /// A backend's results on one case.
-pub(crate) struct CaseOutcome {
-    pub(crate) write: Outcome<Bytes>,
-    pub(crate) write_padding: Outcome<Bytes>,
-    pub(crate) decodes: Vec<Outcome<Vec<f32>>>,
-    pub(crate) unsupported: Outcome<()>,
-    pub(crate) copy: Outcome<Bytes>,
-    pub(crate) gather: Outcome<Bytes>,
-    pub(crate) scatter_back: Outcome<Bytes>,
-    pub(crate) scatter_fresh: Outcome<Bytes>,
+pub struct CaseOutcome {
+    pub write: Outcome<Bytes>,
+    pub write_padding: Outcome<Bytes>,
+    pub decodes: Vec<Outcome<Vec<f32>>>,
+    pub unsupported: Outcome<()>,
+    pub copy: Outcome<Bytes>,
+    pub gather: Outcome<Bytes>,
+    pub scatter_back: Outcome<Bytes>,
+    pub scatter_fresh: Outcome<Bytes>,
 }
 
 /// Everything a case needs, computed once.
-pub(crate) struct Prepared {
-    pub(crate) case: LayoutCase,
-    pub(crate) work: Option<Workload>,
-    pub(crate) plan: MoverPlan,
-    pub(crate) src: Bytes,
-    pub(crate) written: Mask,
-    pub(crate) copy_dst: Mask,
-    pub(crate) staging_used: Mask,
-    pub(crate) scattered: Mask,
-    pub(crate) every: Mask,
-    pub(crate) swap_dst: Mask,
+pub struct Prepared {
+    pub case: LayoutCase,
+    pub work: Option<Workload>,
+    pub plan: MoverPlan,
+    pub src: Bytes,
+    pub written: Mask,
+    pub copy_dst: Mask,
+    pub staging_used: Mask,
+    pub scattered: Mask,
+    pub every: Mask,
+    pub swap_dst: Mask,
 }
 
 /// The workload, mover plan, source bytes and byte sets of case number `index`.
-pub(crate) fn prepare(case: LayoutCase, index: usize) -> Prepared {
+pub fn prepare(case: LayoutCase, index: usize) -> Prepared {
     let l = case.layout.clone();
     let work = if case.ops == Ops::All {
         workload(&case)
@@ -140,7 +138,7 @@ fn run_decode<B: Backend>(
 }
 
 /// Every op of one case on `be`.
-pub(crate) fn case_outcome<B: Backend>(be: &B, p: &Prepared) -> CaseOutcome {
+pub fn case_outcome<B: Backend>(be: &B, p: &Prepared) -> CaseOutcome {
     let l = &p.case.layout;
     let skipped = || Err("not run".to_string());
     let (mut write, mut write_padding, mut decodes) = (skipped(), skipped(), Vec::new());
@@ -237,14 +235,14 @@ fn movers_only_refusals<B: Backend>(be: &B, l: &KvCacheLayout) -> Outcome<()> {
 }
 
 /// A backend's results on an ordered pair of same-content cases.
-pub(crate) struct PairOutcome {
-    pub(crate) convert: Outcome<Bytes>,
-    pub(crate) back: Outcome<Bytes>,
-    pub(crate) swap: Outcome<Bytes>,
+pub struct PairOutcome {
+    pub convert: Outcome<Bytes>,
+    pub back: Outcome<Bytes>,
+    pub swap: Outcome<Bytes>,
 }
 
 /// `convert` A -> B and back, and `swap_blocks` A -> B, on `be`.
-pub(crate) fn pair_outcome<B: Backend>(be: &B, a: &Prepared, b: &Prepared) -> PairOutcome {
+pub fn pair_outcome<B: Backend>(be: &B, a: &Prepared, b: &Prepared) -> PairOutcome {
     let (la, lb) = (&a.case.layout, &b.case.layout);
     let mut converted = Err("not run".to_string());
     let convert = (|| {

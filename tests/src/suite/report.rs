@@ -1,38 +1,73 @@
-//! Tallies of checks per backend, and their report in the CI log.
+//! Tallies of checks per backend ([`Report`], each failure with its op and the layouts it
+//! was on), and their report in the CI log.
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use kvlayout_conformance::backend::{AnyBackend, Backends, SuiteBackend};
+use crate::backend::{AnyBackend, Backends, SuiteBackend};
 
-use crate::bytes::Outcome;
+use super::bytes::Outcome;
+
+/// One failed check.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    /// The op checked (`write_kv`, `convert`, ..., `refusal`), or `panic`, `synchronize`.
+    pub op: String,
+    /// What failed and why, as the report's line says it.
+    pub line: String,
+    /// The layouts of the case checked (one; two for a `convert` or `swap_blocks` pair), as
+    /// canonical spec strings; empty where the failure is of no one case.
+    pub layouts: Vec<String>,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.line)
+    }
+}
 
 /// Checks tallied per op; failures with the case name.
 #[derive(Default)]
-pub(crate) struct Report {
-    pub(crate) skipped: Option<String>,
-    pub(crate) passed: BTreeMap<&'static str, usize>,
-    pub(crate) failures: Vec<String>,
+pub struct Report {
+    /// Why the backend did not run, where it did not.
+    pub skipped: Option<String>,
+    /// Checks passed, per op.
+    pub passed: BTreeMap<&'static str, usize>,
+    /// Checks failed, in the order they ran.
+    pub failures: Vec<Failure>,
     /// Worst decode error as a fraction of its tolerance, per cache dtype.
-    pub(crate) worst_decode: BTreeMap<String, f64>,
+    pub worst_decode: BTreeMap<String, f64>,
+    /// The layouts the checks now tallied are on (what a failure records).
+    pub layouts: Vec<String>,
 }
 
 impl Report {
-    pub(crate) fn check(&mut self, op: &'static str, what: &str, r: Outcome<()>) {
+    /// Tallies one check of `op` on `what`.
+    pub fn check(&mut self, op: &'static str, what: &str, r: Outcome<()>) {
         match r {
             Ok(()) => *self.passed.entry(op).or_default() += 1,
-            Err(e) => self.failures.push(format!("{op}: {what}: {e}")),
+            Err(e) => self.fail(op, format!("{op}: {what}: {e}")),
         }
     }
 
-    fn total(&self) -> usize {
+    /// Records a failure of `op`, `line` saying what failed, on the current layouts.
+    pub fn fail(&mut self, op: &str, line: String) {
+        self.failures.push(Failure {
+            op: op.to_string(),
+            line,
+            layouts: self.layouts.clone(),
+        });
+    }
+
+    /// Checks passed, over every op.
+    pub fn total(&self) -> usize {
         self.passed.values().sum()
     }
 }
 
 /// The report of the suite's backend `b`, and the backend; `None` when it cannot run here
 /// (recorded as skipped, with its reason).
-pub(crate) fn report_of<'a, 'b>(
+pub fn report_of<'a, 'b>(
     reports: &'a mut BTreeMap<String, Report>,
     b: &'b SuiteBackend,
 ) -> Option<(&'a mut Report, &'b AnyBackend)> {
@@ -46,8 +81,8 @@ pub(crate) fn report_of<'a, 'b>(
     }
 }
 
-/// `f()`, or what it panicked with.
-pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, String> {
+/// `f()`, or what it panicked with (`what: panicked: ...`).
+pub fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, String> {
     catch_unwind(AssertUnwindSafe(f)).map_err(|e| {
         let msg = e
             .downcast_ref::<String>()
@@ -60,22 +95,18 @@ pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, String>
 
 /// Reports each of `order`'s reports (passed per op, worst decode error, the first failures);
 /// returns the number of failures.
-pub(crate) fn print_reports(
-    title: &str,
-    reports: &BTreeMap<String, Report>,
-    order: &[&str],
-) -> usize {
+pub fn print_reports(title: &str, reports: &BTreeMap<String, Report>, order: &[&str]) -> usize {
     let mut failures = 0;
     for name in order {
         let Some(r) = reports.get(*name) else {
             continue;
         };
         if let Some(why) = &r.skipped {
-            kvlayout_conformance::report(&format!("skipped: {name}: {why}"));
+            crate::report(&format!("skipped: {name}: {why}"));
             continue;
         }
         let per_op: Vec<String> = r.passed.iter().map(|(op, n)| format!("{op} {n}")).collect();
-        kvlayout_conformance::report(&format!(
+        crate::report(&format!(
             "{title}: {name}: {} cases passed, {} failed ({})",
             r.total(),
             r.failures.len(),
@@ -87,7 +118,7 @@ pub(crate) fn print_reports(
                 .iter()
                 .map(|(d, x)| format!("{d} {x:.1e}"))
                 .collect();
-            kvlayout_conformance::report(&format!(
+            crate::report(&format!(
                 "{title}: {name}: paged_decode worst error / tolerance: {}",
                 worst.join(", ")
             ));
@@ -104,7 +135,7 @@ pub(crate) fn print_reports(
 }
 
 /// [`print_reports`] of every selected backend, in the suite's order.
-pub(crate) fn print_backend_reports(
+pub fn print_backend_reports(
     title: &str,
     reports: &BTreeMap<String, Report>,
     backends: &Backends,
@@ -114,14 +145,14 @@ pub(crate) fn print_backend_reports(
     let mut failures = print_reports(title, reports, &order);
     match backends.left_out() {
         Ok(None) => {}
-        Ok(Some(line)) => kvlayout_conformance::report(&format!("{title}: {line}")),
+        Ok(Some(line)) => crate::report(&format!("{title}: {line}")),
         Err(why) => {
-            kvlayout_conformance::report(&format!("{title}: failed: {why}"));
+            crate::report(&format!("{title}: failed: {why}"));
             failures += 1;
         }
     }
     if let Some(why) = backends.missing_required_gpu() {
-        kvlayout_conformance::report(&format!("{title}: failed: {why}"));
+        crate::report(&format!("{title}: failed: {why}"));
         failures += 1;
     }
     failures

@@ -3,19 +3,19 @@
 
 use std::ops::Range;
 
+use crate::cases::Rng;
 use kvlayout::KvCacheLayout;
-use kvlayout_conformance::cases::Rng;
 use kvlayout_cpu::HostCache;
 
 /// What a fresh cache holds before an op writes into it.
-pub(crate) const SENTINEL: u8 = 0xA5;
+pub const SENTINEL: u8 = 0xA5;
 
 /// A cache's bytes, one vector per buffer.
-pub(crate) type Bytes = Vec<Vec<u8>>;
+pub type Bytes = Vec<Vec<u8>>;
 /// A set of a cache's bytes, one flag per byte of each buffer.
-pub(crate) type Mask = Vec<Vec<bool>>;
+pub type Mask = Vec<Vec<bool>>;
 /// A check's outcome: `Err` says what failed.
-pub(crate) type Outcome<T> = Result<T, String>;
+pub type Outcome<T> = Result<T, String>;
 
 /// One `x` per byte of each of a layout's buffers.
 fn per_byte<T: Clone>(l: &KvCacheLayout, x: T) -> Vec<Vec<T>> {
@@ -26,25 +26,25 @@ fn per_byte<T: Clone>(l: &KvCacheLayout, x: T) -> Vec<Vec<T>> {
 }
 
 /// Every byte of a layout's buffers the sentinel.
-pub(crate) fn sentinel(l: &KvCacheLayout) -> Bytes {
+pub fn sentinel(l: &KvCacheLayout) -> Bytes {
     per_byte(l, SENTINEL)
 }
 
 /// Random bytes for a layout's buffers, seeded by `seed`.
-pub(crate) fn random_bytes(l: &KvCacheLayout, seed: &str) -> Bytes {
+pub fn random_bytes(l: &KvCacheLayout, seed: &str) -> Bytes {
     let lens: Vec<u64> = l.extents().iter().map(|x| x.end).collect();
     random_bytes_of(&lens, seed)
 }
 
 /// Random bytes for buffers of `lens` bytes, seeded by `seed`.
-pub(crate) fn random_bytes_of(lens: &[u64], seed: &str) -> Bytes {
+pub fn random_bytes_of(lens: &[u64], seed: &str) -> Bytes {
     let mut rng = Rng::new(seed);
     lens.iter().map(|&n| rng.bytes(n as usize)).collect()
 }
 
 /// The bytes of every stored element whose `(layer, block, head, slot)` is selected, from
 /// the field strides written out (not the layout's offset function).
-pub(crate) fn mask(l: &KvCacheLayout, sel: impl Fn(u64, u64, u64, u64) -> bool) -> Mask {
+pub fn mask(l: &KvCacheLayout, sel: impl Fn(u64, u64, u64, u64) -> bool) -> Mask {
     let mut m = per_byte(l, false);
     for f in l.stored_fields() {
         let s = f.strides;
@@ -78,17 +78,17 @@ pub(crate) fn mask(l: &KvCacheLayout, sel: impl Fn(u64, u64, u64, u64) -> bool) 
 }
 
 /// The bytes of every stored element.
-pub(crate) fn all_elements(l: &KvCacheLayout) -> Mask {
+pub fn all_elements(l: &KvCacheLayout) -> Mask {
     mask(l, |_, _, _, _| true)
 }
 
 /// The bytes of the elements of `blocks` x `heads` (all layers, all slots).
-pub(crate) fn blocks_mask(l: &KvCacheLayout, blocks: &[u64], heads: Range<u64>) -> Mask {
+pub fn blocks_mask(l: &KvCacheLayout, blocks: &[u64], heads: Range<u64>) -> Mask {
     mask(l, |_, b, h, _| blocks.contains(&b) && heads.contains(&h))
 }
 
 /// The union of `block_regions` of `blocks` x `heads` (all layers), as a mask.
-pub(crate) fn regions_mask(l: &KvCacheLayout, blocks: &[u64], heads: Range<u64>) -> Outcome<Mask> {
+pub fn regions_mask(l: &KvCacheLayout, blocks: &[u64], heads: Range<u64>) -> Outcome<Mask> {
     let mut m = per_byte(l, false);
     for &b in blocks {
         let regions = l
@@ -108,7 +108,7 @@ pub(crate) fn regions_mask(l: &KvCacheLayout, blocks: &[u64], heads: Range<u64>)
 }
 
 /// Every byte outside `mask` equals `before` (or the sentinel when `before` is `None`).
-pub(crate) fn untouched_outside(after: &Bytes, before: Option<&Bytes>, mask: &Mask) -> Outcome<()> {
+pub fn untouched_outside(after: &Bytes, before: Option<&Bytes>, mask: &Mask) -> Outcome<()> {
     for (i, buf) in after.iter().enumerate() {
         for (o, &byte) in buf.iter().enumerate() {
             if mask[i][o] {
@@ -126,7 +126,7 @@ pub(crate) fn untouched_outside(after: &Bytes, before: Option<&Bytes>, mask: &Ma
 }
 
 /// Equal on the bytes of `mask`.
-pub(crate) fn equal_on(got: &Bytes, want: &Bytes, mask: &Mask) -> Outcome<()> {
+pub fn equal_on(got: &Bytes, want: &Bytes, mask: &Mask) -> Outcome<()> {
     for (i, m) in mask.iter().enumerate() {
         for (o, &inside) in m.iter().enumerate() {
             if inside && got[i][o] != want[i][o] {
@@ -141,7 +141,7 @@ pub(crate) fn equal_on(got: &Bytes, want: &Bytes, mask: &Mask) -> Outcome<()> {
 }
 
 /// Equal, buffer for buffer and byte for byte.
-pub(crate) fn byte_equal(got: &Bytes, want: &Bytes) -> Outcome<()> {
+pub fn byte_equal(got: &Bytes, want: &Bytes) -> Outcome<()> {
     if got.len() != want.len() {
         return Err(format!("{} buffers, expected {}", got.len(), want.len()));
     }
@@ -165,7 +165,7 @@ pub(crate) fn byte_equal(got: &Bytes, want: &Bytes) -> Outcome<()> {
 }
 
 /// A host copy of downloaded bytes, aligned, to read values through the reference.
-pub(crate) fn host_cache(l: &KvCacheLayout, bytes: &Bytes) -> HostCache {
+pub fn host_cache(l: &KvCacheLayout, bytes: &Bytes) -> HostCache {
     let mut c = HostCache::new(l.clone()).expect("host cache");
     for (i, b) in bytes.iter().enumerate() {
         c.bytes_mut(i).copy_from_slice(b);
@@ -174,6 +174,6 @@ pub(crate) fn host_cache(l: &KvCacheLayout, bytes: &Bytes) -> HostCache {
 }
 
 /// `|got - want| <= bound`, false for NaN.
-pub(crate) fn within(got: f64, want: f64, bound: f64) -> bool {
+pub fn within(got: f64, want: f64, bound: f64) -> bool {
     (got - want).abs() <= bound
 }
