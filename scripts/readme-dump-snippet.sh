@@ -5,8 +5,7 @@
 # is missing. KVLAYOUT_DUMP_README names the file to read (default below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The fragment until the lead merges it into README.md; then the default becomes README.md.
-readme="${KVLAYOUT_DUMP_README:-crates/kvlayout-cli/readme-dump.md}"
+readme="${KVLAYOUT_DUMP_README:-README.md}"
 marker='<!-- kvlayout-dump-snippet -->'
 export PATH="$PWD/.venv/bin:$PATH"
 [ -f "$readme" ] || { echo "readme-dump-snippet: $readme does not exist" >&2; exit 1; }
