@@ -27,8 +27,8 @@ pub(crate) const DEFAULT_SPEC: &str = "kv L=2 B=1024 N=16 H=8 D=128 dtype=bf16 o
 /// What `kvlayout bench` was asked for (its options, besides the spec and `--json`).
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct BenchArgs {
-    /// Backend to run the ops on: cpu, cpu:BUILD, reference, cuda-emu, hip-emu, cuda[:N],
-    /// hip[:N]. The emulators run GPU kernels one thread block at a time: give them a small
+    /// Backend to run the ops on: cpu, cpu:BUILD, reference, cuda-emu, hip-emu, cuda or cuda:N,
+    /// hip or hip:N. The emulators run GPU kernels one thread block at a time: give them a small
     /// SPEC (e.g. B=16) and --runs 1.
     #[arg(long, value_name = "NAME", default_value = "cpu")]
     pub backend: String,
