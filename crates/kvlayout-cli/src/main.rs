@@ -13,7 +13,7 @@
 //!   [`diff`] (whether two layouts are byte-compatible, and what a transfer needs);
 //! - dumps ([`dump`]): [`fill`] writes a cache as safetensors, [`convert`] re-lays one through
 //!   a backend's movers, `decode --from/--out` ([`decode_dump`]) reads and writes a step;
-//! - backends: [`decode`] (one decode step, checked and timed), [`bench`] (every op against
+//! - backends: [`decode`] (one decode step, checked and timed), [`bench`](mod@bench) (every op against
 //!   bounds of the same run), [`check`] (the conformance suite as a matrix), [`cpu`] (what the
 //!   CPU backend runs here).
 //!
