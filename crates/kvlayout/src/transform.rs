@@ -200,12 +200,21 @@ impl KvCacheLayout {
     /// same dtypes and per-tensor scales). Strides of size-1 axes are ignored.
     pub fn same_addressing(&self, other: &KvCacheLayout) -> Result<()> {
         let differ = |s: String| Err(LayoutError::Mismatch(s));
-        if self.geometry() != other.geometry() {
-            return differ(format!(
-                "geometry {:?} vs {:?}",
-                self.geometry(),
-                other.geometry()
-            ));
+        let (a, b) = (self.geometry(), other.geometry());
+        if a != b {
+            let axes = [
+                ("num_layers", a.num_layers, b.num_layers),
+                ("num_blocks", a.num_blocks, b.num_blocks),
+                ("block_size", a.block_size, b.block_size),
+                ("num_kv_heads", a.num_kv_heads, b.num_kv_heads),
+                ("tokens_per_state", a.tokens_per_state, b.tokens_per_state),
+            ];
+            let differing: Vec<String> = axes
+                .iter()
+                .filter(|(_, x, y)| x != y)
+                .map(|(name, x, y)| format!("{name} {x} vs {y}"))
+                .collect();
+            return differ(format!("geometry: {}", differing.join(", ")));
         }
         if self.content() != other.content() || self.dtype() != other.dtype() {
             return differ(format!(
@@ -291,5 +300,26 @@ pub fn tp_head_range(total_heads: u64, tp_size: u64, tp_rank: u64) -> Result<Ran
         }
         let head = tp_rank / (tp_size / h);
         Ok(head..head + 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::KvCacheLayout;
+
+    #[test]
+    fn same_addressing_names_each_geometry_axis_that_differs() {
+        let a: KvCacheLayout = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD"
+            .parse()
+            .unwrap();
+        let b: KvCacheLayout = "kv L=1 B=2 N=32 H=4 D=8 dtype=f16 order=NHD"
+            .parse()
+            .unwrap();
+        let e = a.same_addressing(&b).unwrap_err().to_string();
+        assert!(
+            e.contains("geometry: num_blocks 3 vs 2, block_size 16 vs 32"),
+            "{e}"
+        );
+        assert!(a.same_addressing(&a).is_ok());
     }
 }
