@@ -1,7 +1,8 @@
 //! `kvlayout diff A B`: whether two layouts address every element alike
 //! ([`KvCacheLayout::same_addressing`]), each difference ([`fields`]), and what a transfer
 //! from A to B needs: the connector's handshake check, then its direct and staged plans for
-//! one DST block's tokens ([`crate::plan`]), and which of them `kvlayout plan` would pick.
+//! `kvlayout plan`'s default sequence ([`default_seq()`]: whole blocks on both sides, or
+//! fewer tokens where a pool holds fewer), and which of them `kvlayout plan` would pick.
 //!
 //! Exit status as diff(1): 0 when the layouts address every element alike (differences that
 //! move no element, such as the order of an axis of extent 1, are listed all the same), 1
@@ -14,9 +15,10 @@ use kvlayout::KvCacheLayout;
 use serde::Serialize;
 
 use crate::plan::budget;
+use crate::plan::default_seq::default_seq;
 use crate::plan::groups::{self, SideTp};
 use crate::plan::pick::{self, Chosen, Outcome};
-use crate::plan::seqs::default_seq;
+use crate::plan::report::ids;
 use crate::CliError;
 
 mod fields;
@@ -68,8 +70,10 @@ impl From<&Outcome> for PlanSize {
 /// What a transfer from A to B needs.
 #[derive(Debug, Serialize)]
 struct TransferNeed {
-    /// The sequence planned: one DST block's tokens.
+    /// The sequence planned: its tokens, from `src_blocks` into `dst_blocks`.
     tokens: u64,
+    /// Why that many tokens: whole blocks on both sides, or what a pool holds.
+    tokens_why: String,
     src_blocks: Vec<u64>,
     dst_blocks: Vec<u64>,
     /// `direct`, `staged`, `refused`, or `not planned` (over the CLI's size budget).
@@ -103,7 +107,9 @@ struct DiffReport {
 
 /// What a transfer from A to B at TP 1 each needs.
 fn transfer(a: &KvCacheLayout, b: &KvCacheLayout) -> TransferNeed {
-    let seq = default_seq(a, b);
+    let planned = default_seq(a, b);
+    let tokens_why = planned.why("A", "B");
+    let seq = planned.seq;
     let tp = |l: &KvCacheLayout| SideTp {
         tp_size: 1,
         ranks: vec![0],
@@ -111,6 +117,7 @@ fn transfer(a: &KvCacheLayout, b: &KvCacheLayout) -> TransferNeed {
     };
     let mut need = TransferNeed {
         tokens: seq.tokens,
+        tokens_why,
         src_blocks: seq.remote.clone(),
         dst_blocks: seq.local.clone(),
         needs: "refused",
@@ -241,8 +248,11 @@ impl DiffReport {
         let t = &self.transfer;
         let _ = writeln!(
             out,
-            "transfer A -> B (TP 1 each), one B block's {} tokens: A blocks {:?} -> B blocks {:?}",
-            t.tokens, t.src_blocks, t.dst_blocks
+            "transfer A -> B (TP 1 each): A blocks {} -> B blocks {}, {} tokens ({})",
+            ids(&t.src_blocks),
+            ids(&t.dst_blocks),
+            t.tokens,
+            t.tokens_why
         );
         for (name, size) in [("direct", &t.direct), ("staged", &t.staged)] {
             let Some(size) = size else { continue };

@@ -2,9 +2,9 @@
 //! side) rank to pull sequences from SRC (remote, prefill side) ranks, or its refusal.
 //!
 //! The command builds the handshake groups of both sides ([`groups`]: synthetic regions,
-//! the handshake's checks), reads the sequences ([`seqs`]), asks the connector's planner for
-//! the direct and the staged plan (within a size [`budget`]) and picks one ([`pick`]), and
-//! prints it ([`report`]). Every run and every refusal but the budget's is the connector's
+//! the handshake's checks), reads the sequences ([`seqs`]; without `--seq`, the
+//! [`default_seq`]), asks the connector's planner for the direct and the staged plan (within
+//! a size [`budget`]) and picks one ([`pick`]), and prints it ([`report`]). Every run and every refusal but the budget's is the connector's
 //! own; this module computes no offset.
 
 use clap::Args;
@@ -13,6 +13,7 @@ use kvlayout_connector::handshake::Limits;
 use crate::CliError;
 
 pub(crate) mod budget;
+pub(crate) mod default_seq;
 pub(crate) mod groups;
 pub(crate) mod pick;
 pub(crate) mod report;
@@ -51,8 +52,9 @@ pub(crate) struct PlanArgs {
     model_heads: Option<u64>,
     /// One sequence (repeat per sequence): its SRC block ids, its DST block ids (each in
     /// token order, comma-separated) and its token count, `3,7,1:5,2:40`. Without TOKENS, what
-    /// the shorter side's blocks hold. Without --seq: one sequence of max(SRC, DST block size)
-    /// tokens from SRC blocks 0.. to DST blocks 0.. . At most 1024 block ids per side.
+    /// the shorter side's blocks hold. Without --seq: one sequence from SRC blocks 0.. to DST
+    /// blocks 0.., of whole blocks on both sides (the block sizes' least common multiple of
+    /// tokens), or of fewer tokens where a pool holds fewer. At most 1024 block ids per side.
     #[arg(
         long = "seq",
         value_name = "SRC_BLOCKS:DST_BLOCKS[:TOKENS]",

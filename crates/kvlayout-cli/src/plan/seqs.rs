@@ -1,5 +1,5 @@
 //! The sequences of `kvlayout plan`: the `--seq SRC_BLOCKS:DST_BLOCKS[:TOKENS]` syntax, its
-//! limits, and the one-sequence default when none is given.
+//! limits; with no `--seq`, the one default sequence ([`default_seq()`]).
 //!
 //! It owns reading block ids and token counts from the command line, not their checks
 //! against the layouts (block ids in range, enough blocks for the tokens, a block written
@@ -8,6 +8,7 @@
 use kvlayout::KvCacheLayout;
 use kvlayout_connector::plan::SeqBlocks;
 
+use super::default_seq::default_seq;
 use crate::CliError;
 
 /// Most block ids one side may list over all sequences: a plan is read, not run, here, and
@@ -71,14 +72,14 @@ fn parse_seq(arg: &str) -> Result<SeqArg, CliError> {
 
 /// The sequences of `--seq` values, their token counts defaulted to what the shorter side's
 /// blocks hold (blocks times the side's `block_size`), or, with no `--seq`, the default
-/// sequence (see [`default_seq`]).
+/// sequence ([`default_seq()`]: whole blocks on both sides, within both pools).
 pub(crate) fn sequences(
     args: &[String],
     src: &KvCacheLayout,
     dst: &KvCacheLayout,
 ) -> Result<Vec<SeqBlocks>, CliError> {
     if args.is_empty() {
-        return Ok(vec![default_seq(src, dst)]);
+        return Ok(vec![default_seq(src, dst).seq]);
     }
     let mut out = Vec::with_capacity(args.len());
     let (mut src_ids, mut dst_ids) = (0usize, 0usize);
@@ -106,21 +107,6 @@ pub(crate) fn sequences(
     Ok(out)
 }
 
-/// The sequence `kvlayout plan` plans when no `--seq` is given, and `kvlayout diff` plans per
-/// block: one DST block's tokens, `max(SRC, DST block size)` of them, from SRC blocks `0..`
-/// into DST blocks `0..` (as many of each as the tokens need).
-pub(crate) fn default_seq(src: &KvCacheLayout, dst: &KvCacheLayout) -> SeqBlocks {
-    let (bs, bd) = (src.geometry().block_size, dst.geometry().block_size);
-    let tokens = bs.max(bd);
-    // Block sizes are at least 1 in a valid layout; the counts are at most `tokens`.
-    let blocks = |size: u64| (0..tokens.div_ceil(size.max(1))).collect();
-    SeqBlocks {
-        remote: blocks(bs),
-        local: blocks(bd),
-        tokens,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,20 +129,6 @@ mod tests {
         assert_eq!(seqs[1].tokens, 32);
         let one = sequences(&["0,1,2:4".into()], &s, &d).unwrap();
         assert_eq!(one[0].tokens, 32, "the shorter side: one DST block");
-    }
-
-    #[test]
-    fn the_default_fills_one_block_of_the_larger_size() {
-        let seq = default_seq(&layout(16), &layout(32));
-        assert_eq!(
-            (seq.remote, seq.local, seq.tokens),
-            (vec![0, 1], vec![0], 32)
-        );
-        let seq = default_seq(&layout(32), &layout(16));
-        assert_eq!(
-            (seq.remote, seq.local, seq.tokens),
-            (vec![0], vec![0, 1], 32)
-        );
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! `kvlayout diff`: identical layouts (exit 0), NHD against HND (exit 1, the head and token
 //! strides named), one head where the order moves nothing (exit 0, the order listed), a
-//! padded page against a dense one, a transfer the handshake refuses, and a bad argument.
+//! padded page against a dense one, a transfer the handshake refuses, block sizes that
+//! differ (the sequence planned fits both pools and its label says what it moves), and a bad
+//! argument.
 
 use serde_json::Value;
 
-use super::{kvlayout, ok, parse_json, stderr, stdout, user_error};
+use super::{kvlayout, ok, parse_json, stderr, stdout, u64s, user_error};
 
 const H: u64 = 4;
 const N: u64 = 16;
@@ -152,6 +154,85 @@ fn a_transfer_the_handshake_refuses_says_why() {
     assert_eq!(v["transfer"]["needs"], "refused");
     let reason = v["transfer"]["reason"].as_str().unwrap();
     assert!(reason.contains("dtype: bf16 vs f16"), "{reason}");
+}
+
+/// `kv L=1 B={blocks} N={n} H=4 D=8 dtype=f16 order={order}`.
+fn sized(blocks: u64, n: u64, order: &str) -> String {
+    format!("kv L=1 B={blocks} N={n} H={H} D={D} dtype=f16 order={order}")
+}
+
+/// The transfer part of `diff a b`: the JSON's `transfer`, and the text's transfer line.
+fn transfer(a: &str, b: &str) -> (Value, String) {
+    let v = differing(a, b, "block_size");
+    let text = stdout(&kvlayout(&["diff", a, b]));
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("transfer A -> B"))
+        .unwrap_or_else(|| panic!("no transfer line: {text}"))
+        .to_string();
+    (v["transfer"].clone(), line)
+}
+
+#[test]
+fn one_small_block_against_one_large_block_plans_what_the_pool_holds() {
+    // The review's case: A's one block holds 16 tokens, B's one block 32. Both pools hold
+    // the 16 tokens of A's block, into the first half of B's block.
+    let (t, line) = transfer(&sized(1, 16, "NHD"), &sized(1, 32, "HND"));
+    assert_eq!(t["tokens"], 16);
+    assert_eq!(
+        (u64s(&t["src_blocks"]), u64s(&t["dst_blocks"])),
+        (vec![0], vec![0])
+    );
+    assert_ne!(t["needs"], "refused", "{t}");
+    assert_eq!(t["needs"], "staged", "{t}");
+    for plan in ["direct", "staged"] {
+        assert_eq!(t[plan]["bytes"].as_u64(), Some(16 * H * ROW), "{plan}: {t}");
+    }
+    // Direct: one run per (token, head) K|V row, NHD rows into HND.
+    assert_eq!(t["direct"]["runs"].as_u64(), Some(16 * H));
+    let why = "all that A's 1 block of 16 tokens holds; B's blocks hold 32";
+    assert_eq!(t["tokens_why"], why);
+    assert_eq!(
+        line,
+        format!("transfer A -> B (TP 1 each): A blocks [0] -> B blocks [0], 16 tokens ({why})")
+    );
+}
+
+#[test]
+fn larger_a_blocks_label_the_tokens_and_blocks_planned() {
+    // Pools of three: one 32-token A block fills two 16-token B blocks.
+    let (t, line) = transfer(&sized(3, 32, "NHD"), &sized(3, 16, "NHD"));
+    assert_eq!(t["tokens"], 32);
+    assert_eq!(
+        (u64s(&t["src_blocks"]), u64s(&t["dst_blocks"])),
+        (vec![0], vec![0, 1])
+    );
+    assert_eq!(t["needs"], "direct");
+    // A's page is B's two pages in a row (NHD, same head rows): one run.
+    assert_eq!(t["direct"]["runs"], 1);
+    assert_eq!(t["direct"]["bytes"].as_u64(), Some(32 * H * ROW));
+    assert_eq!(
+        line,
+        "transfer A -> B (TP 1 each): A blocks [0] -> B blocks [0, 1], 32 tokens (whole \
+         blocks on both sides, of 32 and 16 tokens)"
+    );
+    assert!(!line.contains("one B block"), "{line}");
+    // B's pool of one 16-token block holds half of A's block.
+    let (t, line) = transfer(&sized(1, 32, "NHD"), &sized(1, 16, "NHD"));
+    assert_eq!(t["tokens"], 16);
+    assert_eq!(
+        (u64s(&t["src_blocks"]), u64s(&t["dst_blocks"])),
+        (vec![0], vec![0])
+    );
+    assert_eq!(t["needs"], "direct");
+    assert_eq!(t["direct"]["bytes"].as_u64(), Some(16 * H * ROW));
+    assert!(
+        line.ends_with(
+            "A blocks [0] -> B blocks [0], 16 tokens (all that B's 1 block of 16 tokens \
+             holds; A's blocks hold 32)"
+        ),
+        "{line}"
+    );
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! `kvlayout plan`: the JSON plan is the connector's plan run for run, and its runs, applied
 //! as memcpys on random bytes (a staged plan's scatter applied through the offsets), put
 //! every element of every sequence where the descriptor's offset function says; TP 1 to TP 2
-//! covers every head exactly once; the text form's header and its cut.
+//! covers every head exactly once; the default sequence fits both pools; the text form's
+//! header and its cut.
 
 use kvlayout::{Coord, KvCacheLayout};
 use kvlayout_connector::handshake::CacheGroup;
@@ -358,6 +359,31 @@ fn plan_text_has_the_header_and_cuts_the_runs_with_a_count() {
     };
     let table = lines.iter().filter(first_is_number).count();
     assert_eq!(table, 5, "{out}");
+}
+
+#[test]
+fn the_default_sequence_fits_both_block_pools() {
+    let one = |n: u64, order: &str| format!("kv L=1 B=1 N={n} H=4 D=8 dtype=f16 order={order}");
+    // One block of 16 tokens, one of 32: the 16 tokens A's pool holds, into half a DST block.
+    let (src, dst) = (one(16, "NHD"), one(32, "HND"));
+    let v = parse_json(&ok(&["plan", &src, &dst, "--json"]));
+    let seq = &v["sequences"][0];
+    assert_eq!(
+        (u64s(&seq["src_blocks"]), u64s(&seq["dst_blocks"])),
+        (vec![0], vec![0])
+    );
+    assert_eq!(seq["tokens"], 16);
+    // 16 tokens x 4 heads x a K|V row of 2 x 8 f16.
+    assert_eq!(v["totals"]["bytes"].as_u64(), Some(16 * 4 * 32));
+    // Pools of three: one 32-token SRC block into two 16-token DST blocks.
+    let v = parse_json(&ok(&["plan", NHD_32, NHD, "--json"]));
+    let seq = &v["sequences"][0];
+    assert_eq!(
+        (u64s(&seq["src_blocks"]), u64s(&seq["dst_blocks"])),
+        (vec![0], vec![0, 1])
+    );
+    assert_eq!(seq["tokens"], 32);
+    assert_eq!(v["totals"]["bytes"].as_u64(), Some(32 * 4 * 32));
 }
 
 /// An element's buffer and byte offset: the descriptor's offset function.

@@ -15,7 +15,7 @@ use super::pick::{Chosen, Outcome, Picked};
 
 mod text;
 
-pub(crate) use text::runs;
+pub(crate) use text::{ids, runs};
 
 /// Says what the region addresses are.
 pub(crate) const ADDRESSES: &str = "synthetic: regions are placed one after another from a \
