@@ -6,8 +6,7 @@ use kvlayout::{Coord, DType, Field, KvCacheLayout};
 use serde_json::Value;
 
 use super::dump_file::{
-    check_coords, coords_value, elem, fill, read_st, St, Temp, HND, HND_1, INT8, INT8_HND, NHD,
-    PADDED, SEPARATE,
+    check_coords, coords_value, elem, fill, read_st, St, Temp, HND, INT8, NHD, PADDED, SEPARATE,
 };
 use super::{ok, parse_json, user_error};
 

@@ -7,8 +7,8 @@ use std::process::{Command, Output};
 use kvlayout::KvCacheLayout;
 use serde_json::{json, Value};
 
-use super::dump_file::{fill, remove_tensor, rewrite, Temp, HND, INT8, NHD, SEPARATE};
-use super::{expect_user_error, kvlayout, ok, stderr, stdout, user_error};
+use super::dump_file::{fill, remove_tensor, rewrite, Temp, HND, NHD, SEPARATE};
+use super::{expect_user_error, ok, user_error};
 
 /// Both readers (`convert` and `decode --from`) refuse `file` with one line containing
 /// `reason`, writing nothing.

@@ -1,9 +1,10 @@
 //! `kvlayout convert`: a dump converted there and back is identical on every element, on
 //! the backend it names; other content or geometry is refused with one line.
 
+use kvlayout::KvCacheLayout;
+
 use super::dump_file::{
-    check_coords, coords_value, elem, fill, read_st, St, Temp, HND, HND_1, INT8, INT8_HND, NHD,
-    PADDED, SEPARATE,
+    check_coords, fill, read_st, Temp, HND, HND_1, INT8, INT8_HND, NHD, PADDED, SEPARATE,
 };
 use super::{ok, parse_json, user_error};
 

@@ -2,9 +2,7 @@
 //! cut or appended, read by `convert` and `decode --from` (seeded, `KVLAYOUT_FUZZ_SECONDS`
 //! scales the 3 s budget): each is refused with one `error:` line or read; never a panic.
 
-use std::process::Command;
-
-use super::dump_file::{fill, Temp, HND, INT8, NHD, SEPARATE};
+use super::dump_file::{fill, Temp, INT8, SEPARATE};
 use super::{kvlayout, ok, stderr, stdout};
 
 /// xorshift64 for the randomized inputs.
