@@ -36,7 +36,8 @@ pub(crate) struct CheckArgs {
     /// Only the cases whose name (`family/placement/dtype`) contains TEXT.
     #[arg(long, value_name = "TEXT")]
     pub cases: Option<String>,
-    /// Threads of the CPU backends (3 by default, as the suite: uneven partitions).
+    /// Threads of the CPU backends, at most 1024 (3 by default, as the suite: uneven
+    /// partitions; 0: every core).
     #[arg(long, value_name = "N", default_value_t = 3)]
     pub threads: usize,
 }
@@ -63,9 +64,7 @@ fn open_backends(a: &CheckArgs) -> Result<Vec<Opened>, CliError> {
             n => names.push(n.to_string()),
         }
     }
-    let options = kvlayout_backends::Options {
-        threads: Some(a.threads),
-    };
+    let threads = crate::common::limits::threads(Some(a.threads))?;
     let mut out = Vec::new();
     for name in names {
         if out.iter().any(|o: &Opened| o.name == name) {
@@ -73,11 +72,7 @@ fn open_backends(a: &CheckArgs) -> Result<Vec<Opened>, CliError> {
         }
         let backend = match kvlayout_conformance::suite::planted_backend(&name) {
             Some(be) => Ok(be),
-            None => match kvlayout_backends::open_with(&name, &options) {
-                Ok(be) => Ok(be),
-                Err(kvlayout_backends::OpenError::Unavailable { reason, .. }) => Err(reason),
-                Err(e) => return Err(CliError::Usage(e.to_string())),
-            },
+            None => crate::common::backend::open_or_unavailable(&name, threads)?,
         };
         out.push(Opened { name, backend });
     }
@@ -177,11 +172,18 @@ fn row_index(rows: &mut Vec<Row>, family: &str, backends: &[Opened]) -> usize {
 /// Runs the checks and builds the matrix.
 fn check(a: &CheckArgs) -> Result<CheckReport, CliError> {
     let start = Instant::now();
-    if a.threads == 0 {
-        return Err(CliError::Usage("--threads 0: give at least 1".into()));
-    }
     let backends = open_backends(a)?;
     let families = families(a)?;
+    if backends.iter().all(|b| b.backend.is_err()) {
+        let why: Vec<String> = backends
+            .iter()
+            .filter_map(|b| Some(format!("{}: {}", b.name, b.backend.as_ref().err()?)))
+            .collect();
+        return Err(CliError::Usage(format!(
+            "nothing was checked: every backend was skipped ({})",
+            why.join("; ")
+        )));
+    }
     let keep = |c: &kvlayout_conformance::cases::LayoutCase| {
         families.as_ref().is_none_or(|f| f.contains(family_of(c)))
             && a.cases.as_ref().is_none_or(|t| c.name.contains(t.as_str()))
@@ -301,10 +303,39 @@ impl CheckReport {
     }
 }
 
+/// Why a run checked nothing although a backend ran: no check of its cases ran (the
+/// backends that were skipped, with why).
+fn nothing_checked(report: &CheckReport) -> String {
+    let skips: Vec<String> = report
+        .rows
+        .first()
+        .map(|r| {
+            r.cells
+                .iter()
+                .filter_map(|c| Some(format!("{}: {}", c.backend, c.skipped.as_ref()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let also = if skips.is_empty() {
+        String::new()
+    } else {
+        format!(" (skipped: {})", skips.join("; "))
+    };
+    format!(
+        "nothing was checked: {} cases on {} ran no check{also}",
+        report.cases,
+        report.backends.join(",")
+    )
+}
+
 /// `kvlayout check`: the matrix as text or JSON; a failed check is an error (exit status 1)
-/// after the matrix is printed.
+/// after the matrix is printed, and a run that checked nothing (every backend skipped) is a
+/// user error (exit status 2) with the skip reasons.
 pub(crate) fn run(a: &CheckArgs, as_json: bool) -> Result<String, CliError> {
     let report = check(a)?;
+    if report.passed + report.failed == 0 {
+        return Err(CliError::Usage(nothing_checked(&report)));
+    }
     let text = if as_json {
         crate::json(&report)?
     } else {

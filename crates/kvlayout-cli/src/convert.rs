@@ -60,7 +60,7 @@ pub(crate) fn run(input: &str, a: &ConvertArgs) -> Result<String, CliError> {
     // The op's own check, before any allocation.
     BlockMove::Convert.plan(Some(&src.layout), &to)?;
     let zeros = crate::fill::zeroed_buffers(&to, a.max_cache_gib)?;
-    let be = kvlayout_backends::open(&a.backend).map_err(|e| CliError::Usage(e.to_string()))?;
+    let be = crate::common::backend::open(&a.backend, None)?;
     let mut src_cache = be
         .alloc_cache(&src.layout, &BufferShape::exact(&src.layout))
         .map_err(failed)?;

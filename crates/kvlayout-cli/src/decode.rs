@@ -27,6 +27,8 @@ use kvlayout_cpu::tolerance::{decode_error, Tolerance};
 use kvlayout_cpu::{reference, Activations, Decode, HostCache};
 use serde::Serialize;
 
+use crate::common::rng::Rng;
+use crate::common::{backend, limits, units};
 use crate::CliError;
 
 /// What `kvlayout decode` was asked for (its options, besides the spec and `--json`).
@@ -56,14 +58,15 @@ pub(crate) struct StepArgs {
     /// --seqs 2 --context 64 --runs 1).
     #[arg(long, value_name = "NAME", default_value = "cpu")]
     pub backend: String,
-    /// Threads of the CPU backend and of the read bound (default: every core).
+    /// Threads of the CPU backend and of the read bound, at most 1024 (default, or 0: every
+    /// core).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// Kernel build of the CPU backend (avx512-bf16, avx512, avx2, scalar; default: the one
     /// this machine prefers): the same as --backend cpu:BUILD.
     #[arg(long, value_name = "BUILD")]
     pub kernels: Option<String>,
-    /// Timed runs, each right after a pass of the read bound.
+    /// Timed runs, each right after a pass of the read bound (1 to 10000).
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub runs: usize,
     /// Sequences compared with the scalar f64 reference: the first ones (it takes about
@@ -200,7 +203,7 @@ impl StepReport {
     }
 
     pub(crate) fn to_text(&self) -> String {
-        let gib = self.cache_bytes as f64 / f64::from(1u32 << 30);
+        let gib = units::gib(self.cache_bytes);
         let verdict = if self.passed() { "ok" } else { "FAILED" };
         format!(
             "layout   {} ({gib:.2} GiB)\n\
@@ -265,29 +268,6 @@ impl StepReport {
             self.kernels_why,
             self.cpu.summary,
         )
-    }
-}
-
-/// xorshift64: seeded data and block tables, the same on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut s = self.0;
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        self.0 = s;
-        s
-    }
-
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-
-    fn fill(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.unit()).collect()
     }
 }
 
@@ -366,8 +346,8 @@ impl Footprint {
                 "the step needs {:.2} GiB of memory besides the cache (query, output, a write \
                  chunk, the read bound's buffers); this machine has {:.2} GiB available: lower \
                  --q-heads, --seqs or --bound-mib",
-                self.total_bytes as f64 / f64::from(1u32 << 30),
-                free as f64 / f64::from(1u32 << 30)
+                units::gib(self.total_bytes),
+                units::gib(free)
             ))),
             _ => Ok(()),
         }
@@ -394,7 +374,7 @@ fn random_blocks(rng: &mut Rng, num_blocks: u64, n: u64) -> Result<Vec<i32>, Cli
     let mut moved: HashMap<u64, u64> = HashMap::new();
     Ok((0..n)
         .map(|i| {
-            let j = i + rng.next() % (num_blocks - i);
+            let j = i + rng.next_u64() % (num_blocks - i);
             let at_j = *moved.get(&j).unwrap_or(&j);
             let at_i = *moved.get(&i).unwrap_or(&i);
             moved.insert(j, at_i);
@@ -412,11 +392,11 @@ fn usage(m: String) -> CliError {
 /// sequence uses, all of them, and the cache's bytes.
 fn check_sizes(layout: &KvCacheLayout, a: &StepArgs) -> Result<(u64, u64, u64), CliError> {
     let g = layout.geometry();
-    if a.seqs == 0 || a.context == 0 || a.runs == 0 || a.bound_mib == 0 || a.check_seqs == 0 {
+    limits::runs(a.runs)?;
+    if a.seqs == 0 || a.context == 0 || a.bound_mib == 0 || a.check_seqs == 0 {
         return Err(usage(format!(
-            "--seqs {}, --context {}, --runs {}, --bound-mib {} and --check-seqs {} must each \
-             be at least 1",
-            a.seqs, a.context, a.runs, a.bound_mib, a.check_seqs
+            "--seqs {}, --context {}, --bound-mib {} and --check-seqs {} must each be at least 1",
+            a.seqs, a.context, a.bound_mib, a.check_seqs
         )));
     }
     let per_seq = u64::from(a.context).div_ceil(g.block_size);
@@ -427,14 +407,9 @@ fn check_sizes(layout: &KvCacheLayout, a: &StepArgs) -> Result<(u64, u64, u64), 
             a.seqs, a.context, g.block_size, g.num_blocks
         )));
     }
-    if !(a.max_cache_gib.is_finite() && a.max_cache_gib > 0.0) {
-        return Err(usage(format!(
-            "--max-cache-gib {} must be a positive number",
-            a.max_cache_gib
-        )));
-    }
+    limits::gib("--max-cache-gib", a.max_cache_gib)?;
     let cache_bytes: u64 = layout.extents().iter().map(|x| x.end).sum();
-    let cache_gib = cache_bytes as f64 / f64::from(1u32 << 30);
+    let cache_gib = units::gib(cache_bytes);
     if cache_gib > a.max_cache_gib {
         return Err(usage(format!(
             "the layout's buffers take {cache_gib:.2} GiB, more than --max-cache-gib {}; \
@@ -472,11 +447,14 @@ fn fill_cache(
                 i64::from(table[s * per_seq + (t / bs) as usize]) * bs as i64 + (t % bs) as i64
             })
             .collect();
-        let keys = upload(be, rng.fill(slots.len() * heads * qk as usize))?;
+        let keys = upload(be, rng.signed_units(slots.len() * heads * qk as usize))?;
         let values = if is_mla {
             None
         } else {
-            Some(upload(be, rng.fill(slots.len() * heads * vw as usize))?)
+            Some(upload(
+                be,
+                rng.signed_units(slots.len() * heads * vw as usize),
+            )?)
         };
         let w = WriteArgs {
             layer: a.layer,
@@ -503,8 +481,9 @@ fn backend_failed(e: String) -> CliError {
     CliError::Failed(e)
 }
 
-/// The backend `a` names (`--backend`, or `cpu:<build>` for `--kernels`), or why not.
-fn open_backend(a: &StepArgs) -> Result<AnyBackend, CliError> {
+/// The backend `a` names (`--backend`, or `cpu:<build>` for `--kernels`) on `threads`
+/// (checked `--threads`), or why not.
+fn open_backend(a: &StepArgs, threads: Option<usize>) -> Result<AnyBackend, CliError> {
     let name = match &a.kernels {
         None => a.backend.clone(),
         Some(k) if a.backend == "cpu" => format!("cpu:{k}"),
@@ -516,8 +495,7 @@ fn open_backend(a: &StepArgs) -> Result<AnyBackend, CliError> {
             )))
         }
     };
-    let options = kvlayout_backends::Options { threads: a.threads };
-    kvlayout_backends::open_with(&name, &options).map_err(|e| usage(e.to_string()))
+    backend::open(&name, threads)
 }
 
 /// The first `seqs` sequences' blocks (`table`, `per_seq` a row) gathered from `cache` into a
@@ -562,13 +540,14 @@ pub(crate) fn run_step(
     let q_heads = a.q_heads.unwrap_or(if is_mla { 16 } else { 4 * kv_heads });
     // The backend first: one that cannot run here is named before any size is checked.
     let cpu = crate::cpu::features()?;
-    let be = open_backend(a)?;
+    let threads = limits::threads(a.threads)?;
+    let be = open_backend(a, threads)?;
     let kernels = be.kernels();
-    let pool = bound_pool(a.threads)?;
+    let pool = bound_pool(threads)?;
     let (per_seq, blocks, cache_bytes) = check_sizes(&layout, a)?;
     let sizes = Footprint::of(a, q_heads, kv_heads, qk, vw, pool.current_num_threads())?;
     sizes.fits(available_memory())?;
-    let mut rng = Rng(a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::seeded(a.seed);
     let (given_cache, given_table, given_query) = match given {
         Some(d) => (Some((d.path, d.cache)), d.table, d.query),
         None => (None, None, None),
@@ -597,7 +576,7 @@ pub(crate) fn run_step(
         ),
     };
 
-    let query = given_query.unwrap_or_else(|| rng.fill(sizes.query));
+    let query = given_query.unwrap_or_else(|| rng.signed_units(sizes.query));
     let lens = vec![a.context; a.seqs];
     let params = DecodeParams {
         num_q_heads: q_heads,
@@ -755,7 +734,7 @@ mod tests {
 
     #[test]
     fn random_blocks_are_distinct_and_in_range() {
-        let mut rng = Rng(7);
+        let mut rng = Rng::from_state(7);
         for (num, n) in [(1, 1), (2, 2), (10, 3), (1000, 1000), (1 << 30, 500)] {
             let v = random_blocks(&mut rng, num, n).unwrap();
             assert_eq!(v.len() as u64, n);

@@ -24,6 +24,9 @@ use kvlayout::{DType, Field, KvCacheLayout};
 use kvlayout_cpu::elem::encode;
 use serde::Serialize;
 
+use crate::common::limits;
+use crate::common::rng::Rng;
+use crate::common::units;
 use crate::dump::{self, Dump};
 use crate::CliError;
 
@@ -106,31 +109,14 @@ struct FillRecord {
     fields: Vec<FieldRecord>,
 }
 
-/// xorshift64, as `decode` seeds its data.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut s = self.0;
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        self.0 = s;
-        s
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-
-    fn value(&mut self, field: Field, dtype: DType) -> f32 {
-        match (field, dtype) {
-            (Field::KScale | Field::VScale, _) => 0.5 + 1.5 * self.unit(),
-            (_, DType::Int8) => (self.next() % 255) as f32 - 127.0,
-            (_, DType::U8) => (self.next() % 256) as f32,
-            _ => 2.0 * self.unit() - 1.0,
-        }
+/// One element of `field` in a random fill: scales in [0.5, 2), integers over their range,
+/// floats in [-1, 1).
+fn random_value(rng: &mut Rng, field: Field, dtype: DType) -> f32 {
+    match (field, dtype) {
+        (Field::KScale | Field::VScale, _) => 0.5 + 1.5 * rng.unit(),
+        (_, DType::Int8) => (rng.next_u64() % 255) as f32 - 127.0,
+        (_, DType::U8) => (rng.next_u64() % 256) as f32,
+        _ => 2.0 * rng.unit() - 1.0,
     }
 }
 
@@ -139,16 +125,12 @@ pub(crate) fn zeroed_buffers(
     layout: &KvCacheLayout,
     max_gib: f64,
 ) -> Result<Vec<Vec<u8>>, CliError> {
-    if !(max_gib.is_finite() && max_gib > 0.0) {
-        return Err(CliError::Usage(format!(
-            "--max-cache-gib {max_gib} must be a positive number"
-        )));
-    }
+    limits::gib("--max-cache-gib", max_gib)?;
     let total: u64 = layout
         .extents()
         .iter()
         .fold(0u64, |n, x| n.saturating_add(x.end));
-    let gib = total as f64 / f64::from(1u32 << 30);
+    let gib = units::gib(total);
     if gib > max_gib {
         return Err(CliError::Usage(format!(
             "the layout's buffers take {gib:.2} GiB, more than --max-cache-gib {max_gib}; lower \
@@ -177,7 +159,7 @@ pub(crate) fn zeroed_buffers(
 
 /// Writes every element of every stored field of `layout` into `buffers`.
 fn fill(layout: &KvCacheLayout, buffers: &mut [Vec<u8>], pattern: Pattern, seed: u64) {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::seeded(seed);
     for m in layout.stored_fields() {
         let buf = &mut buffers[m.strides.buffer as usize];
         let size = m.elem_bytes() as usize;
@@ -191,7 +173,7 @@ fn fill(layout: &KvCacheLayout, buffers: &mut [Vec<u8>], pattern: Pattern, seed:
                             let at = m.offset_unchecked(l, b, h, s, d) as usize;
                             let x = match pattern {
                                 Pattern::Coords => ((i + code) % modulus) as f32,
-                                Pattern::Random => rng.value(m.field, m.dtype),
+                                Pattern::Random => random_value(&mut rng, m.field, m.dtype),
                             };
                             encode(m.dtype, x, &mut buf[at..at + size]);
                             i += 1;

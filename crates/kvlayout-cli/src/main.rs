@@ -40,6 +40,7 @@ use kvlayout::{Convention, Coord, Field, KvCacheLayout, ViewTarget, PRESETS};
 mod bench;
 mod check;
 mod cli;
+mod common;
 mod convert;
 mod cpu;
 mod decode;

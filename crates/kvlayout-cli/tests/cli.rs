@@ -20,8 +20,14 @@ mod diff;
 mod dump;
 #[path = "cli/dump_bad.rs"]
 mod dump_bad;
+#[path = "cli/dump_convert.rs"]
+mod dump_convert;
 #[path = "cli/dump_file.rs"]
 mod dump_file;
+#[path = "cli/dump_fuzz.rs"]
+mod dump_fuzz;
+#[path = "cli/limits.rs"]
+mod limits;
 #[path = "cli/plan.rs"]
 mod plan;
 #[path = "cli/plan_bad.rs"]

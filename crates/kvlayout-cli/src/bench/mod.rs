@@ -11,10 +11,11 @@
 
 use std::io::IsTerminal;
 
-use kvlayout::ops::{AnyBackend, Backend};
+use kvlayout::ops::Backend;
 use kvlayout::KvCacheLayout;
 use serde::Serialize;
 
+use crate::common::limits;
 use crate::CliError;
 
 mod ops;
@@ -36,20 +37,23 @@ pub(crate) struct BenchArgs {
     /// NHD and HND orders).
     #[arg(long, value_name = "SPEC")]
     pub to: Option<String>,
-    /// Timed runs of each op, each right after a memcpy pass of the same bytes.
+    /// Timed runs of each op, each right after a memcpy pass of the same bytes (1 to 10000).
     #[arg(long, value_name = "N", default_value_t = 5)]
     pub runs: usize,
     /// Sequences of the `paged_decode` step (the blocks are split evenly among them).
     #[arg(long, value_name = "S", default_value_t = 8)]
     pub seqs: usize,
-    /// Threads of the CPU backend and of the bounds (default: every core).
+    /// Threads of the CPU backend and of the bounds, at most 1024 (default, or 0: every
+    /// core).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// MiB per thread of the read bound's buffer (at least twice the last-level cache, so
     /// that a pass reads memory).
     #[arg(long, value_name = "MIB", default_value_t = 128)]
     pub bound_mib: usize,
-    /// Largest memory the bench may allocate (caches, activations, bound buffers), in GiB.
+    /// Refuse to run past this many GiB: an estimate of the largest allocations at once (the
+    /// caches, their host copies, the activations and the bound buffers), not a hard bound
+    /// (it leaves out each op's temporary vectors and the threads' stacks).
     #[arg(long, value_name = "GIB", default_value_t = 4.0)]
     pub max_gib: f64,
     /// Seed of the block table and the activations.
@@ -151,7 +155,7 @@ impl BenchReport {
             out += &format!(
                 "{:<15} {:>9} {:>9.3} {:>7.2} {:>8.2} {:>6.2} {:>8.2} {:>6.2} {:>8.2} {:>6.2}\n",
                 r.op,
-                binary_size(r.bytes),
+                crate::common::units::binary_size(r.bytes),
                 r.time_ms_median,
                 r.gb_s,
                 r.memcpy_gb_s,
@@ -172,31 +176,8 @@ impl BenchReport {
     }
 }
 
-/// `bytes` in the largest binary unit (B, KiB, MiB, GiB) it has at least one of, one word.
-fn binary_size(bytes: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB"];
-    let mut size = bytes as f64;
-    let mut unit = 0;
-    while size >= 1024.0 && unit + 1 < units.len() {
-        size /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes}B")
-    } else {
-        format!("{size:.1}{}", units[unit])
-    }
-}
-
 fn usage(m: String) -> CliError {
     CliError::Usage(m)
-}
-
-/// The backend `--backend` names, or why not (a backend that cannot open here is a user
-/// error: exit 2 with its reason, as `decode` does).
-fn open_backend(a: &BenchArgs) -> Result<AnyBackend, CliError> {
-    let options = kvlayout_backends::Options { threads: a.threads };
-    kvlayout_backends::open_with(&a.backend, &options).map_err(|e| usage(e.to_string()))
 }
 
 /// `kvlayout bench SPEC`: runs every op and reports it.
@@ -207,17 +188,20 @@ pub(crate) fn run(
     as_json: bool,
 ) -> Result<BenchReport, CliError> {
     let start = std::time::Instant::now();
-    if a.runs == 0 || a.seqs == 0 || a.bound_mib == 0 {
+    limits::runs(a.runs)?;
+    limits::gib("--max-gib", a.max_gib)?;
+    let threads = limits::threads(a.threads)?;
+    if a.seqs == 0 || a.bound_mib == 0 {
         return Err(usage(format!(
-            "--runs {}, --seqs {} and --bound-mib {} must each be at least 1",
-            a.runs, a.seqs, a.bound_mib
+            "--seqs {} and --bound-mib {} must each be at least 1",
+            a.seqs, a.bound_mib
         )));
     }
     let cpu = crate::cpu::features()?;
-    let be = open_backend(a)?;
+    let be = crate::common::backend::open(&a.backend, threads)?;
     let kernels = be.kernels();
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(a.threads.unwrap_or(0))
+        .num_threads(threads.unwrap_or(0))
         .build()
         .map_err(|e| CliError::Failed(format!("the bounds' threads: {e}")))?;
     let plan = ops::Plan::new(&layout, &to, a, pool.current_num_threads())?;
@@ -278,16 +262,6 @@ pub(crate) fn other_order(layout: &KvCacheLayout) -> Result<KvCacheLayout, CliEr
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_are_one_word_in_the_largest_unit() {
-        assert_eq!(binary_size(0), "0B");
-        assert_eq!(binary_size(1023), "1023B");
-        assert_eq!(binary_size(32 << 10), "32.0KiB");
-        assert_eq!(binary_size(3 << 19), "1.5MiB");
-        assert_eq!(binary_size(5 << 30), "5.0GiB");
-        assert_eq!(binary_size(1 << 50), "1048576.0GiB");
-    }
 
     /// NHD and HND trade places; any other placement becomes HND.
     #[test]

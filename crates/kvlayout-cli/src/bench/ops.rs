@@ -12,6 +12,8 @@ use kvlayout::{DType, KvCacheLayout};
 
 use super::timing::{time_op, Bounds};
 use super::{usage, BenchArgs, OpRow};
+use crate::common::rng::Rng;
+use crate::common::units;
 use crate::CliError;
 
 /// Every op the bench runs, in report order.
@@ -46,19 +48,6 @@ fn buffer_bytes(l: &KvCacheLayout) -> u64 {
     l.extents()
         .iter()
         .fold(0u64, |n, e| n.saturating_add(e.end))
-}
-
-/// xorshift64: the block table, the same on every machine.
-fn permutation(n: u64, seed: u64) -> Vec<u64> {
-    let mut v: Vec<u64> = (0..n).collect();
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for i in (1..v.len()).rev() {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        v.swap(i, (s % (i as u64 + 1)) as usize);
-    }
-    v
 }
 
 /// What the ops run on: the layouts, a random block table over every block, and the sizes.
@@ -111,7 +100,7 @@ impl Plan {
         let activations = slots * u128::from(g.num_kv_heads) * u128::from(row) * 4;
         let bound = (a.bound_mib as u128) << 20;
         let total = 5 * larger + activations + bound * threads as u128;
-        let gib = total as f64 / f64::from(1u32 << 30);
+        let gib = units::gib_wide(total);
         if gib > a.max_gib {
             return Err(usage(format!(
                 "the bench needs {gib:.2} GiB (caches, activations, bound buffers), more than \
@@ -124,11 +113,11 @@ impl Plan {
                 return Err(usage(format!(
                     "the bench needs {gib:.2} GiB (caches, activations, bound buffers); this \
                      machine has {:.2} GiB available: lower B or L in the spec, or --bound-mib",
-                    free as f64 / f64::from(1u32 << 30)
+                    units::gib(free)
                 )));
             }
         }
-        let table = permutation(g.num_blocks, a.seed);
+        let table = Rng::seeded(a.seed).permutation(g.num_blocks);
         let page_bytes = region_bytes(layout, &table[..1], 0..1)?;
         Ok(Plan {
             layout: layout.clone(),
@@ -259,16 +248,9 @@ impl Plan {
             d @ (DType::F32 | DType::F16 | DType::Bf16) => d,
             _ => DType::F32,
         };
-        let mut rng = self.seed | 1;
+        let mut rng = Rng::from_state(self.seed);
         let mut fill = |n: u64| -> Result<AnyTensor, CliError> {
-            let values: Vec<f32> = (0..n)
-                .map(|_| {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    (rng >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-                })
-                .collect();
+            let values = rng.signed_units(n as usize);
             be.upload_tensor(&HostTensor::from_f32(dtype, &values)?)
                 .map_err(CliError::Failed)
         };

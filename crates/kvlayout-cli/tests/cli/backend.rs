@@ -52,7 +52,7 @@ fn a_backend_that_cannot_run_is_one_line() {
             continue;
         }
         let e = user_error(&["decode", "llama-3-8b", "--backend", name]);
-        assert!(e.starts_with(&format!("error: {name}: ")), "{e}");
+        assert!(e.starts_with(&format!("error: --backend {name}: ")), "{e}");
     }
     let e = user_error(&["decode", "llama-3-8b", "--backend", "gpu"]);
     assert!(e.contains("\"gpu\" is not a backend name"), "{e}");

@@ -155,7 +155,7 @@ fn a_backend_that_cannot_open_is_one_line() {
             continue;
         }
         let e = user_error(&["bench", LAYOUT, "--backend", name]);
-        assert!(e.starts_with(&format!("error: {name}: ")), "{e}");
+        assert!(e.starts_with(&format!("error: --backend {name}: ")), "{e}");
     }
     let e = user_error(&["bench", LAYOUT, "--backend", "gpu"]);
     assert!(e.contains("\"gpu\" is not a backend name"), "{e}");
