@@ -18,6 +18,7 @@ use kvlayout::ops::{AnyBackend, Backend};
 use crate::CliError;
 
 mod budget;
+mod model_check;
 mod nixl;
 mod prefill;
 mod rank;

@@ -290,9 +290,8 @@ fn bad_reply(what: String) -> CliError {
     io("the decode process's reply", what)
 }
 
-/// Decode rank `expected`'s figures, cache and outputs, as [`send_rank`] sends them, each
-/// checked against the scenario right after it is received: the rank, each buffer's length
-/// (the layout's extent), each layer's output length and the compatibility hash's.
+/// Decode rank `expected`'s figures, cache and outputs ([`send_rank`]), each checked as it
+/// comes: the rank, the hash's length, each buffer's (its extent) and each output's.
 fn receive_rank(s: &mut TcpStream, sc: &Scenario, expected: u64) -> Result<RankRun, CliError> {
     let json = recv(s)?;
     let mut run: RankRun =
@@ -394,3 +393,7 @@ pub(crate) fn peer(a: &PeerArgs) -> Result<String, CliError> {
     }
     Ok(String::new())
 }
+
+#[cfg(test)]
+#[path = "nixl_tests.rs"]
+mod tests;

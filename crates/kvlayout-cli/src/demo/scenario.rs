@@ -10,6 +10,7 @@ use kvlayout::{KvCacheLayout, Placement};
 use kvlayout_connector::plan::SeqBlocks;
 use serde::Serialize;
 
+use super::model_check::{check_against_model, merge};
 use super::seeded::{tables, Rng};
 use super::DemoArgs;
 use crate::CliError;
@@ -145,59 +146,6 @@ fn is_modifiers(value: &str) -> bool {
         .split_whitespace()
         .next()
         .is_none_or(|t| t.contains('='))
-}
-
-/// `tokens` with `key=value` tokens merged, later ones winning (a token without `=` is its
-/// own key): the spec grammar takes each key once.
-fn merge<'a>(tokens: impl Iterator<Item = &'a str>) -> String {
-    let mut out: Vec<(&str, String)> = Vec::new();
-    for t in tokens {
-        let key = t.split_once('=').map_or(t, |(k, _)| k);
-        match out.iter_mut().find(|(k, _)| *k == key) {
-            Some(slot) => slot.1 = t.to_string(),
-            None => out.push((key, t.to_string())),
-        }
-    }
-    out.into_iter()
-        .map(|(_, t)| t)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// Refuses a prefill rank layout whose heads or head sizes disagree with the model: the
-/// prefill side writes the model's keys and values, so its layout must hold them.
-fn check_against_model(
-    layout: &KvCacheLayout,
-    model: &KvCacheLayout,
-    a: &DemoArgs,
-    tp: u64,
-    heads: u64,
-) -> Result<(), CliError> {
-    let model_heads = model.geometry().num_kv_heads;
-    let h = layout.geometry().num_kv_heads;
-    if h != heads {
-        return Err(CliError::Usage(format!(
-            "--prefill: its layout has H={h}, but one prefill rank of --prefill-tp {tp} holds \
-             {heads} of the {model_heads} KV heads of --preset {:?}",
-            a.preset
-        )));
-    }
-    let want = decode_widths(model).ok();
-    let got = decode_widths(layout).ok();
-    if got != want {
-        let widths = |w: Option<(u64, u64)>| {
-            w.map_or("no keys and values".to_string(), |(k, v)| {
-                format!("key width {k}, value width {v}")
-            })
-        };
-        return Err(CliError::Usage(format!(
-            "--prefill: its layout has {}, the model (--preset {:?}) has {}",
-            widths(got),
-            a.preset,
-            widths(want)
-        )));
-    }
-    Ok(())
 }
 
 /// Parses one side's rank layout and checks its size.
