@@ -14,6 +14,8 @@ mod cpu;
 mod decode;
 #[path = "cli/demo.rs"]
 mod demo;
+#[path = "cli/demo_bad.rs"]
+mod demo_bad;
 #[path = "cli/diff.rs"]
 mod diff;
 #[path = "cli/dump.rs"]

@@ -49,6 +49,10 @@ fn nixl_demo_decode_side_in_a_second_process_verifies() {
         assert_eq!(steps.len(), 8);
         for s in steps {
             assert!(s["bytes"].as_u64().unwrap() > 0, "{s}");
+            // Only the steps that move data have a ratio to memcpy.
+            let moves = ["write_kv", "transfer", "receive", "decode"]
+                .contains(&s["step"].as_str().unwrap());
+            assert_eq!(s["of_memcpy"].is_null(), !moves, "{s}");
         }
         // 5 blocks of 16 tokens (40 + 23 tokens) x 8 heads x 512 bytes x 2 layers.
         let transfer = steps.iter().find(|s| s["step"] == "transfer").unwrap();

@@ -17,11 +17,14 @@ use kvlayout::ops::{AnyBackend, Backend};
 
 use crate::CliError;
 
+mod budget;
+mod model_check;
 mod nixl;
 mod prefill;
 mod rank;
 mod report;
 mod scenario;
+mod seeded;
 mod step;
 mod verify;
 
@@ -29,6 +32,17 @@ pub(crate) use nixl::PeerArgs;
 use rank::{Published, RankRun};
 use report::{pull_steps, verify_step, write_step, Record};
 use scenario::Scenario;
+use step::Bound;
+
+/// What the pull gives back: the prefill ranks' handshakes, the seconds encoding them took,
+/// each decode rank's run, and the prefill caches (moved into the engines during the pull and
+/// taken back for the verification).
+pub(crate) struct Pulled {
+    pub published: Vec<Published>,
+    pub encode_s: f64,
+    pub ranks: Vec<RankRun>,
+    pub prefill: Vec<Vec<Vec<u8>>>,
+}
 
 /// `kvlayout demo --help`'s text after the options: examples, then what the flags mean
 /// together, what is verified and the exit status.
@@ -37,13 +51,21 @@ pub(crate) const HELP: &str = "Example:
   kvlayout demo --preset qwen2.5-7b --tp 4 --decode \"order=NHD N=32\" --json
   kvlayout demo --prefill-tp 2 --tp 1 --decode \"order=HND N=16 page=139264\" --prompts 1000,3
 
-Each side's SPEC is one rank's cache: modifiers of the preset (H= is the rank's heads, L= \
---layers and B= --blocks, unless the modifiers set them) or a whole SPEC. The plan is direct where both sides have the \
+Each side's SPEC is one rank's cache: modifiers of the preset or a whole SPEC. Modifiers are \
+merged key by key, a later key=value replacing an earlier one: the preset's own tokens, then \
+L= --layers, B= --blocks and H= the rank's heads, then the modifiers. The prefill side's \
+heads and head sizes must be the model's. The plan is direct where both sides have the \
 same order and staged otherwise (--plan). Verified: every K/V element on each decode rank \
 equals byte for byte the prefill cache's at the same (layer, token, head, dim); the scalar \
 reference's decode on each decode rank's cache equals bit for bit its decode on the prefill \
 cache for the same query heads; the backend's paged_decode lies within the conformance \
-tolerance of the reference. Exit status: 0 verified, 1 not verified or the transfer failed, \
+tolerance of the reference. Bounds, checked before anything is allocated: at most 1 GiB \
+per rank's cache and 4 GiB held by the whole demo (every rank's cache copies, staging and the \
+memcpy bound), and no more than the machine's available memory; at most 2^24 K/V elements \
+compared and 2^25 reference products (tokens x layers x query heads x (key + value width)), \
+so that a run takes seconds. Steps that move no data (handshake, check, plan, verify) show \
+no bandwidth; the others show it as a ratio to `kvlayout bench`'s multi-threaded memcpy \
+bound, measured right after the step. Exit status: 0 verified, 1 not verified or the transfer failed, \
 2 a bad flag or a refused scenario (the handshake, compatibility check or planner's reason).";
 
 /// What `kvlayout demo` takes. Numbers are read here, so that a bad one is one line.
@@ -147,20 +169,30 @@ pub(crate) fn run(a: &DemoArgs) -> Result<Record, CliError> {
     if engine == "nixl" {
         nixl::available()?;
     }
+    budget::check(&sc, engine == "nixl")?;
     let be = open_backend(&a.backend)?;
+    let bound = Bound::new()?;
     let cpu = crate::cpu::CpuReport::of(crate::cpu::features()?).model_name;
     let kernels = be.kernels().build;
 
     let filled = prefill::prefill(&be, &sc)?;
-    let mut steps = vec![write_step(&sc, &be, &filled)];
-    let (published, encode_s, ranks) = if engine == "nixl" {
-        nixl::run(a, &sc, &filled.bytes)?
+    let mut steps = vec![write_step(&sc, &be, &filled, &bound)?];
+    let pulled = if engine == "nixl" {
+        nixl::run(a, &sc, filled.bytes)?
     } else {
-        memcpy_run(&be, &sc, &filled.bytes)?
+        memcpy_run(&be, &sc, filled.bytes)?
     };
-    steps.extend(pull_steps(&sc, &be, &engine, &published, encode_s, &ranks));
+    let Pulled {
+        published,
+        encode_s,
+        ranks,
+        prefill,
+    } = pulled;
+    steps.extend(pull_steps(
+        &sc, &be, &engine, &published, encode_s, &ranks, &bound,
+    )?);
     let t = Instant::now();
-    let verification = verify::verify(&be, &sc, &filled.bytes, &ranks)?;
+    let verification = verify::verify(&be, &sc, &prefill, &ranks)?;
     steps.push(verify_step(&verification, t.elapsed().as_secs_f64()));
     Ok(Record {
         scenario: sc,
@@ -168,28 +200,29 @@ pub(crate) fn run(a: &DemoArgs) -> Result<Record, CliError> {
         kernels,
         engine,
         cpu,
+        memcpy_threads: bound.threads(),
         steps,
         verification,
         wall_ms: start.elapsed().as_secs_f64() * 1e3,
     })
 }
 
-/// The decode side in this process with the memcpy engine: the prefill ranks' engines
-/// publish their handshakes, each decode rank pulls.
+/// The decode side in this process with the memcpy engine: the prefill ranks' engines (each
+/// owning its rank's cache) publish their handshakes, each decode rank pulls.
 fn memcpy_run(
     be: &AnyBackend,
     sc: &Scenario,
-    prefill: &[Vec<Vec<u8>>],
-) -> Result<(Vec<Published>, f64, Vec<RankRun>), CliError> {
+    prefill: Vec<Vec<Vec<u8>>>,
+) -> Result<Pulled, CliError> {
     use kvlayout_connector::engine::{MemcpyEngine, TransferEngine};
     use kvlayout_connector::handshake::{Limits, PeerMetadata};
     let tag = std::process::id();
     let mut engines = Vec::new();
     let mut published = Vec::new();
     let mut encode_s = 0.0;
-    for (rank, bytes) in prefill.iter().enumerate() {
+    for (rank, bytes) in prefill.into_iter().enumerate() {
         let name = format!("demo-{tag}-prefill-{rank}");
-        let e = MemcpyEngine::new(&name, bytes.clone())
+        let e = MemcpyEngine::new(&name, bytes)
             .map_err(|e| CliError::Failed(format!("prefill rank {rank}: {e}")))?;
         let meta = PeerMetadata {
             engine_id: name.clone(),
@@ -215,7 +248,21 @@ fn memcpy_run(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok((published, encode_s, ranks))
+    // Each engine's cache back, one rank at a time (a copy, then the engine is dropped).
+    let prefill = engines
+        .into_iter()
+        .enumerate()
+        .map(|(rank, e)| {
+            e.buffers()
+                .map_err(|e| CliError::Failed(format!("prefill rank {rank}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Pulled {
+        published,
+        encode_s,
+        ranks,
+        prefill,
+    })
 }
 
 /// `kvlayout demo`: runs it and prints the record; a failed verification is exit 1 after the
@@ -279,7 +326,13 @@ mod tests {
         let sc = Scenario::from_args(&a).unwrap();
         let be = open_backend("cpu").unwrap();
         let filled = prefill::prefill(&be, &sc).unwrap();
-        let (_, _, mut ranks) = memcpy_run(&be, &sc, &filled.bytes).unwrap();
+        let Pulled {
+            mut ranks, prefill, ..
+        } = memcpy_run(&be, &sc, filled.bytes).unwrap();
+        let filled = prefill::Prefilled {
+            bytes: prefill,
+            ..filled
+        };
         let v = verify::verify(&be, &sc, &filled.bytes, &ranks).unwrap();
         assert!(v.passed, "{v:?}");
         assert_eq!(v.elements, 63 * 8 * 256);

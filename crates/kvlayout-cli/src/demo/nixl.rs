@@ -36,7 +36,8 @@ const IO_TIMEOUT: Duration = Duration::from_secs(60);
 /// The decode process exits after this long whatever happens.
 const CHILD_LIFETIME: Duration = Duration::from_secs(300);
 
-/// Largest frame accepted (a rank's cache is at most 1 GiB, see the scenario).
+/// Largest frame accepted (a rank's cache is at most 1 GiB, see the scenario; each frame is
+/// checked against the length the scenario expects right after it is received).
 const MAX_FRAME: u64 = 1 << 31;
 
 /// The hidden subcommand's arguments (the decode side's process).
@@ -221,16 +222,15 @@ fn engine_error(e: impl std::fmt::Display) -> CliError {
 pub(crate) fn run(
     a: &DemoArgs,
     sc: &Scenario,
-    prefill: &[Vec<Vec<u8>>],
-) -> Result<(Vec<Published>, f64, Vec<RankRun>), CliError> {
+    prefill: Vec<Vec<Vec<u8>>>,
+) -> Result<super::Pulled, CliError> {
     let tag = std::process::id();
     let mut engines = Vec::new();
     let mut hellos = Vec::new();
     let mut published = Vec::new();
     let mut encode_s = 0.0;
-    for (r, bytes) in prefill.iter().enumerate() {
-        let e = NixlEngine::new(&format!("demo-{tag}-prefill-{r}"), bytes.clone())
-            .map_err(engine_error)?;
+    for (r, bytes) in prefill.into_iter().enumerate() {
+        let e = NixlEngine::new(&format!("demo-{tag}-prefill-{r}"), bytes).map_err(engine_error)?;
         let peer = PeerMetadata {
             engine_id: e.name().to_string(),
             groups: vec![rank::group(&sc.prefill, r as u64, e.regions())],
@@ -263,26 +263,72 @@ pub(crate) fn run(
         for h in &hellos {
             send(s, h)?;
         }
-        (0..sc.decode.tp).map(|_| receive_rank(s, sc)).collect()
+        (0..sc.decode.tp)
+            .map(|expected| receive_rank(s, sc, expected))
+            .collect()
     };
     let ranks = match exchange(&mut s) {
         Ok(r) => r,
         Err(e) => return Err(peer.failed(&e.to_string())),
     };
     peer.finish()?;
-    Ok((published, encode_s, ranks))
+    // Each engine's cache back, one rank at a time (a copy, then the engine is dropped).
+    let prefill = engines
+        .into_iter()
+        .map(|e| e.buffers().map_err(engine_error))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(super::Pulled {
+        published,
+        encode_s,
+        ranks,
+        prefill,
+    })
 }
 
-/// One decode rank's figures, cache and outputs, as [`send_rank`] sends them.
-fn receive_rank(s: &mut TcpStream, sc: &Scenario) -> Result<RankRun, CliError> {
+/// A reply of the decode process that does not fit the scenario.
+fn bad_reply(what: String) -> CliError {
+    io("the decode process's reply", what)
+}
+
+/// Decode rank `expected`'s figures, cache and outputs ([`send_rank`]), each checked as it
+/// comes: the rank, the hash's length, each buffer's (its extent) and each output's.
+fn receive_rank(s: &mut TcpStream, sc: &Scenario, expected: u64) -> Result<RankRun, CliError> {
     let json = recv(s)?;
     let mut run: RankRun =
         serde_json::from_slice(&json).map_err(|e| io("reading a decode rank's figures", e))?;
-    for _ in 0..sc.decode.layout.num_buffers() {
-        run.cache.push(recv(s)?);
+    if run.rank != expected {
+        return Err(bad_reply(format!(
+            "rank {} where rank {expected} of TP {} was due",
+            run.rank, sc.decode.tp
+        )));
     }
-    for _ in 0..sc.layers {
+    if run.compat_hash.len() < 16 || !run.compat_hash.is_ascii() {
+        return Err(bad_reply(format!(
+            "rank {expected}: compatibility hash {:?} is not a hash",
+            run.compat_hash
+        )));
+    }
+    for (i, x) in sc.decode.layout.extents().iter().enumerate() {
+        let buffer = recv(s)?;
+        if buffer.len() as u64 != x.end {
+            return Err(bad_reply(format!(
+                "rank {expected}: buffer {i} of {} bytes, the layout's is {}",
+                buffer.len(),
+                x.end
+            )));
+        }
+        run.cache.push(buffer);
+    }
+    let q = sc.q_range(sc.decode.tp, expected);
+    let out_len = sc.prompts.len() as u64 * (q.end - q.start) * sc.value_width * 4;
+    for layer in 0..sc.layers {
         let bytes = recv(s)?;
+        if bytes.len() as u64 != out_len {
+            return Err(bad_reply(format!(
+                "rank {expected}: layer {layer}'s output of {} bytes, expected {out_len}",
+                bytes.len()
+            )));
+        }
         run.outputs.push(
             bytes
                 .chunks_exact(4)
@@ -347,3 +393,7 @@ pub(crate) fn peer(a: &PeerArgs) -> Result<String, CliError> {
     }
     Ok(String::new())
 }
+
+#[cfg(test)]
+#[path = "nixl_tests.rs"]
+mod tests;

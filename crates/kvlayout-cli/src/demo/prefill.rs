@@ -11,7 +11,8 @@ use std::time::Instant;
 use kvlayout::ops::{AnyBackend, Backend, BufferShape, HostTensor, WriteArgs};
 use kvlayout::KvCacheLayout;
 
-use super::scenario::{Rng, Scenario};
+use super::scenario::Scenario;
+use super::seeded::Rng;
 use crate::CliError;
 
 /// A failure of the backend itself (no memory, a device error), not of the arguments.

@@ -145,7 +145,8 @@ pub(crate) fn run<E: TransferEngine>(
     let planning = group(d, rank, Vec::new());
     let t = Instant::now();
     for r in &remotes {
-        check_compatible(&planning, r).map_err(|e| refused("compatibility check", rank, e))?;
+        check_compatible(&planning, r)
+            .map_err(|e| refused("compatibility check (--decode against --prefill)", rank, e))?;
     }
     run.check_s = t.elapsed().as_secs_f64();
     run.check_bytes = remotes

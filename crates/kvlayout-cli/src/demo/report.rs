@@ -1,6 +1,6 @@
 //! The demo's report: the record of a run (`--json`) and its text, one line per step, built
 //! from what the steps measured. It owns the wording of each line; it measures nothing but
-//! the memcpy bound of each step ([`Step::new`]).
+//! the memcpy bound of each step that moves data ([`Step::moved`]).
 
 use kvlayout::ops::{AnyBackend, Backend};
 use serde::Serialize;
@@ -9,8 +9,9 @@ use serde_json::json;
 use super::prefill::Prefilled;
 use super::rank::{Published, RankRun};
 use super::scenario::{Scenario, Side};
-use super::step::{size, Step};
+use super::step::{size, Bound, Step};
 use super::verify::Verification;
+use crate::CliError;
 
 /// The whole record of a run (`--json`).
 #[derive(Debug, Serialize)]
@@ -20,6 +21,8 @@ pub(crate) struct Record {
     pub kernels: String,
     pub engine: String,
     pub cpu: String,
+    /// Threads of the memcpy bound (one per core, as `kvlayout bench`).
+    pub memcpy_threads: usize,
     pub steps: Vec<Step>,
     pub verification: Verification,
     /// Wall time of the whole demo, in milliseconds (the memcpy bounds included).
@@ -59,7 +62,7 @@ impl Record {
             self.engine, self.backend, self.kernels, sc.plan, self.cpu
         ));
         for s in &self.steps {
-            out.push_str(&s.to_text());
+            out.push_str(&s.to_text(self.memcpy_threads));
         }
         out.push_str(&format!(
             "result:   {} in {:.0} ms\n",
@@ -74,9 +77,14 @@ impl Record {
     }
 }
 
-pub(super) fn write_step(sc: &Scenario, be: &AnyBackend, f: &Prefilled) -> Step {
+pub(super) fn write_step(
+    sc: &Scenario,
+    be: &AnyBackend,
+    f: &Prefilled,
+    bound: &Bound,
+) -> Result<Step, CliError> {
     let tokens: u64 = sc.prompts.iter().map(|&t| u64::from(t)).sum();
-    Step::new(
+    Step::moved(
         "write_kv",
         format!(
             "{} prompts, {tokens} tokens x {} layers into {} prefill rank(s) on {}: {} calls",
@@ -89,6 +97,7 @@ pub(super) fn write_step(sc: &Scenario, be: &AnyBackend, f: &Prefilled) -> Step 
         f.written,
         f.seconds,
         json!({ "tokens": tokens, "calls": f.calls }),
+        bound,
     )
 }
 
@@ -101,14 +110,18 @@ pub(super) fn pull_steps(
     published: &[Published],
     encode_s: f64,
     ranks: &[RankRun],
-) -> Vec<Step> {
+    bound: &Bound,
+) -> Result<Vec<Step>, CliError> {
     let sum = |f: fn(&RankRun) -> f64| ranks.iter().map(f).sum::<f64>();
     let total = |f: fn(&RankRun) -> u64| ranks.iter().map(f).sum::<u64>();
     let per_rank = |f: fn(&RankRun) -> u64| ranks.iter().map(f).collect::<Vec<_>>();
     let (p, d) = (&sc.prefill, &sc.decode);
     let each = published.first().map_or(0, |x| x.handshake.len());
     let descriptors = total(|r| r.descriptors);
-    let hash = ranks.first().map_or("", |r| &r.compat_hash[..16]);
+    let hash = ranks
+        .first()
+        .and_then(|r| r.compat_hash.get(..16))
+        .unwrap_or("");
     let receive = if sc.plan == "staged" {
         format!(
             "scatter_blocks on {} from each leg's staging cache ({} order) into the {} order, \
@@ -122,8 +135,8 @@ pub(super) fn pull_steps(
             .to_string()
     };
     let q = sc.q_heads / d.tp;
-    vec![
-        Step::new(
+    Ok(vec![
+        Step::still(
             "handshake",
             format!(
                 "{} prefill rank(s) publish {each} B each (engine id, layout JSON, TP place, \
@@ -134,7 +147,7 @@ pub(super) fn pull_steps(
             encode_s + sum(|r| r.handshake_s),
             json!({ "bytes_per_prefill_rank": each }),
         ),
-        Step::new(
+        Step::still(
             "check",
             format!(
                 "compat hash {hash}..: content, head sizes, dtype, scales, {} layers and {} \
@@ -152,7 +165,7 @@ pub(super) fn pull_steps(
             sum(|r| r.check_s),
             json!({ "compat_hash": ranks.first().map(|r| r.compat_hash.clone()) }),
         ),
-        Step::new(
+        Step::still(
             "plan",
             format!(
                 "{} plan: {} leg(s) over {} decode rank(s), {descriptors} descriptors \
@@ -169,7 +182,7 @@ pub(super) fn pull_steps(
                     "bytes_per_rank": per_rank(|r| r.wire_bytes) }),
         )
         .with_descriptors(descriptors),
-        Step::new(
+        Step::moved(
             "transfer",
             format!(
                 "execute on the {engine} engine: {} reads of {descriptors} descriptors, \
@@ -184,16 +197,18 @@ pub(super) fn pull_steps(
             total(|r| r.wire_bytes),
             sum(|r| r.transfer_s),
             json!({ "engine": engine }),
-        )
+            bound,
+        )?
         .with_descriptors(descriptors),
-        Step::new(
+        Step::moved(
             "receive",
             receive,
             total(|r| r.receive_bytes),
             sum(|r| r.receive_s),
             json!({ "post_receive": if sc.plan == "staged" { "scatter_blocks" } else { "none" } }),
-        ),
-        Step::new(
+            bound,
+        )?,
+        Step::moved(
             "decode",
             format!(
                 "paged_decode on {} on each of {} decode rank(s) x {} layers: {q} query heads \
@@ -207,8 +222,9 @@ pub(super) fn pull_steps(
             total(|r| r.decode_bytes),
             sum(|r| r.decode_s),
             json!({ "outputs": ranks.iter().map(|r| r.outputs.iter().map(Vec::len).sum::<usize>()).sum::<usize>() }),
-        ),
-    ]
+            bound,
+        )?,
+    ])
 }
 
 /// `NHD` of a spec's `order=...`, for the receive line.
@@ -232,5 +248,5 @@ pub(super) fn verify_step(v: &Verification, seconds: f64) -> Step {
         v.backend_max_error,
         if v.passed { "ok" } else { "FAILED" }
     );
-    Step::new("verify", line, v.element_bytes, seconds, json!({}))
+    Step::still("verify", line, v.element_bytes, seconds, json!({}))
 }

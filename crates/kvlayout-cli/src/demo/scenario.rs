@@ -10,6 +10,8 @@ use kvlayout::{KvCacheLayout, Placement};
 use kvlayout_connector::plan::SeqBlocks;
 use serde::Serialize;
 
+use super::model_check::{check_against_model, merge};
+use super::seeded::{tables, Rng};
 use super::DemoArgs;
 use crate::CliError;
 
@@ -19,11 +21,12 @@ pub(crate) const Q_PER_KV: u64 = 4;
 /// MLA's query heads.
 const MLA_Q_HEADS: u64 = 16;
 
-/// Largest cache the demo allocates per rank, in bytes (it is a demo: seconds, not minutes).
+/// Largest cache the demo allocates per rank, in bytes (the demo's total is bounded apart,
+/// see [`super::budget`]).
 const MAX_RANK_BYTES: u64 = 1 << 30;
 
-/// Most tokens of the prompts together (the verification reads every one through the
-/// descriptors and the f64 reference: seconds, not minutes).
+/// Most tokens of the prompts together (the work of the whole run is bounded apart, see
+/// [`super::budget`]).
 const MAX_PROMPT_TOKENS: u32 = 1 << 16;
 
 /// Most prompts.
@@ -145,77 +148,6 @@ fn is_modifiers(value: &str) -> bool {
         .is_none_or(|t| t.contains('='))
 }
 
-/// xorshift64: seeded data, the same on every machine.
-pub(crate) struct Rng(pub u64);
-
-impl Rng {
-    pub(crate) fn new(seed: u64, stream: u64) -> Self {
-        Rng(
-            (seed ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                | 1,
-        )
-    }
-
-    pub(crate) fn next(&mut self) -> u64 {
-        let mut s = self.0;
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        self.0 = s;
-        s
-    }
-
-    /// Uniform in [-1, 1).
-    pub(crate) fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-
-    pub(crate) fn fill(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.unit()).collect()
-    }
-}
-
-/// Each prompt's blocks: distinct blocks of `0..pool` in a seeded order (blocks of
-/// `block_size` tokens), or why they do not fit.
-fn tables(
-    side: &str,
-    prompts: &[u32],
-    block_size: u64,
-    pool: u64,
-    rng: &mut Rng,
-) -> Result<Vec<Vec<u64>>, CliError> {
-    let need: Vec<u64> = prompts
-        .iter()
-        .map(|&t| u64::from(t).div_ceil(block_size))
-        .collect();
-    let total: u64 = need.iter().sum();
-    if total > pool {
-        return Err(CliError::Usage(format!(
-            "the prompts need {total} blocks of {block_size} tokens on the {side} side; its \
-             pool has {pool} (raise --blocks or shorten --prompts)"
-        )));
-    }
-    if i32::try_from(pool).is_err() {
-        return Err(CliError::Usage(format!(
-            "{side} side: B={pool} exceeds the block ids of a block table (i32)"
-        )));
-    }
-    // The first `total` steps of a Fisher-Yates shuffle of `0..pool`, keeping only the moved
-    // entries: memory for the blocks drawn, not the pool.
-    let mut moved: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
-    let mut next = (0..total).map(|i| {
-        let j = i + rng.next() % (pool - i);
-        let at_j = *moved.get(&j).unwrap_or(&j);
-        let at_i = *moved.get(&i).unwrap_or(&i);
-        moved.insert(j, at_i);
-        at_j
-    });
-    Ok(need
-        .iter()
-        .map(|&n| next.by_ref().take(n as usize).collect())
-        .collect())
-}
-
 /// Parses one side's rank layout and checks its size.
 #[allow(clippy::too_many_arguments)]
 fn side(
@@ -229,43 +161,42 @@ fn side(
     rng: &mut Rng,
 ) -> Result<Side, CliError> {
     let model_heads = model.geometry().num_kv_heads;
-    let (spec, total_kv_heads) = if is_modifiers(value) {
-        let heads = kvlayout::tp_head_range(model_heads, tp, 0).map_err(|e| {
-            CliError::Usage(format!("{name} side (--{}tp {tp}): {e}", tp_flag(name)))
-        })?;
+    let heads = kvlayout::tp_head_range(model_heads, tp, 0)
+        .map_err(|e| CliError::Usage(format!("{name} side (--{}tp {tp}): {e}", tp_flag(name))))?;
+    let rank_heads = heads.end - heads.start;
+    let modifiers = is_modifiers(value);
+    let spec = if modifiers {
         let layers = count("--layers", &a.layers, 1 << 10)?;
         let blocks = count("--blocks", &a.blocks, 1 << 24)?;
-        // The preset's overrides or the modifiers may set L, B or H themselves; the spec
-        // grammar takes each key once.
-        let given = |key: &str| {
-            (a.preset.split_whitespace().skip(1))
-                .chain(value.split_whitespace())
-                .any(|t| t.starts_with(key))
-        };
-        let mut spec = a.preset.clone();
-        for (key, v) in [
-            ("L=", layers),
-            ("B=", blocks),
-            ("H=", heads.end - heads.start),
-        ] {
-            if !given(key) {
-                spec.push_str(&format!(" {key}{v}"));
-            }
-        }
-        (format!("{spec} {value}"), model_heads)
+        // The preset and its overrides, then L, B and the rank's H, then the side's
+        // modifiers: a later key=value replaces an earlier one.
+        let derived = [
+            format!("L={layers}"),
+            format!("B={blocks}"),
+            format!("H={rank_heads}"),
+        ];
+        merge(
+            (a.preset.split_whitespace())
+                .chain(derived.iter().map(String::as_str))
+                .chain(value.split_whitespace()),
+        )
     } else {
-        (value.to_string(), 0)
+        value.to_string()
     };
     let layout = spec.parse::<KvCacheLayout>().map_err(|e| {
         CliError::Usage(format!(
             "{flag} {value:?} (one {name} rank's layout {spec:?}): {e}"
         ))
     })?;
-    // A whole SPEC states one rank's heads; the side's model heads follow from its TP.
-    let total_kv_heads = if total_kv_heads == 0 {
-        layout.geometry().num_kv_heads.saturating_mul(tp)
+    if name == "prefill" {
+        check_against_model(&layout, model, a, tp, rank_heads)?;
+    }
+    // Modifiers state the model's heads; a whole SPEC states one rank's, and the side's
+    // model heads follow from its TP.
+    let total_kv_heads = if modifiers || name == "prefill" {
+        model_heads
     } else {
-        total_kv_heads
+        layout.geometry().num_kv_heads.saturating_mul(tp)
     };
     let rank_bytes: u64 = layout.extents().iter().map(|x| x.end).sum();
     if rank_bytes > MAX_RANK_BYTES {

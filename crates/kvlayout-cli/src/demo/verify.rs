@@ -47,8 +47,28 @@ pub(crate) struct Verification {
     pub passed: bool,
 }
 
-/// A host cache of `layout` holding `bytes`.
+/// Refuses a cache that is not one buffer per extent of `layout`, each the extent's length.
+fn check_lengths(layout: &KvCacheLayout, bytes: &[Vec<u8>]) -> Result<(), CliError> {
+    let extents = layout.extents();
+    if bytes.len() != extents.len()
+        || bytes
+            .iter()
+            .zip(extents)
+            .any(|(b, x)| b.len() as u64 != x.end)
+    {
+        return Err(CliError::Check(format!(
+            "a cache of {} buffers ({:?} bytes) where the layout has {:?}",
+            bytes.len(),
+            bytes.iter().map(Vec::len).collect::<Vec<_>>(),
+            extents.iter().map(|x| x.end).collect::<Vec<_>>()
+        )));
+    }
+    Ok(())
+}
+
+/// A host cache of `layout` holding `bytes` (one per buffer, each the buffer's extent).
 fn host_cache(layout: &KvCacheLayout, bytes: &[Vec<u8>]) -> Result<HostCache, CliError> {
+    check_lengths(layout, bytes)?;
     let mut host = HostCache::new(layout.clone())?;
     for (i, b) in bytes.iter().enumerate() {
         host.bytes_mut(i).copy_from_slice(b);
@@ -56,16 +76,15 @@ fn host_cache(layout: &KvCacheLayout, bytes: &[Vec<u8>]) -> Result<HostCache, Cl
     Ok(host)
 }
 
-/// The reference decode of `layer` on `bytes` (a cache of `side`) for query heads `q`: the
+/// The reference decode of `layer` on `cache` (a cache of `side`) for query heads `q`: the
 /// output `[prompt, q_head, value_width]` and each row's magnitudes.
 fn reference_decode(
     sc: &Scenario,
     side: &Side,
-    bytes: &[Vec<u8>],
+    cache: &HostCache,
     layer: u64,
     q: &std::ops::Range<u64>,
 ) -> Result<(Vec<f32>, Vec<kvlayout_cpu::Magnitude>), CliError> {
-    let cache = host_cache(&side.layout, bytes)?;
     let (table, width) = side.decode_table();
     let query = sc.query_heads(layer, q);
     let d = Decode {
@@ -100,6 +119,12 @@ fn prefill_holder(sc: &Scenario, head: u64) -> Result<(usize, u64), CliError> {
     )))
 }
 
+/// Whether a row of `m`'s elements is adjacent bytes: its dim is not split and the stride the
+/// layout reports between elements is one element.
+fn contiguous(m: &kvlayout::FieldMap) -> bool {
+    m.strides.dim_split == m.width && m.strides.dim == m.elem_bytes()
+}
+
 /// Check 1 on one decode rank: `(elements compared, differing, first difference)`.
 fn compare_elements(
     sc: &Scenario,
@@ -124,6 +149,23 @@ fn compare_elements(
                     };
                     for m in d.layout.stored_fields() {
                         let n = m.elem_bytes() as usize;
+                        let pm = p.layout.field_map(m.field)?;
+                        // A row whose elements are adjacent on both sides (the strides the
+                        // layouts report) is compared in one slice; the elements of a row
+                        // that differs, or is not adjacent, one by one.
+                        if contiguous(m) && contiguous(&pm) {
+                            let dl = d.layout.offset(&at(d, h, m.field, 0))?;
+                            let pl = p.layout.offset(&at(p, p_head, m.field, 0))?;
+                            let len = n * m.width as usize;
+                            let got = &run.cache[dl.buffer as usize][dl.offset as usize..][..len];
+                            let want =
+                                &prefill[p_rank][pl.buffer as usize][pl.offset as usize..][..len];
+                            if got == want {
+                                compared += m.width;
+                                bytes += len as u64;
+                                continue;
+                            }
+                        }
                         for dim in 0..m.width {
                             let dl = d.layout.offset(&at(d, h, m.field, dim))?;
                             let pl = p.layout.offset(&at(p, p_head, m.field, dim))?;
@@ -182,6 +224,12 @@ pub(crate) fn verify(
         },
         passed: false,
     };
+    for bytes in prefill {
+        check_lengths(&sc.prefill.layout, bytes)?;
+    }
+    for run in ranks {
+        check_lengths(&sc.decode.layout, &run.cache)?;
+    }
     for run in ranks {
         let (n, bytes, bad, first) = compare_elements(sc, prefill, run)?;
         v.elements += n;
@@ -192,30 +240,49 @@ pub(crate) fn verify(
         }
     }
     let rows = |q: &std::ops::Range<u64>| (q.end - q.start) * sc.value_width;
-    for layer in 0..sc.layers {
-        // The prefill side's reference for every query head, `[prompt, q_head, value_width]`.
-        let per_prompt = (sc.q_heads * sc.value_width) as usize;
-        let mut want_all = vec![0f32; sc.prompts.len() * per_prompt];
-        for (p_rank, bytes) in prefill.iter().enumerate() {
-            let q = sc.q_range(sc.prefill.tp, p_rank as u64);
-            let (out, _) = reference_decode(sc, &sc.prefill, bytes, layer, &q)?;
-            let (from, n) = ((q.start * sc.value_width) as usize, rows(&q) as usize);
+    // The prefill side's reference for every query head, per layer,
+    // `[prompt, q_head, value_width]`: each prefill rank's host cache built once.
+    let per_prompt = (sc.q_heads * sc.value_width) as usize;
+    let mut want_all = vec![vec![0f32; sc.prompts.len() * per_prompt]; sc.layers as usize];
+    for (p_rank, bytes) in prefill.iter().enumerate() {
+        let cache = host_cache(&sc.prefill.layout, bytes)?;
+        let q = sc.q_range(sc.prefill.tp, p_rank as u64);
+        let (from, n) = ((q.start * sc.value_width) as usize, rows(&q) as usize);
+        for (layer, want) in want_all.iter_mut().enumerate() {
+            let (out, _) = reference_decode(sc, &sc.prefill, &cache, layer as u64, &q)?;
             for s in 0..sc.prompts.len() {
-                want_all[s * per_prompt + from..][..n].copy_from_slice(&out[s * n..][..n]);
+                want[s * per_prompt + from..][..n].copy_from_slice(&out[s * n..][..n]);
             }
         }
-        for run in ranks {
-            let q = sc.q_range(sc.decode.tp, run.rank);
-            let (mine, mags) = reference_decode(sc, &sc.decode, &run.cache, layer, &q)?;
-            let (from, n) = ((q.start * sc.value_width) as usize, rows(&q) as usize);
+    }
+    // Each decode rank's host cache, built once, one rank at a time.
+    for run in ranks {
+        let cache = host_cache(&sc.decode.layout, &run.cache)?;
+        let q = sc.q_range(sc.decode.tp, run.rank);
+        let (from, n) = ((q.start * sc.value_width) as usize, rows(&q) as usize);
+        for (layer, want_layer) in want_all.iter().enumerate() {
+            let (mine, mags) = reference_decode(sc, &sc.decode, &cache, layer as u64, &q)?;
             for s in 0..sc.prompts.len() {
-                let want = &want_all[s * per_prompt + from..][..n];
+                let want = &want_layer[s * per_prompt + from..][..n];
                 for (a, b) in mine[s * n..][..n].iter().zip(want) {
                     v.reference_outputs += 1;
                     v.reference_differing += u64::from(a.to_bits() != b.to_bits());
                 }
             }
-            let got = &run.outputs[layer as usize];
+            let got = run.outputs.get(layer).ok_or_else(|| {
+                CliError::Check(format!(
+                    "decode rank {} has no output for layer {layer}",
+                    run.rank
+                ))
+            })?;
+            if got.len() != mine.len() {
+                return Err(CliError::Check(format!(
+                    "decode rank {} layer {layer}: {} outputs, the reference has {}",
+                    run.rank,
+                    got.len(),
+                    mine.len()
+                )));
+            }
             let e = decode_error(got, &mine, &mags, tolerance);
             v.backend_outputs += got.len() as u64;
             v.backend_max_error = v.backend_max_error.max(e.relative);
