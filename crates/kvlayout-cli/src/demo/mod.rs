@@ -149,11 +149,6 @@ pub(crate) struct DemoArgs {
     pub seed: String,
 }
 
-/// Opens the backend by name (a name that cannot run here is a user error, exit 2).
-fn open_backend(name: &str) -> Result<AnyBackend, CliError> {
-    kvlayout_backends::open(name).map_err(|e| CliError::Usage(format!("--backend: {e}")))
-}
-
 /// Runs the demo and returns its record; a failed verification is the caller's to report.
 pub(crate) fn run(a: &DemoArgs) -> Result<Record, CliError> {
     let start = Instant::now();
@@ -170,7 +165,7 @@ pub(crate) fn run(a: &DemoArgs) -> Result<Record, CliError> {
         nixl::available()?;
     }
     budget::check(&sc, engine == "nixl")?;
-    let be = open_backend(&a.backend)?;
+    let be = crate::common::backend::open(&a.backend, None)?;
     let bound = Bound::new()?;
     let cpu = crate::cpu::CpuReport::of(crate::cpu::features()?).model_name;
     let kernels = be.kernels().build;
@@ -324,7 +319,7 @@ mod tests {
     fn verification_catches_one_corrupted_element_and_one_corrupted_output() {
         let a = args(&["--prompts", "40,23", "--blocks", "8", "--layers", "1"]);
         let sc = Scenario::from_args(&a).unwrap();
-        let be = open_backend("cpu").unwrap();
+        let be = crate::common::backend::open("cpu", None).unwrap();
         let filled = prefill::prefill(&be, &sc).unwrap();
         let Pulled {
             mut ranks, prefill, ..

@@ -363,8 +363,7 @@ pub(crate) fn peer(a: &PeerArgs) -> Result<String, CliError> {
         std::process::exit(1);
     });
     let sc = Scenario::from_args(&a.demo)?;
-    let be = kvlayout_backends::open(&a.demo.backend)
-        .map_err(|e| CliError::Usage(format!("--backend: {e}")))?;
+    let be = crate::common::backend::open(&a.demo.backend, None)?;
     let mut s = TcpStream::connect(&a.connect).map_err(|e| io("connecting", e))?;
     timeouts(&s)?;
     let count = recv(&mut s)?;

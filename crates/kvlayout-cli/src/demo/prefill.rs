@@ -12,7 +12,7 @@ use kvlayout::ops::{AnyBackend, Backend, BufferShape, HostTensor, WriteArgs};
 use kvlayout::KvCacheLayout;
 
 use super::scenario::Scenario;
-use super::seeded::Rng;
+use super::seeded;
 use crate::CliError;
 
 /// A failure of the backend itself (no memory, a device error), not of the arguments.
@@ -47,7 +47,7 @@ pub(crate) fn row_bytes(layout: &KvCacheLayout) -> u64 {
 fn model_rows(sc: &Scenario, layer: u64, seq: usize, value: bool, width: u64) -> Vec<f32> {
     let n = sc.prompts[seq] as usize * (sc.kv_heads * width) as usize;
     let stream = (layer << 32) | ((seq as u64) << 1) | u64::from(value);
-    Rng::new(sc.seed, 1 << 48 | stream).fill(n)
+    seeded::stream(sc.seed, 1 << 48 | stream).signed_units(n)
 }
 
 /// Heads `heads` of `[tokens, kv_heads, width]` rows.

@@ -11,7 +11,7 @@ use kvlayout_connector::plan::SeqBlocks;
 use serde::Serialize;
 
 use super::model_check::{check_against_model, merge};
-use super::seeded::{tables, Rng};
+use super::seeded::{self, tables, Rng};
 use super::DemoArgs;
 use crate::CliError;
 
@@ -255,7 +255,7 @@ impl Scenario {
         let tp = count("--tp", &a.tp, MAX_TP)?;
         let prompts = prompts(&a.prompts)?;
         let seed: u64 = number("--seed", &a.seed)?;
-        let mut rng = Rng::new(seed, 1);
+        let mut rng = seeded::stream(seed, 1);
         let prefill = side(
             "prefill",
             "--prefill",
@@ -335,7 +335,7 @@ impl Scenario {
     /// The decode query of layer `layer`: `[prompt, q_head, key_width]` f32, all heads.
     pub(crate) fn query(&self, layer: u64) -> Vec<f32> {
         let n = self.prompts.len() * (self.q_heads * self.key_width) as usize;
-        Rng::new(self.seed, 1000 + layer).fill(n)
+        seeded::stream(self.seed, 1000 + layer).signed_units(n)
     }
 
     /// The query of `layer` for query heads `q`.

@@ -1,4 +1,4 @@
-//! The demo's seeded data: a xorshift64 stream (the same on every machine) and each
+//! The demo's seeded data: streams of the commands' xorshift64 (the same on every machine) and each
 //! prompt's block table drawn from a side's pool.
 //!
 //! It owns drawing the numbers; it does not own what they are written to (the prefill side)
@@ -6,34 +6,12 @@
 
 use crate::CliError;
 
-/// xorshift64: seeded data, the same on every machine.
-pub(crate) struct Rng(pub u64);
+pub(crate) use crate::common::rng::Rng;
 
-impl Rng {
-    pub(crate) fn new(seed: u64, stream: u64) -> Self {
-        Rng(
-            (seed ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                | 1,
-        )
-    }
-
-    pub(crate) fn next(&mut self) -> u64 {
-        let mut s = self.0;
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        self.0 = s;
-        s
-    }
-
-    /// Uniform in [-1, 1).
-    pub(crate) fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-
-    pub(crate) fn fill(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.unit()).collect()
-    }
+/// Stream `stream` of the demo's `--seed`: the keys and values of one prefill rank, the
+/// queries of one layer, the block tables.
+pub(crate) fn stream(seed: u64, stream: u64) -> Rng {
+    Rng::seeded(seed ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03))
 }
 
 /// Each prompt's blocks: distinct blocks of `0..pool` in a seeded order (blocks of
@@ -65,7 +43,7 @@ pub(crate) fn tables(
     // entries: memory for the blocks drawn, not the pool.
     let mut moved: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
     let mut next = (0..total).map(|i| {
-        let j = i + rng.next() % (pool - i);
+        let j = i + rng.next_u64() % (pool - i);
         let at_j = *moved.get(&j).unwrap_or(&j);
         let at_i = *moved.get(&i).unwrap_or(&i);
         moved.insert(j, at_i);
