@@ -58,18 +58,9 @@ enum Pattern {
     Random,
 }
 
-/// The `code` of a field in the coords pattern.
+/// The `code` of a field in the coords pattern: its ABI code (`KVL_FIELD_*`, k 0 .. ssm 7).
 pub(crate) fn field_code(f: Field) -> u64 {
-    match f {
-        Field::K => 0,
-        Field::V => 1,
-        Field::KScale => 2,
-        Field::VScale => 3,
-        Field::Latent => 4,
-        Field::Bytes => 5,
-        Field::Conv => 6,
-        Field::Ssm => 7,
-    }
+    kvlayout::field_code(f).unsigned_abs().into()
 }
 
 /// How many integers from 0 a dtype holds exactly (the coords pattern's modulus).

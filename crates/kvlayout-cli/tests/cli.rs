@@ -28,6 +28,8 @@ mod dump_convert;
 mod dump_file;
 #[path = "cli/dump_fuzz.rs"]
 mod dump_fuzz;
+#[path = "cli/fuzzing.rs"]
+mod fuzzing;
 #[path = "cli/limits.rs"]
 mod limits;
 #[path = "cli/plan.rs"]

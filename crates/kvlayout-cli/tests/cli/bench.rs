@@ -202,18 +202,10 @@ fn bad_flags_and_sizes_are_one_line() {
 /// exits 0, or 2 with one `error:` line; never a panic.
 #[test]
 fn random_bad_input_is_refused_or_runs() {
-    let budget = std::env::var("KVLAYOUT_FUZZ_SECONDS")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .unwrap_or(3.0);
+    let budget = super::fuzzing::seconds();
     let start = std::time::Instant::now();
-    let mut s = 0x5EED_u64;
-    let mut next = |n: usize| {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s % n as u64) as usize
-    };
+    let mut rng = super::fuzzing::Rng(0x5EED_u64);
+    let mut next = |n: usize| rng.below(n);
     let values = [
         "0",
         "1",

@@ -211,18 +211,10 @@ fn bad_backends_families_and_filters_are_one_line() {
 /// 3 s budget): exit 0, or 2 with one `error:` line; never a panic.
 #[test]
 fn random_bad_input_is_refused_or_runs() {
-    let budget = std::env::var("KVLAYOUT_FUZZ_SECONDS")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .unwrap_or(3.0);
+    let budget = super::fuzzing::seconds();
     let start = std::time::Instant::now();
-    let mut s = 0xC4EC_u64;
-    let mut next = |n: usize| {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s % n as u64) as usize
-    };
+    let mut rng = super::fuzzing::Rng(0xC4EC_u64);
+    let mut next = |n: usize| rng.below(n);
     let backends = [
         "cpu",
         "reference",

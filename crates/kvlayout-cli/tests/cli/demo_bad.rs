@@ -4,6 +4,7 @@
 //! random flag values.
 
 use super::demo::{assert_verified, demo_json, step};
+use super::fuzzing::Rng;
 use super::{kvlayout, user_error};
 
 #[test]
@@ -69,33 +70,12 @@ fn bad_flags_exit_2_with_one_line() {
     }
 }
 
-/// xorshift64 for the flag values.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut s = self.0;
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        self.0 = s;
-        s
-    }
-
-    fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
-        xs[(self.next() % xs.len() as u64) as usize]
-    }
-}
-
 /// Random values of every flag (small enough that a scenario that runs is quick): each run
 /// succeeds or is one `error:` line with exit 2 (or exit 1 with one line, a failed
 /// verification, which would be a bug the message shows); never a panic.
 #[test]
 fn random_flag_values_succeed_or_are_one_line() {
-    let seconds: f64 = std::env::var("KVLAYOUT_FUZZ_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3.0);
+    let seconds: f64 = super::fuzzing::seconds();
     let start = std::time::Instant::now();
     let mut rng = Rng(0x2545_F491_4F6C_DD1D);
     let mut runs = 0;

@@ -3,32 +3,12 @@
 //! scales the 3 s budget): each is refused with one `error:` line or read; never a panic.
 
 use super::dump_file::{fill, Temp, INT8, SEPARATE};
+use super::fuzzing::Rng;
 use super::{kvlayout, ok, stderr, stdout};
-
-/// xorshift64 for the randomized inputs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut s = self.0;
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        self.0 = s;
-        s
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
 
 #[test]
 fn randomized_bad_dumps_are_refused_or_read_never_a_panic() {
-    let secs: f64 = std::env::var("KVLAYOUT_FUZZ_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3.0);
+    let secs: f64 = super::fuzzing::seconds();
     let seed: u64 = std::env::var("KVLAYOUT_FUZZ_SEED")
         .ok()
         .and_then(|s| s.parse().ok())

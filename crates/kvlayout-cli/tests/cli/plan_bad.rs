@@ -2,6 +2,7 @@
 //! and a short randomized run of bad arguments (malformed block lists, negative and huge
 //! ids, overflowing counts, bad TP placements) that never panics.
 
+use super::fuzzing::Rng;
 use std::time::{Duration, Instant};
 
 use super::{kvlayout, stderr, user_error};
@@ -130,20 +131,7 @@ fn a_forced_plan_is_refused_with_its_own_reason() {
 }
 
 /// A tiny xorshift generator: the seed is printed with every failing input.
-struct Rng(u64);
-
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
-        xs[(self.next() % xs.len() as u64) as usize]
-    }
-
     /// A number, a huge one, a negative one, or garbage.
     fn number(&mut self) -> String {
         match self.next() % 8 {
@@ -181,10 +169,7 @@ impl Rng {
 /// usage errors add a hint line), or for `diff` exit 1 with one line; never a panic.
 #[test]
 fn random_bad_arguments_never_panic() {
-    let seconds = std::env::var("KVLAYOUT_FUZZ_SECONDS")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .unwrap_or(3.0);
+    let seconds = super::fuzzing::seconds();
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| d.as_nanos() as u64)

@@ -2,6 +2,7 @@
 //! and bad specs (exit 2, one line, nothing written), and random specs (a picture that parses
 //! and whose elements lie where `layout.offset` puts them, or a clean refusal).
 
+use super::fuzzing::Rng;
 use std::time::{Duration, Instant};
 
 use super::svg_read::{read_page, MAX_SVG_BYTES};
@@ -45,22 +46,6 @@ fn svg_to_an_unwritable_path_is_one_error_line() {
     assert!(!path.exists());
     let line = user_error(&["explain", super::SMALL, "--svg", ""]);
     assert!(line.contains("--svg needs a file name"), "{line}");
-}
-
-/// A seeded xorshift generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
-        xs[(self.next() % xs.len() as u64) as usize]
-    }
 }
 
 /// A spec of a random content kind with mostly good values (one in ten keys bad or left out).
@@ -138,10 +123,7 @@ fn random_spec(rng: &mut Rng) -> String {
 /// or exits 2 with one error line; never a panic. `KVLAYOUT_FUZZ_SECONDS` sets the budget.
 #[test]
 fn svg_random_specs_render_or_fail_cleanly() {
-    let seconds: f64 = std::env::var("KVLAYOUT_FUZZ_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3.0);
+    let seconds: f64 = super::fuzzing::seconds();
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let path = temp_path("svg-fuzz").with_extension("svg");
     let p = path.to_string_lossy().into_owned();
