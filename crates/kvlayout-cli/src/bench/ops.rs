@@ -108,7 +108,7 @@ impl Plan {
                 a.max_gib
             )));
         }
-        if let Some(free) = crate::decode::available_memory() {
+        if let Some(free) = crate::common::memory::available_memory() {
             if total > u128::from(free) {
                 return Err(usage(format!(
                     "the bench needs {gib:.2} GiB (caches, activations, bound buffers); this \

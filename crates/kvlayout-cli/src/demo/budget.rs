@@ -81,7 +81,7 @@ pub(crate) fn check(sc: &Scenario, nixl: bool) -> Result<(), CliError> {
             MAX_DEMO_BYTES >> 30
         )));
     }
-    if let Some(free) = crate::decode::available_memory() {
+    if let Some(free) = crate::common::memory::available_memory() {
         if peak > u128::from(free) {
             return Err(CliError::Usage(format!(
                 "the demo would hold {:.2} GiB at once ({why}); this machine has {:.2} GiB \

@@ -14,7 +14,6 @@
 //! replaces the filled one ([`Given`]); reading and writing dumps is [`crate::decode_dump`]'s.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::Instant;
 
 use kvlayout::ops::{
@@ -22,77 +21,22 @@ use kvlayout::ops::{
     HostTensor, WriteArgs,
 };
 use kvlayout::KvCacheLayout;
-use kvlayout_cpu::bench::{paired, Paired, ReadBound};
 use kvlayout_cpu::tolerance::{decode_error, Tolerance};
 use kvlayout_cpu::{reference, Activations, Decode, HostCache};
-use serde::Serialize;
 
+use crate::common::memory::available_memory;
 use crate::common::rng::Rng;
 use crate::common::{backend, limits, units};
 use crate::CliError;
 
-/// What `kvlayout decode` was asked for (its options, besides the spec and `--json`).
-#[derive(Debug, Clone, clap::Args)]
-pub(crate) struct StepArgs {
-    /// Query heads (default: 4 per KV head; 16 for MLA).
-    #[arg(long, value_name = "N")]
-    pub q_heads: Option<u64>,
-    /// Sequences in the step.
-    #[arg(long, value_name = "S", default_value_t = 8)]
-    pub seqs: usize,
-    /// Tokens in each sequence.
-    #[arg(long, value_name = "T", default_value_t = 1024)]
-    pub context: u32,
-    /// Layer slot to fill and read.
-    #[arg(long, value_name = "L", default_value_t = 0)]
-    pub layer: u64,
-    /// Attend only to the last W tokens of each sequence.
-    #[arg(long, value_name = "W")]
-    pub window: Option<u64>,
-    /// Logits soft-cap C: s = C * tanh(s / C) (Gemma 2: 50).
-    #[arg(long, value_name = "C")]
-    pub soft_cap: Option<f32>,
-    /// Backend to run the step on: cpu, cpu:BUILD, reference, cuda-emu, hip-emu, cuda or
-    /// cuda:N, hip or hip:N. The emulators run the GPU kernels on the CPU one thread block at a time,
-    /// thousands of times slower than a GPU: give them a small step (e.g. a spec with B=64 and
-    /// --seqs 2 --context 64 --runs 1).
-    #[arg(long, value_name = "NAME", default_value = "cpu")]
-    pub backend: String,
-    /// Threads of the CPU backend and of the read bound, at most 1024 (default, or 0: every
-    /// core).
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
-    /// Kernel build of the CPU backend (avx512-bf16, avx512, avx2, scalar; default: the one
-    /// this machine prefers): the same as --backend cpu:BUILD.
-    #[arg(long, value_name = "BUILD")]
-    pub kernels: Option<String>,
-    /// Timed runs, each right after a pass of the read bound (1 to 10000).
-    #[arg(long, value_name = "N", default_value_t = 10)]
-    pub runs: usize,
-    /// Sequences compared with the scalar f64 reference: the first ones (it takes about
-    /// a second per 30 million tokens x query heads x (K + V width)).
-    #[arg(long, value_name = "S", default_value_t = 1)]
-    pub check_seqs: usize,
-    /// Seed of the tokens, queries and block table.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Largest cache to allocate, in GiB (the whole layout is allocated).
-    #[arg(long, value_name = "GIB", default_value_t = 8.0)]
-    pub max_cache_gib: f64,
-    /// MiB per thread of the read bound's buffer (at least twice the last-level cache, so
-    /// that a pass reads memory and evicts the cache before each timed run).
-    #[arg(long, value_name = "MIB", default_value_t = 512)]
-    pub bound_mib: usize,
-    /// Read the cache from this dump (`kvlayout fill`, `convert`, `decode --out`) instead of
-    /// filling one with write_kv; where the dump holds a decode step, its block table, lengths
-    /// and queries too, and the step's layer, sequences, context, query heads, window and
-    /// soft-cap come from it. Give SPEC or --from, not both.
-    #[arg(long, value_name = "FILE")]
-    pub from: Option<PathBuf>,
-    /// Write the step as a dump: the cache, block table, lengths, queries and output.
-    #[arg(long, value_name = "FILE")]
-    pub out: Option<PathBuf>,
-}
+mod args;
+mod footprint;
+mod report;
+mod timing;
+pub(crate) use args::StepArgs;
+use footprint::Footprint;
+pub(crate) use report::{StepReport, ToleranceReport};
+use timing::{bound_pool, time_steps};
 
 /// Inputs of a step taken from a dump rather than generated.
 pub(crate) struct Given {
@@ -115,162 +59,6 @@ pub(crate) struct Record {
     pub output: Vec<f32>,
 }
 
-/// What one `kvlayout decode` measured.
-#[derive(Debug, Serialize)]
-pub(crate) struct StepReport {
-    pub layout: String,
-    pub cache_bytes: u64,
-    pub layer: u64,
-    pub seqs: usize,
-    pub context: u32,
-    pub window: Option<u64>,
-    pub soft_cap: Option<f32>,
-    pub q_heads: u64,
-    pub kv_heads: u64,
-    pub blocks_used: usize,
-    pub seed: u64,
-    /// The dump the cache (and the step's inputs it holds) came from; `null`: filled by
-    /// `write_kv`.
-    pub cache_from: Option<String>,
-    /// The dump the block table and queries came from; `null`: generated from the seed.
-    pub table_from: Option<String>,
-    /// The CPU: the features the kernel builds check that it has, and those
-    /// `KVLAYOUT_CPU_HIDE` hid from the backend.
-    pub cpu: crate::cpu::CpuReport,
-    /// The backend the step ran on, by the name it was opened by.
-    pub backend: String,
-    pub kernels: String,
-    /// Why this build ran (chosen with `--kernels`, named by `KVLAYOUT_KERNELS`, the first
-    /// the CPU runs, or timed against the other AVX-512 build).
-    pub kernels_why: String,
-    pub threads: usize,
-    /// Time of the `write_kv` calls, which are the first writes to the cache's pages.
-    pub write_kv_ms: f64,
-    /// Sequences compared with the reference (the first ones).
-    pub checked_seqs: usize,
-    /// Largest `|fast - reference|` over the checked outputs, relative to the magnitude of the
-    /// values its row combined (scales included).
-    pub max_error: f64,
-    /// The largest error as a fraction of its bound (at most 1 passes): each output element may
-    /// differ by `values * (relative + per_logit * logits)` of its row's magnitudes.
-    pub error_to_bound: f64,
-    /// The tolerance of the kernel build that ran, for this cache's dtype.
-    pub tolerance: ToleranceReport,
-    /// K and V bytes one step reads (each stored element of the attended tokens once, inline
-    /// scales included).
-    pub kv_bytes: u64,
-    pub runs: usize,
-    pub step_ms_median: f64,
-    pub step_ms_best: f64,
-    pub kv_gb_s_median: f64,
-    pub read_gb_s_median: f64,
-    pub ratio_median: f64,
-    pub ratio_best: f64,
-    /// The decode's page pattern with no compute, as a fraction of the sequential read
-    /// (`ReadBound::paged_fraction`): on hosts that read scattered pages far slower than
-    /// sequentially, the bound the decode is held to.
-    pub paged_bound: f64,
-    /// `ratio_median / paged_bound`.
-    pub ratio_to_paged_bound: f64,
-}
-
-/// A [`Tolerance`] as the report states it.
-#[derive(Debug, Serialize)]
-pub(crate) struct ToleranceReport {
-    /// `f32` or `bf16`: the products the kernel build takes on this dtype's rows.
-    pub products: &'static str,
-    pub relative: f64,
-    pub per_logit: f64,
-}
-
-impl ToleranceReport {
-    fn of(t: Tolerance) -> Self {
-        ToleranceReport {
-            products: if t == Tolerance::BF16_PRODUCTS {
-                "bf16"
-            } else {
-                "f32"
-            },
-            relative: t.relative,
-            per_logit: t.per_logit,
-        }
-    }
-}
-
-impl StepReport {
-    pub(crate) fn passed(&self) -> bool {
-        self.error_to_bound <= 1.0
-    }
-
-    pub(crate) fn to_text(&self) -> String {
-        let gib = units::gib(self.cache_bytes);
-        let verdict = if self.passed() { "ok" } else { "FAILED" };
-        format!(
-            "layout   {} ({gib:.2} GiB)\n\
-             step     layer {}: {} sequences x {} tokens{}; query heads {}, KV heads {}; \
-             {} blocks of {}\n\
-             {}\n\
-             check    the first {} of {} sequences against the f64 reference: max error \
-             {:.1e} of the values' magnitude, {:.3} of its bound ({} products: {:.1e} + \
-             {:.1e} x the logits' magnitude): {verdict}\n\
-             speed    {} ({} kernels, {} threads): {:.1} MiB of K and V per step, median \
-             {:.3} ms = {:.1} GB/s\n\
-             \x20        {:.2} x the read bandwidth of this run ({:.1} GB/s), best {:.2}; \
-             {} runs, each right after a read pass\n\
-             \x20        {:.2} x the paged bound (the decode's page pattern with no compute \
-             reads {:.2} of the sequential read)\n\
-             kernels  {}: {}\n\
-             cpu      {}\n",
-            self.layout,
-            self.layer,
-            self.seqs,
-            self.context,
-            self.window
-                .map(|w| format!(", window {w}"))
-                .into_iter()
-                .chain(self.soft_cap.map(|c| format!(", soft-cap {c}")))
-                .collect::<String>(),
-            self.q_heads,
-            self.kv_heads,
-            self.blocks_used,
-            match &self.table_from {
-                Some(path) => format!("the block table of {path}"),
-                None => format!("a random block table (seed {})", self.seed),
-            },
-            match &self.cache_from {
-                Some(path) => format!("cache    from {path} (no write_kv)"),
-                None => format!(
-                    "write_kv {} tokens in {:.1} ms (the first writes to the cache's pages)",
-                    self.seqs as u64 * u64::from(self.context),
-                    self.write_kv_ms
-                ),
-            },
-            self.checked_seqs,
-            self.seqs,
-            self.max_error,
-            self.error_to_bound,
-            self.tolerance.products,
-            self.tolerance.relative,
-            self.tolerance.per_logit,
-            self.backend,
-            self.kernels,
-            self.threads,
-            self.kv_bytes as f64 / f64::from(1u32 << 20),
-            self.step_ms_median,
-            self.kv_gb_s_median,
-            self.ratio_median,
-            self.read_gb_s_median,
-            self.ratio_best,
-            self.runs,
-            self.ratio_to_paged_bound,
-            self.paged_bound,
-            self.kernels,
-            self.kernels_why,
-            self.cpu.summary,
-        )
-    }
-}
-
 /// Bytes one decode step reads per token and KV head: every stored field of the row (K and
 /// V, their inline scales, or the MLA latent that serves as both), each once.
 fn row_bytes(layout: &KvCacheLayout) -> u64 {
@@ -283,85 +71,6 @@ fn row_bytes(layout: &KvCacheLayout) -> u64 {
 
 /// Tokens written per `write_kv` call.
 const WRITE_CHUNK: usize = 16 << 10;
-
-/// What the step allocates besides the cache (which `--max-cache-gib` limits), sized with
-/// checked arithmetic before anything is allocated.
-struct Footprint {
-    /// Query elements.
-    query: usize,
-    /// Bytes of the read bound's buffer per thread.
-    bound_per_thread: usize,
-    /// Every byte above together: query, output, one write chunk's keys and values, the read
-    /// bound's buffers.
-    total_bytes: u64,
-}
-
-impl Footprint {
-    fn of(
-        a: &StepArgs,
-        q_heads: u64,
-        kv_heads: u64,
-        qk: u64,
-        vw: u64,
-        threads: usize,
-    ) -> Result<Self, CliError> {
-        let too_big = |what: &str| {
-            usage(format!(
-                "{what} overflows 64 bits (--seqs {}, --q-heads {q_heads}, --context {}, \
-                 --bound-mib {})",
-                a.seqs, a.context, a.bound_mib
-            ))
-        };
-        let product = |what: &str, xs: &[u64]| -> Result<u64, CliError> {
-            xs.iter()
-                .try_fold(1u64, |n, &x| n.checked_mul(x))
-                .ok_or_else(|| too_big(what))
-        };
-        let seqs = a.seqs as u64;
-        let query = product("the query's size", &[seqs, q_heads, qk, 4])?;
-        let out = product("the output's size", &[seqs, q_heads, vw, 4])?;
-        let chunk = (a.context as u64 * seqs).min(WRITE_CHUNK as u64);
-        let write = product("a write chunk's size", &[chunk, kv_heads, qk + vw, 4])?;
-        let bound_per_thread = product("the read bound's buffer", &[a.bound_mib as u64, 1 << 20])?;
-        let bound = product(
-            "the read bound's buffers",
-            &[bound_per_thread, threads as u64],
-        )?;
-        let total_bytes = [query, out, write, bound]
-            .iter()
-            .try_fold(0u64, |n, &x| n.checked_add(x))
-            .ok_or_else(|| too_big("the step's memory"))?;
-        let to_usize = |x: u64| usize::try_from(x).map_err(|_| too_big("a buffer"));
-        Ok(Footprint {
-            query: to_usize(query / 4)?,
-            bound_per_thread: to_usize(bound_per_thread)?,
-            total_bytes,
-        })
-    }
-
-    /// Refuses a step that needs more than `available` bytes of memory (when known).
-    fn fits(&self, available: Option<u64>) -> Result<(), CliError> {
-        match available {
-            Some(free) if self.total_bytes > free => Err(usage(format!(
-                "the step needs {:.2} GiB of memory besides the cache (query, output, a write \
-                 chunk, the read bound's buffers); this machine has {:.2} GiB available: lower \
-                 --q-heads, --seqs or --bound-mib",
-                units::gib(self.total_bytes),
-                units::gib(free)
-            ))),
-            _ => Ok(()),
-        }
-    }
-}
-
-/// Memory the kernel says can be allocated without swapping (`MemAvailable` of
-/// `/proc/meminfo`), where it says.
-pub(crate) fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
-}
 
 /// `n` distinct block ids of `0..num_blocks` in a random order: the first `n` steps of a
 /// Fisher-Yates shuffle, with only the moved entries kept.
@@ -682,50 +391,6 @@ pub(crate) fn run_step(
         ratio_to_paged_bound: timed.pair.ratio_median / timed.paged_bound,
     };
     Ok((report, recorded))
-}
-
-/// The pool the read bound runs on: `threads` threads (every core when `None`).
-fn bound_pool(threads: Option<usize>) -> Result<rayon::ThreadPool, CliError> {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads.unwrap_or(0))
-        .build()
-        .map_err(|e| CliError::Failed(format!("the read bound's threads: {e}")))
-}
-
-/// Timed runs of the step and their bounds.
-struct Timed {
-    pair: Paired,
-    paged_bound: f64,
-}
-
-/// Times `runs` steps of `kv_bytes`, each paired with a pass of the sequential read bound,
-/// after measuring the paged bound.
-fn time_steps(
-    pool: &rayon::ThreadPool,
-    bound_per_thread: usize,
-    runs: usize,
-    kv_bytes: u64,
-    mut step: impl FnMut() -> Result<(), CliError>,
-) -> Result<Timed, CliError> {
-    let bound = ReadBound::new(pool, bound_per_thread)?;
-    bound.pass(pool); // first touch
-    let paged_bound = bound.paged_fraction(pool, 3);
-    let mut failed = None;
-    let pair = paired(
-        runs,
-        bound.bytes() as f64,
-        || bound.pass(pool),
-        kv_bytes as f64,
-        || {
-            if let Err(e) = step() {
-                failed = Some(e);
-            }
-        },
-    );
-    match failed {
-        Some(e) => Err(e),
-        None => Ok(Timed { pair, paged_bound }),
-    }
 }
 
 #[cfg(test)]
