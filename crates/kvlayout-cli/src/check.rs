@@ -24,8 +24,8 @@ use crate::CliError;
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct CheckArgs {
     /// Backends, comma-separated: cpu, cpu:BUILD, cpu:BUILD:prefetch-L1|L2, reference,
-    /// cuda-emu, hip-emu, cuda or cuda:N, hip or hip:N, or `all` (every backend of this build). One that
-    /// cannot run here is reported skipped, with why.
+    /// cuda-emu, hip-emu, cuda or cuda:N, hip or hip:N, or `all` (every backend of this
+    /// build). One that cannot run here is reported skipped, with why.
     #[arg(long, value_name = "NAME[,NAME...]", default_value = "cpu")]
     pub backend: String,
     /// Case families to run, comma-separated (std, orders, b2, h1, hn, b2h2n2, vllm, d192,
