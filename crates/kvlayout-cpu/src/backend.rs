@@ -20,7 +20,73 @@ pub(crate) fn pool(threads: Option<usize>) -> rayon::ThreadPool {
         })
 }
 
-/// The CPU backend: SIMD kernels (runtime-detected) on a rayon pool.
+/// The CPU backend's executor: SIMD kernels (runtime-detected) on a rayon pool. It runs the
+/// ops of [`HostExec`](crate::HostExec) on caches over memory the caller owns
+/// ([`CacheMut`](crate::CacheMut), [`CacheRef`](crate::CacheRef)), without a copy. It does
+/// not implement the contract's `Backend` trait: [`Host::cpu`](crate::Host::cpu) wraps one
+/// into a `Backend`, which allocates its own caches (the crate docs say which to use when).
+///
+/// A bf16 cache in the caller's `Vec<u8>`s, one per buffer of the layout, each as long as its
+/// extent. [`CacheMut::new`](crate::CacheMut::new) checks each buffer's length and its
+/// alignment for the elements (2 bytes here), and refuses a buffer that falls short with a
+/// typed error.
+///
+/// ```
+/// use kvlayout::{Coord, Field, KvCacheLayout};
+/// use kvlayout_cpu::reference::{paged_decode_magnitudes, value_at};
+/// use kvlayout_cpu::tolerance::decode_error;
+/// use kvlayout_cpu::{Activations, CacheMut, CacheRef, CpuBackend, Decode, DecodeParams};
+/// use kvlayout_cpu::{HostExec, WriteKv};
+///
+/// let layout: KvCacheLayout = "kv L=1 B=3 N=16 H=4 D=8 dtype=bf16 order=LBHNC".parse()?;
+/// let mut bufs: Vec<Vec<u8>> =
+///     layout.extents().iter().map(|x| vec![0u8; x.end as usize]).collect();
+/// let be = CpuBackend::new(None);
+/// // 4 tokens, `[tokens, heads, D]`: sequence 0's 3 tokens in block 1 (slots 16, 17, 18),
+/// // sequence 1's one token in block 2 (slot 32). Small integers: exact in bf16.
+/// let key: Vec<f32> = (0..4 * 4 * 8).map(|i| (i % 7) as f32 - 3.0).collect();
+/// let value: Vec<f32> = (0..4 * 4 * 8).map(|i| (i % 11) as f32).collect();
+/// let mut cache = CacheMut::new(&layout, bufs.iter_mut().map(|b| &mut b[..]).collect())?;
+/// let w = WriteKv {
+///     layer: 0,
+///     key: Activations::F32(&key),
+///     value: Some(Activations::F32(&value)),
+///     slot_mapping: &[16, 17, 18, 32],
+/// };
+/// be.write_kv(&mut cache, &w)?;
+///
+/// // The values now lie in the caller's buffers, where the layout puts them.
+/// let cache = CacheRef::new(&layout, bufs.iter().map(|b| &b[..]).collect())?;
+/// let v = value_at(&cache, &Coord::new(Field::V, 0, 2, 1, 0, 3)); // block 2, head 1, d 3
+/// assert_eq!(v, f64::from(value[(3 * 4 + 1) * 8 + 3]));
+///
+/// // One decode step of both sequences, 4 query heads: `out` is `[seqs, heads, D]`.
+/// let query: Vec<f32> = (0..2 * 4 * 8).map(|i| (i % 5) as f32 / 8.0).collect();
+/// let params = DecodeParams {
+///     num_q_heads: 4,
+///     scale: 1.0 / 8f32.sqrt(),
+///     sliding_window: None,
+///     soft_cap: None,
+/// };
+/// let d = Decode {
+///     layer: 0,
+///     query: Activations::F32(&query),
+///     block_table: &[1, 2],
+///     blocks_per_seq: 1,
+///     seq_lens: &[3, 1],
+///     params,
+/// };
+/// let mut out = vec![0f32; 2 * 4 * 8];
+/// be.paged_decode(&cache, &d, &mut out)?;
+/// // Sequence 1 attends to its one token: its output rows are that token's value rows.
+/// assert_eq!(out[32..], value[96..]);
+/// // Both sequences lie within this build's tolerance of the scalar reference (f64).
+/// let mut want = vec![0f32; out.len()];
+/// let magnitudes = paged_decode_magnitudes(&cache, &d, &mut want)?;
+/// let e = decode_error(&out, &want, &magnitudes, be.decode_tolerance(layout.dtype()));
+/// assert!(e.passed(), "{e:?}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct CpuBackend {
     pub(crate) pool: rayon::ThreadPool,
