@@ -1,5 +1,47 @@
 //! # kvlayout-backends: a backend chosen by name at run time
 //!
+//! **The way in for a program that runs the ops.** [`open`] a backend by name (`cpu` unless
+//! the program is told otherwise) and drive it through the contract's
+//! [`Backend`](kvlayout::ops::Backend) trait: allocate a cache of a layout, upload
+//! [`HostTensor`](kvlayout::ops::HostTensor)s, `write_kv`, `paged_decode`, wait, download.
+//! The same calls run the CPU backend, the scalar reference, the emulators, CUDA and HIP. To
+//! run a CPU backend on memory the program owns, without a copy, [`open_executor`] gives the
+//! host executor itself ([`Executor::Host`]), which runs on a [`kvlayout_cpu::CacheMut`] over
+//! the program's buffers (`kvlayout_cpu::CpuBackend`'s docs show that path). The example
+//! `examples/cpu_decode.rs` runs a decode either way in and checks it against the scalar
+//! reference (`cargo run -p kvlayout-backends --example cpu_decode -- [backend]`).
+//!
+//! ```
+//! use kvlayout::ops::{Backend, BufferShape, DecodeArgs, DecodeParams, HostTensor, WriteArgs};
+//! use kvlayout::{DType, KvCacheLayout};
+//!
+//! let be = kvlayout_backends::open("cpu")?;
+//! let layout: KvCacheLayout = "kv L=2 B=3 N=16 H=4 D=8 dtype=bf16 order=LBHNC".parse()?;
+//! let mut cache = be.alloc_cache(&layout, &BufferShape::exact(&layout))?;
+//! // One token into layer 1 at slot 37 (block 2, offset 5), `[tokens, heads, D]`.
+//! let v: Vec<f32> = (0..4 * 8).map(|i| i as f32).collect();
+//! let key = be.upload_tensor(&HostTensor::from_f32(DType::Bf16, &[0.5; 32])?)?;
+//! let value = be.upload_tensor(&HostTensor::from_f32(DType::Bf16, &v)?)?;
+//! let w = WriteArgs { layer: 1, key: &key, value: Some(&value), slot_mapping: &[37] };
+//! be.wait(be.write_kv(&mut cache, &w)?)?;
+//! // The bytes of layer 1, block 2, head 3, token 5, d 0: where the layout puts V.
+//! let at = layout.offset(&kvlayout::Coord::new(kvlayout::Field::V, 1, 2, 3, 5, 0))?;
+//! let bytes = &be.download_cache(&cache)?[at.buffer as usize][at.offset as usize..][..2];
+//! assert_eq!(u16::from_le_bytes([bytes[0], bytes[1]]), 0x41C0); // bf16 24.0 = 3 * 8 + 0
+//! // A sequence of 6 tokens in block 2: its last token (index 5) is the one written, the others
+//! // are zero keys and values.
+//! let query = be.upload_tensor(&HostTensor::F32(vec![1.0; 4 * 8]))?;
+//! let mut out = be.alloc_tensor(DType::F32, 4 * 8)?;
+//! let params = DecodeParams { num_q_heads: 4, scale: 0.25, sliding_window: Some(1), soft_cap: None };
+//! let d = DecodeArgs {
+//!     layer: 1, query: &query, block_table: &[2], blocks_per_seq: 1, seq_lens: &[6], params,
+//! };
+//! be.wait(be.paged_decode(&cache, &d, &mut out)?)?;
+//! // A window of 1 token attends only to the last: the output is its value rows.
+//! assert_eq!(be.download_tensor(&out)?.to_f32(), v);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! This crate owns the names of the backends and opening one by name: [`open`] gives an
 //! [`AnyBackend`] (the contract's `Backend`, whatever backend is inside), or why that
 //! backend cannot run here. [`names`] lists every backend this build has, in report order, as
@@ -71,7 +113,18 @@ pub struct Options {
     pub threads: Option<usize>,
 }
 
-/// The backend `name` (see the crate docs for the names), with default [`Options`].
+/// The backend `name` (see the crate docs for the names), with default [`Options`]: the
+/// way in for a program that runs the ops (the crate docs show one).
+///
+/// ```
+/// use kvlayout::ops::Backend;
+/// // The backend a program was told to use (an argument, say), the CPU backend by default.
+/// let told: Option<&str> = None;
+/// let be = kvlayout_backends::open(told.unwrap_or("cpu"))?;
+/// assert_eq!(be.name(), "cpu");
+/// assert_eq!(kvlayout_backends::open("reference")?.kernels().build, "reference");
+/// # Ok::<(), kvlayout_backends::OpenError>(())
+/// ```
 pub fn open(name: &str) -> Result<AnyBackend, OpenError> {
     open_with(name, &Options::default())
 }
@@ -113,6 +166,33 @@ impl std::fmt::Debug for Executor {
 
 /// The backend `name` with `options`, as an [`Executor`]: host executors are given as such,
 /// so a caller can run them on its own memory.
+///
+/// ```
+/// use kvlayout_backends::{open_executor, Executor, Options};
+/// use kvlayout_cpu::{Activations, CacheMut, WriteKv};
+///
+/// let layout: kvlayout::KvCacheLayout = "kv L=1 B=2 N=16 H=1 D=8 dtype=f32 order=LBNHC".parse()?;
+/// // The program's own memory, one buffer per buffer of the layout.
+/// let mut bufs: Vec<Vec<u8>> =
+///     layout.extents().iter().map(|x| vec![0u8; x.end as usize]).collect();
+/// let Executor::Host { exec, .. } = open_executor("cpu", &Options { threads: Some(1) })? else {
+///     unreachable!("cpu runs on host memory")
+/// };
+/// let k: Vec<f32> = (0..8).map(|d| d as f32).collect();
+/// let w = WriteKv {
+///     layer: 0,
+///     key: Activations::F32(&k),
+///     value: Some(Activations::F32(&k)),
+///     slot_mapping: &[16], // block 1, token 0
+/// };
+/// exec.write_kv(&mut CacheMut::new(&layout, bufs.iter_mut().map(|b| &mut b[..]).collect())?, &w)?;
+/// let at = layout.offset(&kvlayout::Coord::new(kvlayout::Field::K, 0, 1, 0, 0, 7))?;
+/// let bytes = &bufs[at.buffer as usize][at.offset as usize..][..4];
+/// assert_eq!(f32::from_le_bytes(bytes.try_into()?), 7.0);
+/// // A device backend has memory of its own.
+/// assert!(matches!(open_executor("cuda-emu", &Options::default())?, Executor::Device(_)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn open_executor(name: &str, options: &Options) -> Result<Executor, OpenError> {
     let unknown = || OpenError::Unknown {
         name: name.to_string(),

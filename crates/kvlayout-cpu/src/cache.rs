@@ -98,7 +98,27 @@ impl<'a> CacheMut<'a> {
 }
 
 /// A cache that owns its buffers (zero-filled, each as long as its extent, 64-byte aligned;
-/// buffers of 2 MiB or more on huge pages where the system offers them).
+/// buffers of 2 MiB or more on huge pages where the system offers them), for running
+/// [`CpuBackend`](crate::CpuBackend) or [`ScalarReference`](crate::ScalarReference) directly.
+/// (The `Host` backend's cache is [`HostBuffers`](crate::HostBuffers).)
+///
+/// ```
+/// use kvlayout_cpu::{Activations, CpuBackend, HostCache, HostExec, WriteKv};
+/// let layout: kvlayout::KvCacheLayout = "kv L=1 B=2 N=16 H=1 D=8 dtype=f32 order=LBNHC".parse()?;
+/// let mut cache = HostCache::new(layout)?;
+/// let (k, v): (Vec<f32>, Vec<f32>) = ((0..8).map(|d| d as f32).collect(), vec![-1.0; 8]);
+/// let w = WriteKv {
+///     layer: 0,
+///     key: Activations::F32(&k),
+///     value: Some(Activations::F32(&v)),
+///     slot_mapping: &[17], // block 1, token 1
+/// };
+/// CpuBackend::new(Some(1)).write_kv(&mut cache.as_mut(), &w)?;
+/// let at = cache.layout().offset(&kvlayout::Coord::new(kvlayout::Field::K, 0, 1, 0, 1, 5))?;
+/// let bytes = &cache.bytes(at.buffer as usize)[at.offset as usize..][..4];
+/// assert_eq!(f32::from_le_bytes(bytes.try_into()?), 5.0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct HostCache {
     layout: KvCacheLayout,

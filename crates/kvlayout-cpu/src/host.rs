@@ -52,8 +52,11 @@ impl HostMem {
     }
 }
 
-/// A cache in host memory: a layout and its buffers, as allocated (possibly malformed: the
-/// ops check them, as a device backend checks the device pointers it is handed).
+/// The cache of a [`Host`] backend (its `Backend::Cache`): a layout and its buffers, as
+/// allocated by `alloc_cache` (possibly malformed: the ops check them, as a device backend
+/// checks the device pointers it is handed). Bytes enter and leave through `upload_cache` and
+/// `download_cache`. A cache for [`CpuBackend`] run directly is a
+/// [`HostCache`](crate::HostCache) or the caller's buffers in a [`CacheMut`].
 #[derive(Debug, Clone)]
 pub struct HostBuffers {
     layout: KvCacheLayout,
@@ -82,7 +85,10 @@ impl HostBuffers {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ready;
 
-/// A backend on host memory: the CPU backend or the scalar reference.
+/// The contract's `Backend` on host memory, running an executor: the CPU backend
+/// ([`Host::cpu`]) or the scalar reference ([`Host::reference`]). The way in for a program
+/// that runs the ops (the crate docs show one), and what `kvlayout_backends::open("cpu")`
+/// opens.
 #[derive(Debug)]
 pub struct Host<E> {
     name: String,
@@ -105,7 +111,15 @@ impl<E> Host<E> {
 }
 
 impl Host<CpuBackend> {
-    /// The CPU backend on a pool of `threads` threads (`None`: one per core).
+    /// The CPU backend on a pool of `threads` threads (`None`: one per core), named `name` in
+    /// reports, running the fastest kernel build of this machine.
+    ///
+    /// ```
+    /// use kvlayout::ops::Backend;
+    /// let be = kvlayout_cpu::Host::cpu("cpu", Some(2));
+    /// assert_eq!((be.name(), be.kernels().threads), ("cpu", 2));
+    /// assert_eq!(be.kernels().build, be.ops().kernel_build());
+    /// ```
     pub fn cpu(name: impl Into<String>, threads: Option<usize>) -> Self {
         Host::new(name, CpuBackend::new(threads))
     }
