@@ -229,7 +229,10 @@ impl MemcpyEngine {
         struct Unregister(Pool);
         impl Drop for Unregister {
             fn drop(&mut self) {
-                self.0.write().unwrap_or_else(PoisonError::into_inner).clear();
+                self.0
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clear();
             }
         }
         let _unregister = Unregister(Arc::clone(&engine.local));

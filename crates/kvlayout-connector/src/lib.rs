@@ -91,4 +91,6 @@ pub use memory::{MemKind, Region};
 pub use nixl::{NixlEngine, NixlOptions};
 pub use plan::{plan_pull, PlanError, SeqBlocks, TransferPlan};
 pub use pull::{plan, Alternative, NoPostReceive, Pull, PullMode, PullPlan};
-pub use staged::{plan_pull_staged, PostReceive, ReceiveError, Scatter, StagedPlan};
+pub use staged::{
+    plan_pull_staged, PostReceive, ReceiveError, Scatter, StagedPlan, StagedTransfer,
+};

@@ -154,7 +154,13 @@ impl<'m> Region<'m> {
 
     /// Copies `len` bytes from `src` at `src_offset` to `self` at `dst_offset` (host regions;
     /// the caller checked both ranges).
-    pub(crate) fn copy_from(&self, dst_offset: usize, src: &Region<'_>, src_offset: usize, len: usize) {
+    pub(crate) fn copy_from(
+        &self,
+        dst_offset: usize,
+        src: &Region<'_>,
+        src_offset: usize,
+        len: usize,
+    ) {
         debug_assert!(dst_offset + len <= self.len && src_offset + len <= src.len);
         // SAFETY: both ranges are inside their regions (checked by the caller), valid host
         // memory while both live. `copy` allows overlap, which raw regions registered twice

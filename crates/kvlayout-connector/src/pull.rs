@@ -72,13 +72,13 @@ impl PullPlan {
     }
 }
 
-/// The other plan [`plan`] considered: its descriptor count, or why the planner refused it.
+/// The other plan [`plan`] considered: the plan, or why the planner refused it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Alternative {
     /// `direct` or `staged`.
     pub kind: &'static str,
-    /// Its descriptors, or the planner's refusal.
-    pub descriptors: Result<usize, PlanError>,
+    /// The plan, or the planner's refusal.
+    pub plan: Result<PullPlan, PlanError>,
 }
 
 /// A planned pull, the reason for its kind, and the plan not taken.
@@ -93,11 +93,11 @@ pub struct Pull {
 }
 
 impl fmt::Display for Pull {
-    /// `staged: 96 descriptors, 1572864 bytes (fewer descriptors than the direct plan's 6144)`.
+    /// `staged: 96 descriptors, 98304 bytes; fewer descriptors than the direct plan's 384 ..`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}: {} descriptors, {} bytes ({})",
+            "{}: {} descriptors, {} bytes; {}",
             self.plan.kind(),
             self.plan.descriptors(),
             self.plan.bytes(),
@@ -133,12 +133,15 @@ pub fn plan(
     }
 }
 
-/// `Auto`'s choice between the direct and the staged plan (or their refusals).
+/// `Auto`'s choice between the direct and the staged plan (or their refusals); both refused
+/// gives the direct plan's refusal.
 pub fn choose(
     direct: Result<TransferPlan, PlanError>,
     staged: Result<StagedPlan, PlanError>,
 ) -> Result<Pull, PlanError> {
-    let alt = |kind, descriptors| Some(Alternative { kind, descriptors });
+    let direct = direct.map(PullPlan::Direct);
+    let staged = staged.map(PullPlan::Staged);
+    let alt = |kind, plan| Some(Alternative { kind, plan });
     match (direct, staged) {
         (Ok(d), Ok(s)) if s.descriptors() < d.descriptors() => Ok(Pull {
             why: format!(
@@ -146,26 +149,24 @@ pub fn choose(
                  slices; the post-receive pass converts)",
                 d.descriptors()
             ),
-            other: alt("direct", Ok(d.descriptors())),
-            plan: PullPlan::Staged(s),
+            plan: s,
+            other: alt("direct", Ok(d)),
         }),
-        (Ok(d), Ok(s)) => Ok(Pull {
-            why: format!(
-                "no more descriptors than the staged plan's {} and no post-receive pass",
-                s.descriptors()
-            ),
-            other: alt("staged", Ok(s.descriptors())),
-            plan: PullPlan::Direct(d),
-        }),
-        (Ok(d), Err(e)) => Ok(Pull {
-            why: format!("the staged plan is refused: {e}"),
-            other: alt("staged", Err(e)),
-            plan: PullPlan::Direct(d),
+        (Ok(d), s) => Ok(Pull {
+            why: match &s {
+                Ok(s) => format!(
+                    "no more descriptors than the staged plan's {}, and no post-receive pass",
+                    s.descriptors()
+                ),
+                Err(e) => format!("the staged plan is refused: {e}"),
+            },
+            plan: d,
+            other: alt("staged", s),
         }),
         (Err(e), Ok(s)) => Ok(Pull {
             why: format!("the direct plan is refused: {e}"),
+            plan: s,
             other: alt("direct", Err(e)),
-            plan: PullPlan::Staged(s),
         }),
         (Err(e), Err(_)) => Err(e),
     }

@@ -6,9 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use kvlayout::ops::CopyRun;
-use nixl_sys::{
-    Agent, AgentConfig, OptArgs, ThreadSync, XferDescList, XferOp, XferStatus,
-};
+use nixl_sys::{Agent, AgentConfig, OptArgs, ThreadSync, XferDescList, XferOp, XferStatus};
 
 use crate::engine::{check_runs, EngineError};
 

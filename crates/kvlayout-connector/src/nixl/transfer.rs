@@ -8,8 +8,8 @@ use kvlayout::ops::CopyRun;
 use nixl_sys::{NotificationMap, XferStatus};
 
 use crate::engine::{check_local, EngineError, TransferEngine};
-use crate::memory::MemKind;
 use crate::handshake::MemRegion;
+use crate::memory::MemKind;
 
 use super::{nixl_error, NixlEngine, NixlPending, XferKind};
 
