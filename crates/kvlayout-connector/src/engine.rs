@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use kvlayout::ops::{run_bytes, CopyRun};
 
 use crate::handshake::MemRegion;
+use crate::memory::{MemKind, Region};
 
 /// An engine's refusal or failure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -77,6 +78,18 @@ pub trait TransferEngine {
     /// A copy of the local buffers, for a pass after the transfer (the post-receive operation
     /// of a staged plan). An engine may refuse while a transfer it posted is in flight.
     fn buffers(&self) -> Result<Vec<Vec<u8>>, EngineError>;
+    /// A copy of the first `len` bytes of local buffer `buffer` (a staging cache's buffer, for
+    /// the post-receive operation), refused where the buffer is shorter or missing. By
+    /// default through [`TransferEngine::buffers`]; engines override it to copy only those
+    /// bytes.
+    fn read_local(&self, buffer: u32, len: u64) -> Result<Vec<u8>, EngineError> {
+        let mut all = self.buffers()?;
+        let lens: Vec<u64> = all.iter().map(|b| b.len() as u64).collect();
+        check_local(buffer, len, &lens)?;
+        let mut bytes = all.swap_remove(buffer as usize);
+        bytes.truncate(len as usize);
+        Ok(bytes)
+    }
     /// Notifications received since the last call: `(peer, message)`.
     fn notifications(&mut self) -> Result<Vec<(String, Vec<u8>)>, EngineError>;
 }
@@ -97,6 +110,21 @@ pub fn wait<E: TransferEngine>(
         }
         std::thread::sleep(Duration::from_micros(50));
     }
+}
+
+/// Refuses reading `len` bytes of local buffer `buffer` beyond the buffers' lengths `lens`.
+pub fn check_local(buffer: u32, len: u64, lens: &[u64]) -> Result<(), EngineError> {
+    let registered = lens.get(buffer as usize).copied().unwrap_or(0);
+    if (buffer as usize) < lens.len() && len <= registered {
+        return Ok(());
+    }
+    Err(EngineError::OutOfRegion {
+        side: "local".into(),
+        buffer,
+        offset: 0,
+        len,
+        registered,
+    })
 }
 
 /// Checks every run against the registered lengths of both sides.
@@ -126,8 +154,9 @@ pub fn check_runs(
     Ok(())
 }
 
-/// Host buffers shared between in-process engines.
-type Pool = Arc<RwLock<Vec<Vec<u8>>>>;
+/// An in-process engine's regions, shared with its peers. Emptied when the engine is dropped
+/// or its scope ends, so that a peer never reaches memory no longer registered.
+type Pool = Arc<RwLock<Vec<Region<'static>>>>;
 
 /// Notifications received: `(peer, message)`.
 type Inbox = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
@@ -140,8 +169,9 @@ fn registry() -> &'static Registry {
     REGISTRY.get_or_init(Registry::default)
 }
 
-/// An engine between instances in one process: its cache buffers live on the host, a read
-/// copies from the peer's buffers under their lock. Completes when posted.
+/// An engine between instances in one process: its cache buffers are host regions
+/// ([`Region`]: its own, or its caller's), and a read copies from the peer's regions under
+/// their lock. Completes when posted.
 #[derive(Debug)]
 pub struct MemcpyEngine {
     name: String,
@@ -153,7 +183,21 @@ pub struct MemcpyEngine {
 impl MemcpyEngine {
     /// An engine named `name` (unique in the process) owning `buffers` as its registered cache.
     pub fn new(name: &str, buffers: Vec<Vec<u8>>) -> Result<Self, EngineError> {
-        let local: Pool = Arc::new(RwLock::new(buffers));
+        Self::register(name, buffers.into_iter().map(Region::owned).collect())
+    }
+
+    /// An engine named `name` (unique in the process) registering `regions`, one per local
+    /// buffer: owned ones ([`Region::owned`]) or the caller's ([`Region::from_raw`]). Host
+    /// memory only.
+    pub fn register(name: &str, regions: Vec<Region<'static>>) -> Result<Self, EngineError> {
+        if let Some(i) = regions.iter().position(|r| r.kind() != MemKind::Host) {
+            return Err(EngineError::Transport(format!(
+                "memcpy engine {name:?}: region {i} is {:?} memory; this engine copies host \
+                 memory only (the NIXL engine registers device memory)",
+                regions[i].kind()
+            )));
+        }
+        let local: Pool = Arc::new(RwLock::new(regions));
         let inbox = Arc::default();
         let mut reg = registry().lock().unwrap_or_else(PoisonError::into_inner);
         if reg.contains_key(name) {
@@ -170,9 +214,34 @@ impl MemcpyEngine {
         })
     }
 
+    /// Runs `f` with an engine named `name` registering `regions`, memory the caller lends
+    /// for the scope ([`Region::host`] of its own byte slices, such as a CPU cache's
+    /// buffers). When `f` returns (or unwinds), the regions are unregistered: the engine, and
+    /// every peer reading from it, no longer reach them, even if `f` moved the engine out.
+    /// The caller's slices hold what the transfers left in them.
+    pub fn scope<'m, R>(
+        name: &str,
+        regions: Vec<Region<'m>>,
+        f: impl FnOnce(&mut MemcpyEngine) -> R,
+    ) -> Result<R, EngineError> {
+        let mut engine = Self::register(name, regions.into_iter().map(Region::erase).collect())?;
+        /// Empties the pool when the scope ends, however it ends.
+        struct Unregister(Pool);
+        impl Drop for Unregister {
+            fn drop(&mut self) {
+                self.0
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clear();
+            }
+        }
+        let _unregister = Unregister(Arc::clone(&engine.local));
+        Ok(f(&mut engine))
+    }
+
     /// Replaces the local buffers' contents (each of the same length).
     pub fn set_buffers(&self, bytes: &[Vec<u8>]) -> Result<(), EngineError> {
-        let mut local = self.local.write().unwrap_or_else(PoisonError::into_inner);
+        let local = self.local.read().unwrap_or_else(PoisonError::into_inner);
         if bytes.len() != local.len()
             || bytes
                 .iter()
@@ -181,7 +250,14 @@ impl MemcpyEngine {
         {
             return Err(EngineError::Transport("buffer shapes differ".into()));
         }
-        local.clone_from_slice(bytes);
+        // The write lock of the peers' reads is this pool's: hold it while writing.
+        drop(local);
+        let local = self.local.write().unwrap_or_else(PoisonError::into_inner);
+        for (region, b) in local.iter().zip(bytes) {
+            if region.len() == b.len() {
+                region.write(0, b);
+            }
+        }
         Ok(())
     }
 }
@@ -189,7 +265,19 @@ impl MemcpyEngine {
 impl Drop for MemcpyEngine {
     fn drop(&mut self) {
         let mut reg = registry().lock().unwrap_or_else(PoisonError::into_inner);
-        reg.remove(&self.name);
+        // Only this engine's entry (an engine of the same name may have replaced it).
+        if reg
+            .get(&self.name)
+            .is_some_and(|(pool, _)| Arc::ptr_eq(pool, &self.local))
+        {
+            reg.remove(&self.name);
+        }
+        drop(reg);
+        // Peers holding the pool see no regions from now on.
+        self.local
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
     }
 }
 
@@ -218,10 +306,7 @@ impl TransferEngine for MemcpyEngine {
         local
             .iter()
             .enumerate()
-            .map(|(i, b)| MemRegion {
-                base: (i as u64) << 48,
-                len: b.len() as u64,
-            })
+            .map(|(i, b)| MemRegion::host((i as u64) << 48, b.len() as u64))
             .collect()
     }
 
@@ -262,7 +347,7 @@ impl TransferEngine for MemcpyEngine {
             ));
         }
         // Two engines may read from each other: take the two locks in address order.
-        let (src, mut dst) = if Arc::as_ptr(pool) < Arc::as_ptr(&self.local) {
+        let (src, dst) = if Arc::as_ptr(pool) < Arc::as_ptr(&self.local) {
             let src = pool.read().unwrap_or_else(PoisonError::into_inner);
             (
                 src,
@@ -272,18 +357,23 @@ impl TransferEngine for MemcpyEngine {
             let dst = self.local.write().unwrap_or_else(PoisonError::into_inner);
             (pool.read().unwrap_or_else(PoisonError::into_inner), dst)
         };
-        // The peer's registered lengths bound the runs, and so do its actual buffers.
+        // The peer's registered lengths bound the runs, and so do its actual regions (none
+        // once it is dropped or its scope ended).
         let bound: Vec<u64> = remote_lens
             .iter()
             .zip(src.iter())
             .map(|(a, b)| (*a).min(b.len() as u64))
             .collect();
+        if src.is_empty() && !remote_lens.is_empty() {
+            return Err(EngineError::Transport(format!(
+                "peer {peer:?} no longer registers its memory (dropped, or its scope ended)"
+            )));
+        }
         let local_lens: Vec<u64> = dst.iter().map(|b| b.len() as u64).collect();
         check_runs(runs, peer, &bound, &local_lens)?;
         for r in runs {
             let (s, d, n) = (r.src_offset as usize, r.dst_offset as usize, r.len as usize);
-            dst[r.dst_buffer as usize][d..d + n]
-                .copy_from_slice(&src[r.src_buffer as usize][s..s + n]);
+            dst[r.dst_buffer as usize].copy_from(d, &src[r.src_buffer as usize], s, n);
         }
         drop((src, dst));
         let reg = registry().lock().unwrap_or_else(PoisonError::into_inner);
@@ -303,11 +393,15 @@ impl TransferEngine for MemcpyEngine {
     }
 
     fn buffers(&self) -> Result<Vec<Vec<u8>>, EngineError> {
-        Ok(self
-            .local
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone())
+        let local = self.local.read().unwrap_or_else(PoisonError::into_inner);
+        Ok(local.iter().map(|r| r.read(0, r.len())).collect())
+    }
+
+    fn read_local(&self, buffer: u32, len: u64) -> Result<Vec<u8>, EngineError> {
+        let local = self.local.read().unwrap_or_else(PoisonError::into_inner);
+        let lens: Vec<u64> = local.iter().map(|r| r.len() as u64).collect();
+        check_local(buffer, len, &lens)?;
+        Ok(local[buffer as usize].read(0, len as usize))
     }
 
     fn notifications(&mut self) -> Result<Vec<(String, Vec<u8>)>, EngineError> {

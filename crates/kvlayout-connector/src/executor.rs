@@ -24,9 +24,9 @@ use crate::staged::{PostReceive, ReceiveError, StagedPlan, StagedTransfer};
 pub enum Plan<'a> {
     /// Every byte into its place in the engine's local buffers, which hold the local cache.
     Direct(&'a TransferPlan),
-    /// Each transfer into the engine's local buffers, which hold the staging cache (at least
-    /// [`StagedPlan::staging_extents`] long), then into the local cache by the post-receive
-    /// operation.
+    /// Each transfer into the engine's local buffers from [`StagedPlan::staging_buffer`] on,
+    /// which hold the staging cache (at least [`StagedPlan::staging_extents`] long), then into
+    /// the local cache by the post-receive operation.
     Staged(&'a StagedPlan, &'a mut dyn PostReceive),
 }
 
@@ -153,7 +153,7 @@ pub fn execute<E: TransferEngine>(
     for (i, t) in p.transfers.iter().enumerate() {
         let fail = |cause| not_received(cause, &blocks, &legs[i..]);
         read(engine, &legs[i..=i], peers, notify, &deadline).map_err(|(_, c)| fail(c))?;
-        let staging = staging_bytes(engine, t).map_err(fail)?;
+        let staging = staging_bytes(engine, t, p.staging_buffer).map_err(fail)?;
         post.receive(t, &staging).map_err(|error| {
             fail(Cause::PostReceive {
                 rank: t.remote_rank,
@@ -236,29 +236,24 @@ fn read<E: TransferEngine>(
     Ok(())
 }
 
-/// The engine's local buffers cut to `t`'s staging spans, refused where one is shorter.
-fn staging_bytes<E: TransferEngine>(engine: &E, t: &StagedTransfer) -> Result<Vec<Vec<u8>>, Cause> {
+/// The staging bytes of `t`, read from the engine's local buffers `first..` (each cut to its
+/// staging span), refused where one is shorter or missing.
+fn staging_bytes<E: TransferEngine>(
+    engine: &E,
+    t: &StagedTransfer,
+    first: u32,
+) -> Result<Vec<Vec<u8>>, Cause> {
     let rank = t.remote_rank;
     let engine_error = |error| Cause::Engine { rank, error };
-    let mut bytes = engine.buffers().map_err(engine_error)?;
-    let extents = t.staging.extents();
-    for (buffer, x) in extents.iter().enumerate() {
-        let registered = bytes.get(buffer).map_or(0, |b| b.len() as u64);
-        if registered < x.end {
-            return Err(engine_error(EngineError::OutOfRegion {
-                side: "local".into(),
-                buffer: u32::try_from(buffer).unwrap_or(u32::MAX),
-                offset: 0,
-                len: x.end,
-                registered,
-            }));
-        }
+    let mut out = Vec::new();
+    for (i, x) in t.staging.extents().iter().enumerate() {
+        let buffer = u32::try_from(i)
+            .ok()
+            .and_then(|i| i.checked_add(first))
+            .unwrap_or(u32::MAX);
+        out.push(engine.read_local(buffer, x.end).map_err(engine_error)?);
     }
-    bytes.truncate(extents.len());
-    for (b, x) in bytes.iter_mut().zip(extents) {
-        b.truncate(x.end as usize);
-    }
-    Ok(bytes)
+    Ok(out)
 }
 
 /// Heads as `0..2, 3..4`.

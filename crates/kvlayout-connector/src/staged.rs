@@ -41,9 +41,28 @@ pub struct StagedTransfer {
 pub struct StagedPlan {
     /// By remote rank.
     pub transfers: Vec<StagedTransfer>,
+    /// The engine's local buffer that holds staging buffer 0 (staging buffer `i` is local
+    /// buffer `staging_buffer + i`): 0 unless [`StagedPlan::stage_at`] placed the staging
+    /// cache after other buffers, such as the local cache registered with the same engine.
+    pub staging_buffer: u32,
 }
 
 impl StagedPlan {
+    /// The plan with its staging cache in the engine's local buffers from `first` on: every
+    /// run's destination buffer moves by `first - self.staging_buffer`. One engine can then
+    /// register the local cache (buffers `0..first`, for direct plans) and a staging area
+    /// (buffers `first..`) together. Refused (`None`) where a buffer index would pass
+    /// `u32::MAX`.
+    pub fn stage_at(mut self, first: u32) -> Option<Self> {
+        for t in &mut self.transfers {
+            for r in &mut t.runs {
+                r.dst_buffer = (r.dst_buffer - self.staging_buffer).checked_add(first)?;
+            }
+        }
+        self.staging_buffer = first;
+        Some(self)
+    }
+
     /// Descriptors (runs) on the wire.
     pub fn descriptors(&self) -> usize {
         self.transfers.iter().map(|t| t.runs.len()).sum()
@@ -66,7 +85,8 @@ impl StagedPlan {
     }
 
     /// Per staging buffer, the most bytes any transfer's staging cache spans: the local memory
-    /// an engine needs to receive every transfer of this plan.
+    /// an engine needs, from local buffer [`StagedPlan::staging_buffer`] on, to receive every
+    /// transfer of this plan.
     pub fn staging_extents(&self) -> Vec<u64> {
         let mut out: Vec<u64> = Vec::new();
         for t in &self.transfers {
@@ -185,7 +205,10 @@ pub fn plan_pull_staged(
             })
         })
         .collect::<Result<_, PlanError>>()?;
-    Ok(StagedPlan { transfers })
+    Ok(StagedPlan {
+        transfers,
+        staging_buffer: 0,
+    })
 }
 
 /// The post-receive operation of `t` on backend `be`: its staging cache (received) into the
@@ -223,6 +246,16 @@ pub trait PostReceive {
     /// Moves `staging`, the bytes of `t`'s staging cache (one vector per buffer, each as long
     /// as the staging layout's span), into the local cache's blocks and heads.
     fn receive(&mut self, t: &StagedTransfer, staging: &[Vec<u8>]) -> Result<(), ReceiveError>;
+}
+
+/// A closure as the post-receive operation (a CPU scatter over memory the caller owns, say).
+impl<F> PostReceive for F
+where
+    F: FnMut(&StagedTransfer, &[Vec<u8>]) -> Result<(), ReceiveError>,
+{
+    fn receive(&mut self, t: &StagedTransfer, staging: &[Vec<u8>]) -> Result<(), ReceiveError> {
+        self(t, staging)
+    }
 }
 
 /// The post-receive operation on a backend: `scatter_blocks` from a staging cache uploaded to

@@ -19,10 +19,7 @@ fn layout(spec: &str) -> KvCacheLayout {
 fn regions_of(l: &KvCacheLayout) -> Vec<MemRegion> {
     (0u64..)
         .zip(l.extents())
-        .map(|(i, x)| MemRegion {
-            base: (i + 1) << 40,
-            len: x.end,
-        })
+        .map(|(i, x)| MemRegion::host((i + 1) << 40, x.end))
         .collect()
 }
 

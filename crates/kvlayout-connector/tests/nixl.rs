@@ -5,7 +5,10 @@
 //!   decode TP 2 HND 32-token padded blocks) land exactly where the memcpy engine puts them,
 //!   with their notifications; runs outside either side's registered memory (a buffer too
 //!   small for its layout included) are refused before anything is posted; hostile agent
-//!   metadata is refused.
+//!   metadata is refused. Memory the caller owns (a pointer and a length) is registered in
+//!   place, for a direct pull and for a staged one whose staging area follows the cache in
+//!   the same engine; a CUDA cache's device memory where a GPU is present (else
+//!   `skipped: nixl device memory: no CUDA device`).
 //! - Two processes on loopback: this binary re-runs itself as the prefill peer (the variable
 //!   `KVLAYOUT_NIXL_ROLE` makes the same test act as the child); the handshake and the agent
 //!   metadata travel over TCP on 127.0.0.1. The decode side pulls with `execute` (rank 0
@@ -20,6 +23,8 @@
 
 #[path = "nixl/common.rs"]
 mod common;
+#[path = "nixl/memory.rs"]
+mod memory;
 #[path = "nixl/one_process.rs"]
 mod one_process;
 #[path = "nixl/process.rs"]
@@ -34,6 +39,16 @@ mod two_processes;
 // The tests are declared here, at the root, so that their names carry no module path: the
 // two-process tests re-run this binary with `--exact <test name>`. Their bodies live in the
 // modules, under the same names.
+
+#[test]
+fn nixl_engine_registers_host_memory_the_caller_owns() {
+    memory::nixl_engine_registers_host_memory_the_caller_owns();
+}
+
+#[test]
+fn nixl_engine_registers_device_memory() {
+    memory::nixl_engine_registers_device_memory();
+}
 
 #[test]
 fn nixl_read_of_a_plan_lands_where_memcpy_puts_it_with_notifications() {

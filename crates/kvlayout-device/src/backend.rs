@@ -126,6 +126,18 @@ impl<D: Device> DeviceBackend<D> {
         &self.device
     }
 
+    /// Each buffer of `cache` as `(address, bytes)`, in the device's address space: what a
+    /// transfer engine registers to move the cache's bytes in place (NIXL with GPU support;
+    /// `kvlayout_connector::Region::from_raw` with the device's ordinal). The addresses stay
+    /// valid while `cache` lives.
+    pub fn buffer_spans(&self, cache: &DeviceCache<D::Buffer>) -> Vec<(u64, u64)> {
+        cache
+            .buffers
+            .iter()
+            .map(|b| (self.device.address(b), self.device.len(b)))
+            .collect()
+    }
+
     /// A cache of `layout` in pinned host memory, each buffer its registered span, for
     /// `swap_blocks` to and from device caches.
     pub fn alloc_host_cache(

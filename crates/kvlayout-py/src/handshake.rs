@@ -60,7 +60,7 @@ impl MemRegion {
     #[new]
     fn new(base: u64, len: u64) -> Self {
         MemRegion {
-            inner: hs::MemRegion { base, len },
+            inner: hs::MemRegion::host(base, len),
         }
     }
 

@@ -17,7 +17,9 @@ use serde::Serialize;
 use crate::plan::budget;
 use crate::plan::default_seq::default_seq;
 use crate::plan::groups::{self, SideTp};
-use crate::plan::pick::{self, Chosen, Outcome};
+use kvlayout_connector::plan::PlanError;
+
+use crate::plan::pick;
 use crate::plan::report::ids;
 use crate::CliError;
 
@@ -50,12 +52,13 @@ struct PlanSize {
     refused: Option<String>,
 }
 
-impl From<&Outcome> for PlanSize {
-    fn from(o: &Outcome) -> Self {
+impl PlanSize {
+    /// A plan's descriptors and bytes, or the planner's refusal.
+    fn new(o: Result<(usize, u64), &PlanError>) -> Self {
         match o {
-            Ok(c) => PlanSize {
-                runs: Some(c.descriptors()),
-                bytes: Some(c.bytes()),
+            Ok((runs, bytes)) => PlanSize {
+                runs: Some(runs),
+                bytes: Some(bytes),
                 refused: None,
             },
             Err(e) => PlanSize {
@@ -139,14 +142,15 @@ fn transfer(a: &KvCacheLayout, b: &KvCacheLayout) -> TransferNeed {
         return need;
     }
     let (direct, staged) = (pick::direct(&sides, &seqs), pick::staged(&sides, &seqs));
-    need.direct = Some(PlanSize::from(&direct));
-    need.staged = Some(PlanSize::from(&staged));
+    need.direct = Some(PlanSize::new(
+        direct.as_ref().map(|p| (p.descriptors(), p.bytes())),
+    ));
+    need.staged = Some(PlanSize::new(
+        staged.as_ref().map(|p| (p.descriptors(), p.bytes())),
+    ));
     match pick::auto(direct, staged) {
         Ok(p) => {
-            need.needs = match p.chosen {
-                Chosen::Direct(_) => "direct",
-                Chosen::Staged(_) => "staged",
-            };
+            need.needs = p.plan.kind();
             need.reason = p.why;
         }
         Err(e) => need.reason = e.to_string(),

@@ -59,10 +59,7 @@ pub(crate) fn synthetic_regions(
     };
     let mut out = Vec::with_capacity(layout.num_buffers());
     for x in layout.extents() {
-        let region = MemRegion {
-            base: next,
-            len: x.end,
-        };
+        let region = MemRegion::host(next, x.end);
         let end = next.checked_add(x.end).ok_or_else(overflow)?;
         next = end
             .checked_next_multiple_of(REGION_ALIGN)

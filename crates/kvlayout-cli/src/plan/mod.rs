@@ -113,7 +113,7 @@ pub(crate) fn run(args: &PlanArgs) -> Result<String, CliError> {
         ),
         addresses: report::ADDRESSES,
         sequences: report::seq_reports(&seqs),
-        plan: picked.chosen.kind(),
+        plan: picked.plan.kind(),
         why: picked.why.clone(),
         other: report::other_report(&picked),
         totals,

@@ -17,7 +17,7 @@
 //! let regions = layout
 //!     .extents()
 //!     .iter()
-//!     .map(|x| MemRegion { base: 0x7f00_0000_0000, len: x.end })
+//!     .map(|x| MemRegion::host(0x7f00_0000_0000, x.end))
 //!     .collect();
 //! let group = CacheGroup {
 //!     name: "attn".into(),
@@ -78,6 +78,21 @@ pub struct MemRegion {
     pub base: u64,
     /// Bytes registered from `base`.
     pub len: u64,
+    /// The GPU whose memory this is (CUDA or HIP device ordinal); `None` for host memory.
+    /// Absent from the wire for host memory, as before the field existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<u64>,
+}
+
+impl MemRegion {
+    /// `len` bytes of host memory from `base`.
+    pub const fn host(base: u64, len: u64) -> Self {
+        MemRegion {
+            base,
+            len,
+            device: None,
+        }
+    }
 }
 
 /// One cache group of an instance: a layout and where its buffers live, for one TP rank. The

@@ -6,7 +6,7 @@
 //! | 4..6 | version, u16 little-endian ([`VERSION`]) |
 //! | 6..8 | reserved, u16, 0 |
 //! | 8..12 | body length in bytes, u32 little-endian |
-//! | 12.. | body: `{"engine_id", "groups": [{"name", "layout", "total_kv_heads", "tp_size", "tp_rank", "regions": [{"base", "len"}], "compat_hash"}]}` |
+//! | 12.. | body: `{"engine_id", "groups": [{"name", "layout", "total_kv_heads", "tp_size", "tp_rank", "regions": [{"base", "len", "device" (GPU memory only)}], "compat_hash"}]}` |
 //!
 //! `layout` is the layout's versioned JSON document ([`KvCacheLayout::to_json`]) as a string,
 //! parsed back by [`KvCacheLayout::from_json`]. Unknown keys are refused at every level.

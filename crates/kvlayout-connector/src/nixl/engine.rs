@@ -6,13 +6,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use kvlayout::ops::CopyRun;
-use nixl_sys::{
-    Agent, AgentConfig, MemType, OptArgs, ThreadSync, XferDescList, XferOp, XferStatus,
-};
+use nixl_sys::{Agent, AgentConfig, OptArgs, ThreadSync, XferDescList, XferOp, XferStatus};
 
 use crate::engine::{check_runs, EngineError};
 
-use super::memory::{HostBuffer, HostMemory, InFlight};
+use crate::memory::{MemKind, Region};
+
+use super::memory::{mem_type, HostMemory, InFlight};
 use super::{available, nixl_error, NixlEngine, NixlOptions, NixlPending, XferKind, BACKEND};
 
 impl NixlEngine {
@@ -29,15 +29,27 @@ impl NixlEngine {
         buffers: Vec<Vec<u8>>,
         options: &NixlOptions,
     ) -> Result<Self, EngineError> {
+        let regions = buffers.into_iter().map(Region::owned).collect();
+        Self::register(name, regions, options)
+    }
+
+    /// An engine named `name` registering `regions`, one per local buffer: owned ones
+    /// ([`Region::owned`]) or the caller's host or device memory ([`Region::from_raw`]; device
+    /// memory needs a NIXL built with GPU support, and the UCX transport to reach it), with
+    /// `options`. Each region is registered once, here. Refused, never an abort, when the NIXL
+    /// library is not loaded ([`available`]) or a region is empty.
+    pub fn register(
+        name: &str,
+        regions: Vec<Region<'static>>,
+        options: &NixlOptions,
+    ) -> Result<Self, EngineError> {
         available().map_err(|why| EngineError::Transport(format!("nixl: {why}")))?;
-        if let Some(i) = buffers.iter().position(Vec::is_empty) {
+        if let Some(i) = regions.iter().position(Region::is_empty) {
             return Err(EngineError::Transport(format!(
                 "nixl: buffer {i} is empty; NIXL registers no empty region"
             )));
         }
-        let memory = Arc::new(HostMemory {
-            buffers: buffers.into_iter().map(HostBuffer::new).collect(),
-        });
+        let memory = Arc::new(HostMemory { buffers: regions });
         let config = AgentConfig {
             enable_prog_thread: options.progress_thread,
             enable_listen_thread: false,
@@ -94,11 +106,10 @@ impl NixlEngine {
     pub fn set_buffers(&self, bytes: &[Vec<u8>]) -> Result<(), EngineError> {
         self.idle("replacing the buffers")?;
         let bufs = &self.memory.buffers;
-        if bytes.len() != bufs.len() || bytes.iter().zip(bufs).any(|(a, b)| a.len() != b.len) {
+        if bytes.len() != bufs.len() || bytes.iter().zip(bufs).any(|(a, b)| a.len() != b.len()) {
             return Err(EngineError::Transport("buffer shapes differ".into()));
         }
-        self.memory.write(bytes);
-        Ok(())
+        self.memory.write(bytes)
     }
 
     /// Posts writing `runs` (`src_*` in the local buffers, `dst_*` in the peer's); the peer
@@ -199,8 +210,27 @@ impl NixlEngine {
                     .collect()
             }
         };
-        let mut local = XferDescList::new(MemType::Dram).map_err(|e| nixl_error("dlist", e))?;
-        let mut remote = XferDescList::new(MemType::Dram).map_err(|e| nixl_error("dlist", e))?;
+        let local_kind = one_kind(
+            "local",
+            sides.iter().filter(|s| s.4 > 0).map(|s| {
+                let b = self.memory.buffers.get(s.0 as usize);
+                b.map_or(MemKind::Host, Region::kind)
+            }),
+        )?;
+        let remote_kind = one_kind(
+            peer,
+            sides.iter().filter(|s| s.4 > 0).map(|s| {
+                let r = regions.get(s.2 as usize).and_then(|r| r.device);
+                r.map_or(MemKind::Host, |id| MemKind::Device { id })
+            }),
+        )?;
+        let dlist = |kind| XferDescList::new(mem_type(kind)).map_err(|e| nixl_error("dlist", e));
+        let (mut local, mut remote) = (dlist(local_kind)?, dlist(remote_kind)?);
+        let device = |kind| match kind {
+            MemKind::Host => 0,
+            MemKind::Device { id } => id,
+        };
+        let (local_dev, remote_dev) = (device(local_kind), device(remote_kind));
         let mut descriptors = 0usize;
         for &(lb, lo, rb, ro, len) in sides.iter().filter(|s| s.4 > 0) {
             // Inside both registered regions (checked above), so the buffers exist and the
@@ -221,8 +251,8 @@ impl NixlEngine {
                      on this machine"
                 )));
             };
-            local.add_desc(l, n, 0);
-            remote.add_desc(r, n, 0);
+            local.add_desc(l, n, local_dev);
+            remote.add_desc(r, n, remote_dev);
             descriptors += 1;
         }
         let memory = Arc::clone(&self.memory);
@@ -272,5 +302,20 @@ impl NixlEngine {
             }
         }
         Ok(pending)
+    }
+}
+
+/// The one memory kind of `kinds` (one transfer's runs on one side), refused where they mix:
+/// NIXL's descriptor list has one memory type.
+fn one_kind(side: &str, mut kinds: impl Iterator<Item = MemKind>) -> Result<MemKind, EngineError> {
+    let Some(first) = kinds.next() else {
+        return Ok(MemKind::Host);
+    };
+    match kinds.find(|k| *k != first) {
+        None => Ok(first),
+        Some(other) => Err(EngineError::Transport(format!(
+            "nixl: one transfer's {side} runs span {first:?} and {other:?} memory; post one \
+             transfer per memory kind"
+        ))),
     }
 }

@@ -69,7 +69,7 @@ pub fn blocks_written(layout: &KvCacheLayout, runs: &[CopyRun]) -> Result<Vec<u6
 /// use kvlayout_connector::handshake::{CacheGroup, Limits, MemRegion, PeerMetadata};
 /// use kvlayout_connector::nixl::Hello;
 /// let layout: kvlayout::KvCacheLayout = "kv B=4 N=16 H=2 D=8 dtype=f16 order=NHD".parse()?;
-/// let regions = layout.extents().iter().map(|x| MemRegion { base: 1 << 40, len: x.end });
+/// let regions = layout.extents().iter().map(|x| MemRegion::host(1 << 40, x.end));
 /// let group = CacheGroup {
 ///     name: "attn".into(),
 ///     layout: layout.clone(),

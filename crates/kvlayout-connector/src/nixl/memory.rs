@@ -1,117 +1,107 @@
-//! The engine's raw host memory: [`HostBuffer`] (one registered allocation, never lent out as
-//! a Rust reference), [`HostMemory`] (the engine's buffers, copied in and out through raw
-//! pointers) and [`InFlight`] (the count of transfers posted and not finished). The `unsafe`
-//! code of the NIXL engine's memory lives here, each block with its `SAFETY` argument.
+//! The engine's registered memory: [`HostMemory`], its regions ([`Region`]: owned by the
+//! engine or lent by its caller, host or device), copied in and out through raw pointers,
+//! and [`InFlight`] (the count of transfers posted and not finished). The `unsafe` code of
+//! the NIXL engine's memory lives here and in `crate::memory`, each block with its `SAFETY`
+//! argument.
 
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use nixl_sys::{MemType, MemoryRegion, NixlDescriptor};
 
+use crate::engine::EngineError;
+use crate::memory::{MemKind, Region};
+
 #[cfg(doc)]
 use super::NixlPending;
 
-/// One registered host buffer: an allocation the engine owns and never lends out as a Rust
-/// reference, because NIXL (a peer's WRITE, a READ in flight) may write it at any time.
-#[derive(Debug)]
-pub(super) struct HostBuffer {
-    ptr: NonNull<u8>,
-    pub(super) len: usize,
-}
-
-// SAFETY: the buffer is a plain heap allocation owned by this value; nothing in it is tied to
-// a thread. Access goes through raw-pointer copies only (`HostMemory`), never references.
-unsafe impl Send for HostBuffer {}
-// SAFETY: as above; shared use only reads the pointer and the length.
-unsafe impl Sync for HostBuffer {}
-
-impl HostBuffer {
-    /// Takes ownership of `bytes` without copying them.
-    pub(super) fn new(bytes: Vec<u8>) -> Self {
-        let len = bytes.len();
-        let ptr = NonNull::from(Box::leak(bytes.into_boxed_slice())).cast::<u8>();
-        HostBuffer { ptr, len }
-    }
-
-    pub(super) fn addr(&self) -> u64 {
-        self.ptr.as_ptr() as u64
-    }
-}
-
-impl Drop for HostBuffer {
-    fn drop(&mut self) {
-        let raw = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
-        // SAFETY: `raw` is exactly the pointer and length `Box::leak` gave in `new`, and
-        // it is freed once, here. The engine's drop order (registrations, then the agent,
-        // then the memory) and the memory's `Arc` in every pending transfer ensure NIXL no
-        // longer uses it.
-        drop(unsafe { Box::from_raw(raw) });
-    }
-}
-
-impl MemoryRegion for HostBuffer {
-    /// The start of the buffer: valid for `size()` bytes while the buffer lives; NIXL
-    /// registers it and moves bytes through it, never Rust references.
+impl MemoryRegion for Region<'static> {
+    /// The start of the region: valid for `size()` bytes while it is registered; NIXL moves
+    /// bytes through it, never Rust references.
     ///
     /// # Safety
     /// None beyond the trait's: the body only reads the pointer; a caller dereferencing it
-    /// must not outlive the buffer nor create a Rust reference to bytes a transfer may write.
+    /// must not outlive the region nor create a Rust reference to bytes a transfer may write.
     unsafe fn as_ptr(&self) -> *const u8 {
-        self.ptr.as_ptr()
+        self.ptr()
     }
 
     fn size(&self) -> usize {
-        self.len
+        self.len()
     }
 }
 
-impl NixlDescriptor for HostBuffer {
+impl NixlDescriptor for Region<'static> {
     fn mem_type(&self) -> MemType {
-        MemType::Dram
+        mem_type(self.kind())
     }
 
     fn device_id(&self) -> u64 {
-        0
+        match self.kind() {
+            MemKind::Host => 0,
+            MemKind::Device { id } => id,
+        }
     }
 }
 
-/// The engine's cache buffers. Kept alive by every transfer posted from them, so no transfer
-/// can outlive its memory.
+/// NIXL's memory type of `kind`.
+pub(super) fn mem_type(kind: MemKind) -> MemType {
+    match kind {
+        MemKind::Host => MemType::Dram,
+        MemKind::Device { .. } => MemType::Vram,
+    }
+}
+
+/// The engine's cache regions. Kept alive by every transfer posted from them, so no transfer
+/// can outlive the memory the engine owns.
 #[derive(Debug)]
 pub(super) struct HostMemory {
-    pub(super) buffers: Vec<HostBuffer>,
+    pub(super) buffers: Vec<Region<'static>>,
 }
 
 impl HostMemory {
     pub(super) fn lens(&self) -> Vec<u64> {
-        self.buffers.iter().map(|b| b.len as u64).collect()
+        self.buffers.iter().map(|b| b.len() as u64).collect()
     }
 
-    /// A copy of every buffer.
-    pub(super) fn read(&self) -> Vec<Vec<u8>> {
-        self.buffers
-            .iter()
-            .map(|b| {
-                let mut out = vec![0u8; b.len];
-                // SAFETY: `b.ptr` is valid for `b.len` bytes while `self` lives and `out` has
-                // `b.len` bytes; the two do not overlap. No reference to the registered memory
-                // is made: a peer may write it concurrently (any byte value is a valid `u8`).
-                unsafe { std::ptr::copy_nonoverlapping(b.ptr.as_ptr(), out.as_mut_ptr(), b.len) };
-                out
-            })
-            .collect()
-    }
-
-    /// Overwrites every buffer with `bytes` (the caller has checked the shapes).
-    pub(super) fn write(&self, bytes: &[Vec<u8>]) {
-        for (b, src) in self.buffers.iter().zip(bytes) {
-            let n = b.len.min(src.len());
-            // SAFETY: `b.ptr` is valid for `b.len >= n` bytes and `src` holds `n` bytes; they
-            // do not overlap (`src` is caller memory). Writing through the raw pointer from a
-            // shared `HostMemory` is the buffer's design: it is never lent as a reference.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), b.ptr.as_ptr(), n) };
+    /// Refuses a copy of device memory, which only its backend reads.
+    fn host_only(&self, what: &str) -> Result<(), EngineError> {
+        match self.buffers.iter().position(|b| b.kind() != MemKind::Host) {
+            None => Ok(()),
+            Some(i) => Err(EngineError::Transport(format!(
+                "nixl: {what}: buffer {i} is {:?} memory; read it through its backend",
+                self.buffers[i].kind()
+            ))),
         }
+    }
+
+    /// A copy of every buffer (host memory only).
+    pub(super) fn read(&self) -> Result<Vec<Vec<u8>>, EngineError> {
+        self.host_only("reading the buffers")?;
+        Ok(self.buffers.iter().map(|b| b.read(0, b.len())).collect())
+    }
+
+    /// A copy of the first `len` bytes of buffer `i` (the caller checked the range).
+    pub(super) fn read_one(&self, i: usize, len: usize) -> Result<Vec<u8>, EngineError> {
+        let b = &self.buffers[i];
+        if b.kind() != MemKind::Host {
+            return Err(EngineError::Transport(format!(
+                "nixl: reading buffer {i}: it is {:?} memory; read it through its backend",
+                b.kind()
+            )));
+        }
+        Ok(b.read(0, len))
+    }
+
+    /// Overwrites every buffer with `bytes` (the caller has checked the shapes; host memory
+    /// only).
+    pub(super) fn write(&self, bytes: &[Vec<u8>]) -> Result<(), EngineError> {
+        self.host_only("replacing the buffers")?;
+        for (b, src) in self.buffers.iter().zip(bytes) {
+            let n = b.len().min(src.len());
+            b.write(0, &src[..n]);
+        }
+        Ok(())
     }
 }
 

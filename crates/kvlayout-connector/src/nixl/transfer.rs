@@ -7,8 +7,9 @@ use std::sync::Arc;
 use kvlayout::ops::CopyRun;
 use nixl_sys::{NotificationMap, XferStatus};
 
-use crate::engine::{EngineError, TransferEngine};
+use crate::engine::{check_local, EngineError, TransferEngine};
 use crate::handshake::MemRegion;
+use crate::memory::MemKind;
 
 use super::{nixl_error, NixlEngine, NixlPending, XferKind};
 
@@ -33,7 +34,11 @@ impl TransferEngine for NixlEngine {
             .iter()
             .map(|b| MemRegion {
                 base: b.addr(),
-                len: b.len as u64,
+                len: b.len() as u64,
+                device: match b.kind() {
+                    MemKind::Host => None,
+                    MemKind::Device { id } => Some(id),
+                },
             })
             .collect()
     }
@@ -128,7 +133,14 @@ impl TransferEngine for NixlEngine {
     /// A copy of the local buffers; refused while a transfer this engine posted is in flight.
     fn buffers(&self) -> Result<Vec<Vec<u8>>, EngineError> {
         self.idle("reading the buffers")?;
-        Ok(self.memory.read())
+        self.memory.read()
+    }
+
+    /// The first `len` bytes of one host buffer; refused while a transfer is in flight.
+    fn read_local(&self, buffer: u32, len: u64) -> Result<Vec<u8>, EngineError> {
+        self.idle("reading a buffer")?;
+        check_local(buffer, len, &self.memory.lens())?;
+        self.memory.read_one(buffer as usize, len as usize)
     }
 
     /// Notifications received since the last call. Messages are bytes; a sender whose agent

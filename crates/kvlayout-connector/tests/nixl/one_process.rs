@@ -281,10 +281,7 @@ pub(crate) fn nixl_hostile_agent_metadata_is_refused() {
     let own = a.local_metadata().unwrap();
     refused(&mut a, "nixl-md-a", &own, "its own");
     // A region that wraps the address space.
-    let wrap = [MemRegion {
-        base: u64::MAX - 10,
-        len: 100,
-    }];
+    let wrap = [MemRegion::host(u64::MAX - 10, 100)];
     assert!(matches!(
         a.add_peer("nixl-md-b", &md, &wrap),
         Err(EngineError::Transport(_))
@@ -317,7 +314,7 @@ pub(crate) fn nixl_hostile_agent_metadata_is_refused() {
         ("longer", regions[0].len * 2, regions[0].base),
         ("elsewhere", regions[0].len, regions[0].base + (1 << 30)),
     ]
-    .map(|(w, len, base)| (w, [MemRegion { base, len }]))
+    .map(|(w, len, base)| (w, [MemRegion::host(base, len)]))
     {
         a.add_peer("nixl-md-b", &md, &claim).unwrap();
         let r = if what == "longer" { past } else { run };

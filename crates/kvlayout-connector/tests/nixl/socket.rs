@@ -15,10 +15,7 @@ pub(crate) fn nixl_hostile_handshakes_over_a_socket_are_refused() {
         .extents()
         .iter()
         .enumerate()
-        .map(|(i, x)| MemRegion {
-            base: 0x7f00_0000_0000 + ((i as u64) << 32),
-            len: x.end,
-        })
+        .map(|(i, x)| MemRegion::host(0x7f00_0000_0000 + ((i as u64) << 32), x.end))
         .collect();
     let good = Hello {
         peer: PeerMetadata {

@@ -222,7 +222,7 @@ pub(crate) fn seq_reports(seqs: &[SeqBlocks]) -> Vec<SeqReport> {
 pub(crate) fn plan_parts(picked: &Picked) -> (Totals, Vec<TransferReport>) {
     let runs = |r: &[CopyRun]| r.iter().map(RunReport::from).collect();
     let bytes = |r: &[CopyRun]| kvlayout::ops::run_bytes(r);
-    let (transfers, dst_blocks): (Vec<TransferReport>, Vec<u64>) = match &picked.chosen {
+    let (transfers, dst_blocks): (Vec<TransferReport>, Vec<u64>) = match &picked.plan {
         Chosen::Direct(p) => (
             p.transfers
                 .iter()
@@ -260,8 +260,8 @@ pub(crate) fn plan_parts(picked: &Picked) -> (Totals, Vec<TransferReport>) {
     };
     let totals = Totals {
         transfers: transfers.len(),
-        runs: picked.chosen.descriptors(),
-        bytes: picked.chosen.bytes(),
+        runs: picked.plan.descriptors(),
+        bytes: picked.plan.bytes(),
         dst_blocks,
     };
     (totals, transfers)
@@ -276,5 +276,5 @@ pub(crate) fn other_report(picked: &Picked) -> Option<OtherReport> {
     picked
         .other
         .as_ref()
-        .map(|(plan, outcome)| OtherReport::new(plan, outcome))
+        .map(|a| OtherReport::new(a.kind, &a.plan))
 }

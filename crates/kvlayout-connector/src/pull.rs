@@ -1,0 +1,216 @@
+//! The one entry point that plans a pull ([`plan`]: direct or staged, chosen by
+//! [`PullMode`], with the descriptor counts and the reason) and the one that runs it
+//! ([`Pull::execute`]).
+//!
+//! `Auto` takes the plan with fewer descriptors (runs on the wire), the direct one on a tie,
+//! because it needs no post-receive pass. Layouts whose orders differ (token-major against
+//! head-major pages) are what make the staged plan the smaller: the direct one moves one row
+//! per run there.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::engine::TransferEngine;
+use crate::executor::{execute, ExecuteError, Plan};
+use crate::handshake::CacheGroup;
+use crate::plan::{plan_pull, PlanError, SeqBlocks, TransferPlan};
+use crate::staged::{plan_pull_staged, PostReceive, StagedPlan};
+
+/// Which plan [`plan`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PullMode {
+    /// The plan with fewer descriptors; the direct one on a tie or where the staged one is
+    /// refused.
+    #[default]
+    Auto,
+    /// Every byte straight into its place in the local cache.
+    Direct,
+    /// Into a staging cache in the remote's order, then the post-receive operation.
+    Staged,
+}
+
+/// A planned pull: direct or staged.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PullPlan {
+    /// Every byte into its place in the local cache.
+    Direct(TransferPlan),
+    /// Through a staging cache.
+    Staged(StagedPlan),
+}
+
+impl PullPlan {
+    /// `direct` or `staged`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PullPlan::Direct(_) => "direct",
+            PullPlan::Staged(_) => "staged",
+        }
+    }
+
+    /// Descriptors (runs) on the wire.
+    pub fn descriptors(&self) -> usize {
+        match self {
+            PullPlan::Direct(p) => p.descriptors(),
+            PullPlan::Staged(p) => p.descriptors(),
+        }
+    }
+
+    /// Bytes on the wire.
+    pub fn bytes(&self) -> u64 {
+        match self {
+            PullPlan::Direct(p) => p.bytes(),
+            PullPlan::Staged(p) => p.bytes(),
+        }
+    }
+
+    /// The local blocks the plan writes, ascending.
+    pub fn local_blocks(&self) -> Vec<u64> {
+        match self {
+            PullPlan::Direct(p) => p.local_blocks.clone(),
+            PullPlan::Staged(p) => p.local_blocks(),
+        }
+    }
+}
+
+/// The other plan [`plan`] considered: the plan, or why the planner refused it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Alternative {
+    /// `direct` or `staged`.
+    pub kind: &'static str,
+    /// The plan, or the planner's refusal.
+    pub plan: Result<PullPlan, PlanError>,
+}
+
+/// A planned pull, the reason for its kind, and the plan not taken.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pull {
+    /// The plan to execute.
+    pub plan: PullPlan,
+    /// Why this kind, in a sentence.
+    pub why: String,
+    /// The other kind `Auto` weighed (`None` when the mode named one).
+    pub other: Option<Alternative>,
+}
+
+impl fmt::Display for Pull {
+    /// `staged: 96 descriptors, 98304 bytes; fewer descriptors than the direct plan's 384 ..`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} descriptors, {} bytes; {}",
+            self.plan.kind(),
+            self.plan.descriptors(),
+            self.plan.bytes(),
+            self.why
+        )
+    }
+}
+
+/// Plans `local` pulling `seqs` from `remotes` (the remote TP group's ranks to read; see
+/// [`plan_pull`]): the direct plan, the staged one, or (`Auto`) the one with fewer
+/// descriptors. Refused with the planner's reason when the plan asked for is, or, for
+/// `Auto`, when both are (the direct plan's reason).
+pub fn plan(
+    local: &CacheGroup,
+    remotes: &[CacheGroup],
+    seqs: &[SeqBlocks],
+    mode: PullMode,
+) -> Result<Pull, PlanError> {
+    let direct = || plan_pull(local, remotes, seqs);
+    let staged = || plan_pull_staged(local, remotes, seqs);
+    match mode {
+        PullMode::Direct => Ok(Pull {
+            plan: PullPlan::Direct(direct()?),
+            why: "asked for".into(),
+            other: None,
+        }),
+        PullMode::Staged => Ok(Pull {
+            plan: PullPlan::Staged(staged()?),
+            why: "asked for".into(),
+            other: None,
+        }),
+        PullMode::Auto => choose(direct(), staged()),
+    }
+}
+
+/// `Auto`'s choice between the direct and the staged plan (or their refusals); both refused
+/// gives the direct plan's refusal.
+pub fn choose(
+    direct: Result<TransferPlan, PlanError>,
+    staged: Result<StagedPlan, PlanError>,
+) -> Result<Pull, PlanError> {
+    let direct = direct.map(PullPlan::Direct);
+    let staged = staged.map(PullPlan::Staged);
+    let alt = |kind, plan| Some(Alternative { kind, plan });
+    match (direct, staged) {
+        (Ok(d), Ok(s)) if s.descriptors() < d.descriptors() => Ok(Pull {
+            why: format!(
+                "fewer descriptors than the direct plan's {} (the staged plan moves whole page \
+                 slices; the post-receive pass converts)",
+                d.descriptors()
+            ),
+            plan: s,
+            other: alt("direct", Ok(d)),
+        }),
+        (Ok(d), s) => Ok(Pull {
+            why: match &s {
+                Ok(s) => format!(
+                    "no more descriptors than the staged plan's {}, and no post-receive pass",
+                    s.descriptors()
+                ),
+                Err(e) => format!("the staged plan is refused: {e}"),
+            },
+            plan: d,
+            other: alt("staged", s),
+        }),
+        (Err(e), Ok(s)) => Ok(Pull {
+            why: format!("the direct plan is refused: {e}"),
+            plan: s,
+            other: alt("direct", Err(e)),
+        }),
+        (Err(e), Err(_)) => Err(e),
+    }
+}
+
+/// A post-receive operation for direct plans, which have none: refuses if called.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoPostReceive;
+
+impl PostReceive for NoPostReceive {
+    fn receive(
+        &mut self,
+        t: &crate::staged::StagedTransfer,
+        _: &[Vec<u8>],
+    ) -> Result<(), crate::staged::ReceiveError> {
+        Err(crate::staged::ReceiveError::Backend {
+            backend: "none".into(),
+            step: "post-receive",
+            reason: format!(
+                "a staged transfer from remote rank {} needs a post-receive operation",
+                t.remote_rank
+            ),
+        })
+    }
+}
+
+impl Pull {
+    /// Runs the plan on `engine` ([`execute`]): reads from `peers[r]`, the engine id of remote
+    /// TP rank `r`, notifying each with `notify`, within `timeout` in all. A staged plan
+    /// receives into the engine's local buffers from [`StagedPlan::staging_buffer`] on and
+    /// runs `post` after each transfer (a direct plan does not call it: pass
+    /// [`NoPostReceive`]).
+    pub fn execute<E: TransferEngine>(
+        &self,
+        engine: &mut E,
+        peers: &[&str],
+        post: &mut dyn PostReceive,
+        notify: &[u8],
+        timeout: Duration,
+    ) -> Result<(), ExecuteError> {
+        let plan = match &self.plan {
+            PullPlan::Direct(p) => Plan::Direct(p),
+            PullPlan::Staged(p) => Plan::Staged(p, post),
+        };
+        execute(engine, plan, peers, notify, timeout)
+    }
+}

@@ -1,0 +1,153 @@
+//! The entry points `plan` and `Pull::execute`: `Auto` takes the plan with fewer descriptors
+//! and says why, the modes that name a plan return it, refusals carry the planner's reason,
+//! and executing a pull leaves what `execute` on the plan leaves.
+
+#[path = "shared/scenario.rs"]
+#[allow(dead_code)]
+mod scenario;
+
+use std::time::Duration;
+
+use kvlayout_connector::{
+    execute, plan, plan_pull, plan_pull_staged, MemcpyEngine, NoPostReceive, Plan, PlanError,
+    PullMode, PullPlan, SeqBlocks, TransferEngine,
+};
+
+use scenario::{d_layout, group, p_layout, pattern, seqs, zeros};
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+#[test]
+fn auto_takes_the_plan_with_fewer_descriptors_and_says_why() {
+    let (p, d) = (p_layout(), d_layout());
+    let remote = [group(&p, 1, 0, Vec::new())];
+    // NHD 16-token pages into padded HND 32-token pages: row by row directly, page slices
+    // staged.
+    let mine = group(&d, 2, 0, Vec::new());
+    let direct = plan_pull(&mine, &remote, &seqs()).unwrap();
+    let staged = plan_pull_staged(&mine, &remote, &seqs()).unwrap();
+    assert!(staged.descriptors() < direct.descriptors());
+    let pull = plan(&mine, &remote, &seqs(), PullMode::Auto).unwrap();
+    assert_eq!(pull.plan, PullPlan::Staged(staged.clone()));
+    assert_eq!(pull.plan.kind(), "staged");
+    assert_eq!(pull.plan.descriptors(), staged.descriptors());
+    assert_eq!(pull.plan.bytes(), staged.bytes());
+    assert_eq!(pull.plan.local_blocks(), vec![2, 5, 6]);
+    assert!(
+        pull.why.contains(&format!(
+            "fewer descriptors than the direct plan's {}",
+            direct.descriptors()
+        )),
+        "{}",
+        pull.why
+    );
+    let other = pull.other.as_ref().unwrap();
+    assert_eq!(
+        (other.kind, &other.plan),
+        ("direct", &Ok(PullPlan::Direct(direct.clone())))
+    );
+    assert_eq!(
+        pull.to_string(),
+        format!(
+            "staged: {} descriptors, {} bytes; {}",
+            staged.descriptors(),
+            staged.bytes(),
+            pull.why
+        )
+    );
+    // Asked for by name: that plan, nothing else weighed.
+    let asked = plan(&mine, &remote, &seqs(), PullMode::Direct).unwrap();
+    assert_eq!((asked.plan, asked.other), (PullPlan::Direct(direct), None));
+    let asked = plan(&mine, &remote, &seqs(), PullMode::Staged).unwrap();
+    assert_eq!(asked.plan, PullPlan::Staged(staged));
+
+    // The same layout on both sides: direct runs are whole page slices already; the tie goes
+    // to the direct plan, which needs no post-receive pass.
+    let same = [group(&p, 1, 0, Vec::new())];
+    let p_seqs = [SeqBlocks {
+        remote: vec![3, 7],
+        local: vec![0, 1],
+        tokens: 20,
+    }];
+    let pull = plan(&group(&p, 1, 0, Vec::new()), &same, &p_seqs, PullMode::Auto).unwrap();
+    assert_eq!(pull.plan.kind(), "direct");
+    assert!(
+        pull.why
+            .starts_with("no more descriptors than the staged plan's"),
+        "{}",
+        pull.why
+    );
+}
+
+#[test]
+fn a_refused_pull_carries_the_planners_reason() {
+    let (p, d) = (p_layout(), d_layout());
+    let remote = [group(&p, 1, 0, Vec::new())];
+    let mine = group(&d, 2, 0, Vec::new());
+    // Remote block 10 of a 10-block pool.
+    let bad = [SeqBlocks {
+        remote: vec![10],
+        local: vec![0],
+        tokens: 16,
+    }];
+    let want = plan_pull(&mine, &remote, &bad).unwrap_err();
+    for mode in [PullMode::Auto, PullMode::Direct] {
+        let err: PlanError = plan(&mine, &remote, &bad, mode).unwrap_err();
+        assert_eq!(err, want, "{mode:?}");
+    }
+    assert!(want.to_string().contains("10"), "{want}");
+}
+
+#[test]
+fn executing_a_pull_leaves_what_execute_on_its_plan_leaves() {
+    let (p, d) = (p_layout(), d_layout());
+    let bytes = pattern(&p, 21);
+    let prefill = MemcpyEngine::new("pull-prefill", bytes).unwrap();
+    let remote = [group(&p, 1, 0, prefill.regions())];
+    let mine = group(&d, 2, 1, Vec::new());
+    let pull = plan(&mine, &remote, &seqs(), PullMode::Direct).unwrap();
+    let PullPlan::Direct(direct) = &pull.plan else {
+        panic!("asked for direct")
+    };
+    let run = |name: &str, via_pull: bool| {
+        let mut e = MemcpyEngine::new(name, zeros(&d)).unwrap();
+        e.add_peer("pull-prefill", b"pull-prefill", &prefill.regions())
+            .unwrap();
+        if via_pull {
+            pull.execute(&mut e, &["pull-prefill"], &mut NoPostReceive, b"", TIMEOUT)
+                .unwrap();
+        } else {
+            execute(
+                &mut e,
+                Plan::Direct(direct),
+                &["pull-prefill"],
+                b"",
+                TIMEOUT,
+            )
+            .unwrap();
+        }
+        e.buffers().unwrap()
+    };
+    let got = run("pull-decode-a", true);
+    assert_eq!(got, run("pull-decode-b", false));
+    assert!(got[0].iter().any(|&b| b != 0));
+
+    // A staged pull without a post-receive operation fails after its read, naming the rank.
+    let staged = plan(&mine, &remote, &seqs(), PullMode::Staged).unwrap();
+    let extents = match &staged.plan {
+        PullPlan::Staged(s) => s.staging_extents(),
+        PullPlan::Direct(_) => panic!("asked for staged"),
+    };
+    let staging = extents.iter().map(|&n| vec![0; n as usize]).collect();
+    let mut e = MemcpyEngine::new("pull-decode-c", staging).unwrap();
+    e.add_peer("pull-prefill", b"pull-prefill", &prefill.regions())
+        .unwrap();
+    let err = staged
+        .execute(&mut e, &["pull-prefill"], &mut NoPostReceive, b"", TIMEOUT)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("needs a post-receive operation"),
+        "{err}"
+    );
+    assert_eq!(err.blocks, vec![2, 5, 6]);
+}
