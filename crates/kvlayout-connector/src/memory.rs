@@ -6,10 +6,12 @@
 //!
 //! Registration never outlives the memory:
 //! - an owned region is freed by the engine, after its last transfer;
-//! - a borrowed slice is registered only inside a scope ([`crate::MemcpyEngine::scope`],
-//!   [`crate::nixl::NixlEngine::scope`]) that drops the engine before the borrow ends, as
-//!   `std::thread::scope` joins its threads;
-//! - a raw region is the caller's promise, stated on [`Region::from_raw`].
+//! - a borrowed slice is registered only inside [`crate::MemcpyEngine::scope`], which takes
+//!   it back from the engine and its peers before the borrow ends, as `std::thread::scope`
+//!   joins its threads;
+//! - a raw region is the caller's promise, stated on [`Region::from_raw`]. The NIXL engine
+//!   takes owned and raw regions only: NIXL has no abort, so a transfer released early may
+//!   still write after a scope would have ended.
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;

@@ -1,6 +1,6 @@
 //! The NIXL engine: KV blocks between processes (and machines) over NIXL's UCX backend, from
-//! host memory. This module owns [`NixlEngine`] (one NIXL agent, its UCX backend and the host
-//! cache buffers it registered, one region per buffer), the descriptor lists it builds from a
+//! host or device memory. This module owns [`NixlEngine`] (one NIXL agent, its UCX backend and
+//! the cache regions it registered, one per buffer: its own or its caller's), the descriptor lists it builds from a
 //! plan's runs, asynchronous READ ([`TransferEngine::post_read`]) and WRITE
 //! ([`NixlEngine::post_write`]) with a notification to the peer, completion by polling
 //! ([`crate::engine::wait`] bounds it with a timeout), cancellation ([`NixlEngine::cancel`]),
@@ -202,13 +202,15 @@ impl NixlPending {
     }
 }
 
-/// An engine over NIXL: one agent named after the engine, with the UCX backend, owning host
-/// cache buffers registered once (one region per buffer). Peers are other [`NixlEngine`]s, in
+/// An engine over NIXL: one agent named after the engine, with the UCX backend, and its cache
+/// regions registered once, one per buffer ([`crate::Region`]: owned, or the caller's host or
+/// device memory). Peers are other [`NixlEngine`]s, in
 /// this process or another, known by their agent metadata ([`TransferEngine::local_metadata`])
 /// and their regions ([`TransferEngine::regions`], published in the handshake).
 ///
 /// Local buffers are read and replaced only between transfers this engine posted
-/// ([`TransferEngine::buffers`] and [`NixlEngine::set_buffers`] refuse while one is in flight).
+/// ([`TransferEngine::buffers`] and [`NixlEngine::set_buffers`] refuse while one is in flight,
+/// and for device memory, which its backend reads).
 /// Transfers a peer posts (its READs of, or WRITEs into, this engine's memory) are not seen
 /// here; the two sides order them by notifications.
 #[derive(Debug)]
