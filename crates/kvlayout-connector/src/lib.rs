@@ -6,7 +6,7 @@
 //! - [`handshake`]: what each side publishes, its cache groups ([`handshake::CacheGroup`]:
 //!   layout, model heads, TP rank and size, registered regions), and the checks a receiver
 //!   runs on a peer's.
-//! - [`plan`]: the planner. From the local group, the remote groups and a block mapping, byte
+//! - [`mod@plan`]: the planner. From the local group, the remote groups and a block mapping, byte
 //!   runs per remote rank, merged into maximal runs contiguous on both sides, every byte into
 //!   its place. [`staged`]: a plan through a staging cache and a post-receive
 //!   `scatter_blocks` on a backend, when the orders differ.

@@ -1,4 +1,4 @@
-//! The one entry point that plans a pull ([`plan`]: direct or staged, chosen by
+//! The one entry point that plans a pull ([`plan()`]: direct or staged, chosen by
 //! [`PullMode`], with the descriptor counts and the reason) and the one that runs it
 //! ([`Pull::execute`]).
 //!
@@ -16,7 +16,7 @@ use crate::handshake::CacheGroup;
 use crate::plan::{plan_pull, PlanError, SeqBlocks, TransferPlan};
 use crate::staged::{plan_pull_staged, PostReceive, StagedPlan};
 
-/// Which plan [`plan`] returns.
+/// Which plan [`plan()`] returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum PullMode {
     /// The plan with fewer descriptors; the direct one on a tie or where the staged one is
@@ -72,7 +72,7 @@ impl PullPlan {
     }
 }
 
-/// The other plan [`plan`] considered: the plan, or why the planner refused it.
+/// The other plan [`plan()`] considered: the plan, or why the planner refused it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Alternative {
     /// `direct` or `staged`.

@@ -9,7 +9,7 @@
 //! ([`CacheGroup::check_region`]). The peer is untrusted: decoding reads the version first,
 //! bounds every size by [`Limits`], and answers every defect with a [`HandshakeError`] naming
 //! the group, the value and the limit; nothing panics on input. TP size, block size and
-//! physical order may differ between peers; the planner ([`crate::plan`]) reconciles them.
+//! physical order may differ between peers; the planner ([`mod@crate::plan`]) reconciles them.
 //!
 //! ```
 //! use kvlayout_connector::handshake::{CacheGroup, Limits, MemRegion, PeerMetadata};
