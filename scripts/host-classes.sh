@@ -5,7 +5,8 @@
 # class. Each pass runs, with the features hidden:
 #   - every crate's unit tests and the CPU crate's integration tests (kernel builds, the choice
 #     `auto` makes, the decode, movers and writers on the build picked, no allocation per step);
-#   - the CLI's tests (the decode report, builds refused for what is missing or hidden);
+#   - the CLI's tests of what depends on the CPU (the decode report, builds refused for what is
+#     missing or hidden, bench, check, demo);
 #   - the conformance suite on the CPU backend (its build picked, each other build it runs and
 #     the other prefetch arrangement) and the reference (KVLAYOUT_SUITE_BACKENDS=cpu,reference).
 # The classes: AVX-512 without BF16 (Intel Xeon, BF16 hidden by its hypervisor), AVX2 only
@@ -80,8 +81,11 @@ for class in \
     echo "== host class $name, $what: KVLAYOUT_CPU_HIDE=$hide hides $(cpu_field "$hide" hidden); builds run: $got"
     export KVLAYOUT_CPU_HIDE="$hide"
     # --workspace, as the main pass builds them: the same test binaries, nothing rebuilt.
-    cargo test --workspace --no-fail-fast --lib --bins "${cpu_tests[@]}" --test cli 2>&1 \
-        || status=1
+    cargo test --workspace --no-fail-fast --lib --bins "${cpu_tests[@]}" 2>&1 || status=1
+    # The CLI's tests of what depends on the CPU: backends by name, bench, check, cpu, decode
+    # and demo (the layout questions, dumps, plans and pictures do not).
+    cargo test --workspace --no-fail-fast --test cli -- backend:: bench:: check:: cpu:: \
+        decode:: demo 2>&1 || status=1
     KVLAYOUT_SUITE_BACKENDS=cpu,reference cargo test --workspace --no-fail-fast \
         --test conformance -- every_case_on_every_backend refusals_on_every_backend 2>&1 \
         || status=1
