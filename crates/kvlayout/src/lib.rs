@@ -59,10 +59,10 @@ pub use presets::{preset, PRESETS, PRESET_NAMES};
 pub use regions::{merge_ranges, ByteRange, MAX_REGIONS};
 pub use serde_doc::{LayoutDocument, JSON_VERSION};
 pub use spec::{
-    Axis, AxisOrder, BufferExtent, Content, Field, FieldStrides, Geometry, InPageOrder, LayoutSpec,
-    LegacyKind, Paged, Placement, StridedField,
+    Axis, AxisOrder, BufferExtent, Content, EngineTensor, Field, FieldStrides, Geometry,
+    InPageOrder, LayoutSpec, Paged, Placement, StridedField,
 };
 pub use spec_string::parse_spec;
-pub use tensor_check::TensorClaim;
+pub use tensor_check::{StorageOffset, TensorClaim};
 pub use transform::tp_head_range;
 pub use view::{Convention, TensorView, ViewTarget, CONVENTION_NAMES};

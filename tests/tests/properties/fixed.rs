@@ -32,7 +32,7 @@ fn explain_page_runs_partition_the_page() {
 /// (inline or per-tensor scales) and explicit-strided placements.
 #[test]
 fn gen_shares() {
-    use kvlayout::{LegacyKind, Placement};
+    use kvlayout::{EngineTensor, Placement};
     use proptest::strategy::ValueTree;
     let mut runner = proptest::test_runner::TestRunner::deterministic();
     let strategy = any_layout();
@@ -41,9 +41,9 @@ fn gen_shares() {
     for _ in 0..n {
         let l = strategy.new_tree(&mut runner).unwrap().current();
         match l.placement() {
-            Placement::Legacy { layout, .. } => {
+            Placement::EngineTensor { layout, .. } => {
                 legacy += 1;
-                vllm += usize::from(*layout == LegacyKind::VllmPagedV1);
+                vllm += usize::from(*layout == EngineTensor::VllmPagedV1);
             }
             Placement::Strided { .. } => strided += 1,
             _ => {}

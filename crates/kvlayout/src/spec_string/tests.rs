@@ -3,15 +3,15 @@
 use super::parse_spec;
 use crate::error::LayoutError;
 use crate::layout::KvCacheLayout;
-use crate::spec::{BufferExtent, LegacyKind, Placement};
+use crate::spec::{BufferExtent, EngineTensor, Placement};
 
 #[test]
 fn preset_placement_can_be_replaced() {
     let l: KvCacheLayout = "llama-3-8b B=4 legacy=vllm-paged-v1".parse().unwrap();
     assert!(matches!(
         l.placement(),
-        Placement::Legacy {
-            layout: LegacyKind::VllmPagedV1,
+        Placement::EngineTensor {
+            layout: EngineTensor::VllmPagedV1,
             ..
         }
     ));
