@@ -13,6 +13,8 @@ use crate::field_map::FieldMap;
 use crate::layout::KvCacheLayout;
 use crate::spec::Field;
 
+mod contiguous;
+
 /// Whose tensor convention a view follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Display, EnumString, EnumIter, IntoStaticStr)]
 #[strum(serialize_all = "kebab-case", ascii_case_insensitive)]
