@@ -375,7 +375,7 @@ mod tests {
     /// the K/V axis nested outside the blocks is named.
     #[test]
     fn a_kv_axis_outside_the_blocks_is_named() {
-        let l = "kv B=5 N=16 H=2 D=8 dtype=f16 legacy=flashinfer-nhd";
+        let l = "kv B=5 N=16 H=2 D=8 dtype=f16 tensor=flashinfer-nhd";
         let shape = [2, 5, 16, 2, 8];
         let strides = [1280, 256, 16, 8, 1];
         let m = refused(
@@ -487,7 +487,7 @@ mod tests {
         );
         assert!(m.contains("axis 1 (slot): size 2, expected 16"), "{m}");
         assert!(m.contains("axes 1 (slot) and 2 (head) look swapped"), "{m}");
-        let vllm = "kv B=3 N=16 H=2 D=16 dtype=f16 legacy=vllm-paged-v1";
+        let vllm = "kv B=3 N=16 H=2 D=16 dtype=f16 tensor=vllm-paged-v1";
         let shape = [3, 2, 1, 16, 16];
         let m = refused(
             vllm,

@@ -536,7 +536,7 @@ mod tests {
     /// stacked views exist, the size-1 token axis carrying K's stride (x = 8 elements).
     #[test]
     fn kv_view_ignores_the_strides_of_size_one_axes() {
-        let (l, views) = kv_views("kv L=2 B=3 N=1 H=4 D=16 dtype=f16 legacy=vllm-paged-v1");
+        let (l, views) = kv_views("kv L=2 B=3 N=1 H=4 D=16 dtype=f16 tensor=vllm-paged-v1");
         let want = [
             ([2, 3, 1, 4, 16], [192, 64, 8, 16, 1]),
             ([3, 2, 1, 4, 16], [64, 192, 8, 16, 1]),
@@ -615,7 +615,7 @@ mod tests {
             "K and V have different head strides (64 vs 128 bytes, 2 heads)"
         );
         // vLLM's key with more than one token per block is x-split.
-        let vllm = "kv L=2 B=3 N=16 H=4 D=16 dtype=f16 legacy=vllm-paged-v1";
+        let vllm = "kv L=2 B=3 N=16 H=4 D=16 dtype=f16 tensor=vllm-paged-v1";
         assert_eq!(
             reason(vllm, Convention::FlashAttn),
             "field k is stored x-split (x = 8): its content index is not one stride"
