@@ -5,7 +5,7 @@
 //! kernel-block split) are included, so explicit-strided placements are covered too.
 
 use kvlayout::{
-    AxisOrder, Content, DType, Geometry, KvCacheLayout, LayoutSpec, EngineTensor, Paged, Placement,
+    AxisOrder, Content, DType, EngineTensor, Geometry, KvCacheLayout, LayoutSpec, Paged, Placement,
     TensorScales,
 };
 use proptest::prelude::*;

@@ -201,8 +201,7 @@ fn offset_matches_the_page_arithmetic() {
     assert_eq!(expected, 2522);
 
     let args = [
-        "offset", SMALL, "--block", "1", "--head", "2", "--slot", "3", "--field", "v", "--dim",
-        "5",
+        "offset", SMALL, "--block", "1", "--head", "2", "--slot", "3", "--field", "v", "--dim", "5",
     ];
     assert_eq!(ok(&args).trim(), expected.to_string());
     // `--token` is a hidden alias of `--slot`.
@@ -336,8 +335,7 @@ fn bad_json_file_names_the_path() {
 #[test]
 fn out_of_range_coordinate_is_refused() {
     let line = user_error(&[
-        "offset", SMALL, "--block", "1", "--head", "4", "--slot", "3", "--field", "v", "--dim",
-        "5",
+        "offset", SMALL, "--block", "1", "--head", "4", "--slot", "3", "--field", "v", "--dim", "5",
     ]);
     assert!(line.contains("head index 4"), "{line}");
     user_error(&[

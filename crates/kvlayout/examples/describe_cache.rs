@@ -10,18 +10,28 @@ use kvlayout::{
 fn main() -> Result<(), LayoutError> {
     // vLLM's FlashAttention backend: one (2, num_blocks, block_size, num_kv_heads, head_size)
     // tensor per layer, so L=1 and the tensor is addressed as layer 0.
-    let vllm: KvCacheLayout = "kv L=1 B=1024 N=16 H=8 D=128 dtype=bf16 tensor=flash-attn-nhd"
-        .parse()?;
+    let vllm: KvCacheLayout =
+        "kv L=1 B=1024 N=16 H=8 D=128 dtype=bf16 tensor=flash-attn-nhd".parse()?;
     let fa = vllm.view(Convention::FlashAttn, ViewTarget::Kv, 0)?;
     println!("vLLM flash-attn: {vllm}");
-    println!("  view {:?} strides {:?} ({})", fa.shape, fa.strides, fa.axes.join(", "));
+    println!(
+        "  view {:?} strides {:?} ({})",
+        fa.shape,
+        fa.strides,
+        fa.axes.join(", ")
+    );
 
     // FlashInfer with kv_layout="HND": (num_blocks, 2, num_kv_heads, block_size, head_size).
-    let fi: KvCacheLayout = "kv L=1 B=1024 N=16 H=8 D=128 dtype=bf16 tensor=flashinfer-hnd"
-        .parse()?;
+    let fi: KvCacheLayout =
+        "kv L=1 B=1024 N=16 H=8 D=128 dtype=bf16 tensor=flashinfer-hnd".parse()?;
     let fv = fi.view(Convention::FlashinferHnd, ViewTarget::Kv, 0)?;
     println!("FlashInfer HND:  {fi}");
-    println!("  view {:?} strides {:?} ({})", fv.shape, fv.strides, fv.axes.join(", "));
+    println!(
+        "  view {:?} strides {:?} ({})",
+        fv.shape,
+        fv.strides,
+        fv.axes.join(", ")
+    );
 
     // The framework's tensor as torch reports it: accepted against the FlashAttention cache.
     let claim = TensorClaim {
@@ -46,7 +56,11 @@ fn main() -> Result<(), LayoutError> {
         Err(LayoutError::TensorMismatch(m)) if m.contains("axis 1 (kv): stride") => {
             println!("check refused: {m}");
         }
-        other => return Err(LayoutError::InvalidQuery(format!("expected a refusal: {other:?}"))),
+        other => {
+            return Err(LayoutError::InvalidQuery(format!(
+                "expected a refusal: {other:?}"
+            )))
+        }
     }
 
     // TP 4: rank 1's own dense cache of 2 heads vs its heads inside the full cache.
@@ -54,7 +68,10 @@ fn main() -> Result<(), LayoutError> {
     let slice = vllm.tp_slice(4, 1)?;
     let own_view = own.view(Convention::FlashAttn, ViewTarget::Kv, 0)?;
     let slice_view = slice.view(Convention::FlashAttn, ViewTarget::Kv, 0)?;
-    println!("TP 4 rank 1 own cache: {own} (contiguous: {})", own_view.is_contiguous());
+    println!(
+        "TP 4 rank 1 own cache: {own} (contiguous: {})",
+        own_view.is_contiguous()
+    );
     println!(
         "TP 4 rank 1 in the full cache: strides {:?}, offset {} elements (contiguous: {})",
         slice_view.strides,

@@ -126,7 +126,16 @@ impl Keys {
 /// The content kinds a spec may start with.
 const KINDS: [&str; 6] = ["kv", "kv-scaled", "mla", "bytes", "mamba-conv", "mamba-ssm"];
 
-/// Parses a compact spec (or a preset name with overrides) into an unvalidated spec.
+/// Parses a compact spec (or a preset name with overrides) into an unvalidated spec;
+/// [`KvCacheLayout`]'s `FromStr` also validates it.
+///
+/// ```
+/// let spec = kvlayout::parse_spec("kv L=1 B=8 N=16 H=4 D=8 dtype=bf16 legacy=flashinfer-hnd")?;
+/// assert_eq!(spec.to_string(), "kv L=1 B=8 N=16 H=4 D=8 Dv=8 dtype=bf16 tensor=flashinfer-hnd");
+/// let e = kvlayout::parse_spec("kv B=8 N=16 H=4 D=8 dtype=bf16 order=NHD tensor=flashinfer");
+/// assert!(e.unwrap_err().to_string().contains("two placements: order=.. and tensor=..; give one"));
+/// # Ok::<(), kvlayout::LayoutError>(())
+/// ```
 pub fn parse_spec(s: &str) -> Result<LayoutSpec> {
     let user = tokens(s, true);
     let Some(first) = user.first().cloned() else {
