@@ -5,7 +5,7 @@
 //! kernel-block split) are included, so explicit-strided placements are covered too.
 
 use kvlayout::{
-    AxisOrder, Content, DType, Geometry, KvCacheLayout, LayoutSpec, LegacyKind, Paged, Placement,
+    AxisOrder, Content, DType, EngineTensor, Geometry, KvCacheLayout, LayoutSpec, Paged, Placement,
     TensorScales,
 };
 use proptest::prelude::*;
@@ -81,7 +81,7 @@ pub struct Seed {
     /// Physical order.
     pub order: AxisOrder,
     /// Legacy kind.
-    pub legacy: LegacyKind,
+    pub legacy: EngineTensor,
     /// Padding / alignment / offset units.
     pub extra: (u64, u64, u64),
 }
@@ -112,15 +112,15 @@ fn seed() -> impl Strategy<Value = Seed> {
     // vLLM's x-split key and transposed value is the legacy layout most unlike the others:
     // three draws in nine.
     let legacy = select(vec![
-        LegacyKind::VllmPagedV1,
-        LegacyKind::VllmPagedV1,
-        LegacyKind::VllmPagedV1,
-        LegacyKind::FlashAttnNhd,
-        LegacyKind::FlashAttnHnd,
-        LegacyKind::FlashinferNhd,
-        LegacyKind::FlashinferHnd,
-        LegacyKind::SeparateNhd,
-        LegacyKind::SeparateHnd,
+        EngineTensor::VllmPagedV1,
+        EngineTensor::VllmPagedV1,
+        EngineTensor::VllmPagedV1,
+        EngineTensor::FlashAttnNhd,
+        EngineTensor::FlashAttnHnd,
+        EngineTensor::FlashinferNhd,
+        EngineTensor::FlashinferHnd,
+        EngineTensor::SeparateNhd,
+        EngineTensor::SeparateHnd,
     ]);
     (
         kinds,
@@ -256,7 +256,7 @@ fn page_orders(s: &Seed) -> bool {
 fn placement(s: &Seed) -> Placement {
     let e0 = s.extra.0;
     match s.placement {
-        3 if matches!(s.kind, Kind::Kv | Kind::KvScaled) => Placement::Legacy {
+        3 if matches!(s.kind, Kind::Kv | Kind::KvScaled) => Placement::EngineTensor {
             layout: s.legacy,
             base_offset: e0 * ALIGN_UNIT,
         },

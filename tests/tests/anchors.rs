@@ -99,7 +99,7 @@ fn sweep_in(
         ("layer", Coord::new(field, nl, 0, 0, 0, 0)),
         ("block", Coord::new(field, 0, nb, 0, 0, 0)),
         ("head", Coord::new(field, 0, 0, nh, 0, 0)),
-        ("token", Coord::new(field, 0, 0, 0, nn, 0)),
+        ("slot", Coord::new(field, 0, 0, 0, nn, 0)),
         ("dim", Coord::new(field, 0, 0, 0, 0, nw)),
     ] {
         match l.offset(&c) {
@@ -151,7 +151,7 @@ fn claim<'a>(
         shape,
         strides,
         dtype,
-        storage_offset: Some(offset),
+        storage_offset: Some(kvlayout::StorageOffset::Elements(offset)),
     }
 }
 

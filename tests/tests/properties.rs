@@ -119,7 +119,7 @@ proptest! {
                     }
                 });
                 prop_assert!(bad.is_none(), "{c} {t} of {l}: {bad:?}");
-                let claim = TensorClaim { convention: c, target: t, layer, shape: &v.shape, strides: &v.strides, dtype: v.dtype, storage_offset: Some(v.offset) };
+                let claim = TensorClaim { convention: c, target: t, layer, shape: &v.shape, strides: &v.strides, dtype: v.dtype, storage_offset: Some(kvlayout::StorageOffset::Elements(v.offset)) };
                 l.check_tensor(&claim).unwrap();
                 // Swapping the strides of two size>1 axes with distinct strides is caught.
                 let big: Vec<usize> = (0..v.shape.len()).filter(|&i| v.shape[i] > 1).collect();

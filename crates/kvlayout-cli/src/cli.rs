@@ -43,7 +43,7 @@ pub(crate) enum Command {
     /// Explain a layout: geometry, page size and padding, field strides, every convention's
     /// view (or why there is none), the registered span, and a picture of one page.
     #[command(
-        after_help = "Example:\n  kvlayout explain llama-3-8b\n  kvlayout explain \"kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=HND\" --json\n  kvlayout explain \"kv L=1 B=3 N=16 H=4 D=16 dtype=f16 legacy=vllm-paged-v1\" --svg page.svg"
+        after_help = "Example:\n  kvlayout explain llama-3-8b\n  kvlayout explain \"kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=HND\" --json\n  kvlayout explain \"kv L=1 B=3 N=16 H=4 D=16 dtype=f16 tensor=vllm-paged-v1\" --svg page.svg"
     )]
     Explain {
         #[arg(value_name = "SPEC", help = SPEC_HELP)]
@@ -61,9 +61,9 @@ pub(crate) enum Command {
         #[arg(long, value_name = "FILE")]
         svg: Option<String>,
     },
-    /// Byte offset of one element: (layer, block, head, token slot, field, dim).
+    /// Byte offset of one element: (layer, block, head, slot, field, dim).
     #[command(
-        after_help = "Example:\n  kvlayout offset llama-3-8b --layer 2 --block 7 --head 3 --token 5 --field v --dim 64"
+        after_help = "Example:\n  kvlayout offset llama-3-8b --layer 2 --block 7 --head 3 --slot 5 --field v --dim 64"
     )]
     Offset {
         #[arg(value_name = "SPEC", help = SPEC_HELP)]
@@ -77,10 +77,11 @@ pub(crate) enum Command {
         /// Head slot.
         #[arg(long, value_name = "H")]
         head: u64,
-        /// Token (state) slot within the block: < block_size / tokens_per_state, 0 for
-        /// per-block Mamba states.
-        #[arg(long, value_name = "N")]
-        token: u64,
+        /// Slot (token position in the block; a state slot where one holds several tokens):
+        /// < block_size / tokens_per_state, 0 for per-block Mamba states. `--token` is an
+        /// alias.
+        #[arg(long, value_name = "N", alias = "token")]
+        slot: u64,
         /// Field: k, v, k_scale, v_scale, latent, bytes, conv, ssm.
         #[arg(long, value_name = "F")]
         field: String,

@@ -135,7 +135,7 @@ fn run(command: Command) -> Result<String, CliError> {
             layer,
             block,
             head,
-            token,
+            slot,
             field,
             dim,
             json: as_json,
@@ -145,7 +145,7 @@ fn run(command: Command) -> Result<String, CliError> {
                 layer,
                 block,
                 head,
-                slot: token,
+                slot,
                 field: one_field(&field)?,
                 dim,
             };

@@ -201,10 +201,12 @@ fn offset_matches_the_page_arithmetic() {
     assert_eq!(expected, 2522);
 
     let args = [
-        "offset", SMALL, "--block", "1", "--head", "2", "--token", "3", "--field", "v", "--dim",
-        "5",
+        "offset", SMALL, "--block", "1", "--head", "2", "--slot", "3", "--field", "v", "--dim", "5",
     ];
     assert_eq!(ok(&args).trim(), expected.to_string());
+    // `--token` is a hidden alias of `--slot`.
+    let alias = args.map(|a| if a == "--slot" { "--token" } else { a });
+    assert_eq!(ok(&alias).trim(), expected.to_string());
 
     let mut json_args = args.to_vec();
     json_args.push("--json");
@@ -216,10 +218,10 @@ fn offset_matches_the_page_arithmetic() {
 #[test]
 fn offset_names_the_buffer_when_there_are_two() {
     // Separate K and V allocations [B, N, H, D]: V lives in buffer 1 from its byte 0.
-    let spec = "kv B=3 N=16 H=4 D=8 dtype=f16 legacy=separate-nhd";
+    let spec = "kv B=3 N=16 H=4 D=8 dtype=f16 tensor=separate-nhd";
     let expected = (16 * 4 * 8 + 3 * 4 * 8 + 2 * 8 + 5) * 2;
     let out = ok(&[
-        "offset", spec, "--block", "1", "--head", "2", "--token", "3", "--field", "v", "--dim", "5",
+        "offset", spec, "--block", "1", "--head", "2", "--slot", "3", "--field", "v", "--dim", "5",
     ]);
     assert_eq!(out.trim(), format!("buffer 1 offset {expected}"));
 }
@@ -233,7 +235,7 @@ fn offset_layer_defaults_to_zero() {
         "0",
         "--head",
         "0",
-        "--token",
+        "--slot",
         "0",
         "--field",
         "k",
@@ -333,12 +335,11 @@ fn bad_json_file_names_the_path() {
 #[test]
 fn out_of_range_coordinate_is_refused() {
     let line = user_error(&[
-        "offset", SMALL, "--block", "1", "--head", "4", "--token", "3", "--field", "v", "--dim",
-        "5",
+        "offset", SMALL, "--block", "1", "--head", "4", "--slot", "3", "--field", "v", "--dim", "5",
     ]);
     assert!(line.contains("head index 4"), "{line}");
     user_error(&[
-        "offset", SMALL, "--layer", "1", "--block", "0", "--head", "0", "--token", "0", "--field",
+        "offset", SMALL, "--layer", "1", "--block", "0", "--head", "0", "--slot", "0", "--field",
         "k", "--dim", "0",
     ]);
     user_error(&[
@@ -361,7 +362,7 @@ fn refused_view_and_bad_names_are_one_line() {
         "k_scale",
     ]);
     user_error(&[
-        "offset", SMALL, "--block", "0", "--head", "0", "--token", "0", "--field", "kv", "--dim",
+        "offset", SMALL, "--block", "0", "--head", "0", "--slot", "0", "--field", "kv", "--dim",
         "0",
     ]);
 }
@@ -371,7 +372,7 @@ fn usage_errors_exit_2_without_panicking() {
     for args in [
         &["offset", SMALL, "--block", "0"][..],
         &[
-            "offset", SMALL, "--block", "-1", "--head", "0", "--token", "0", "--field", "k",
+            "offset", SMALL, "--block", "-1", "--head", "0", "--slot", "0", "--field", "k",
             "--dim", "0",
         ],
         &["explain"],
@@ -414,7 +415,7 @@ fn explain_one_head_outside_the_block_with_padded_pages() {
         "2",
         "--head",
         "0",
-        "--token",
+        "--slot",
         "3",
         "--field",
         "v",
@@ -429,7 +430,7 @@ fn explain_one_head_outside_the_block_with_padded_pages() {
 
 #[test]
 fn explain_separate_buffers_picture_each_buffer() {
-    let text = explain("kv L=1 B=2 N=2 H=2 D=4 dtype=f16 legacy=separate-nhd");
+    let text = explain("kv L=1 B=2 N=2 H=2 D=4 dtype=f16 tensor=separate-nhd");
     let k = text
         .find("page of layer 0, block 0, buffer 0 (offsets from its first byte)")
         .unwrap_or_else(|| panic!("{text}"));

@@ -86,7 +86,7 @@ fn llama() -> PeerMetadata {
 }
 
 /// A two-buffer layout (separate K and V allocations).
-const SEPARATE: &str = "kv L=2 B=3 N=4 H=4 D=16 dtype=f16 legacy=separate-hnd";
+const SEPARATE: &str = "kv L=2 B=3 N=4 H=4 D=16 dtype=f16 tensor=separate-hnd";
 
 #[test]
 fn round_trips_presets_tp_and_replication() {

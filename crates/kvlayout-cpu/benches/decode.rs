@@ -87,7 +87,7 @@ fn fill(cache: &mut HostCache) {
 /// A cache of `blocks` blocks of the bench's geometry, filled (see [`fill`]).
 fn filled_cache(blocks: usize, dtype: &str, order: &str) -> HostCache {
     let place = match order {
-        "legacy" => "legacy=vllm-paged-v1".to_string(),
+        "legacy" => "tensor=vllm-paged-v1".to_string(),
         _ => format!("order={order}"),
     };
     let spec = format!("kv B={blocks} N={BLOCK} H={KV_HEADS} D={HEAD} dtype={dtype} {place}");

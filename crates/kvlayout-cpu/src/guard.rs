@@ -175,7 +175,7 @@ fn no_write_past_the_buffers() {
         for (d, place) in [
             (36, "order=HND"),
             (76, "order=NHD"),
-            (36, "legacy=separate-hnd"),
+            (36, "tensor=separate-hnd"),
         ] {
             for kind in ["kv", "kv-scaled"] {
                 let scaled_dtype = dtype == "int8" || dtype.starts_with("fp8");

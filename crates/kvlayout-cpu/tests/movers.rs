@@ -15,10 +15,10 @@ const SPECS: &[&str] = &[
     "order=BLNHC",
     "order=BHLNC",
     "order=NHD page=1088 base=64",
-    "legacy=vllm-paged-v1",
-    "legacy=flash-attn-hnd",
-    "legacy=flashinfer-nhd",
-    "legacy=separate-hnd",
+    "tensor=vllm-paged-v1",
+    "tensor=flash-attn-hnd",
+    "tensor=flashinfer-nhd",
+    "tensor=separate-hnd",
     // Token-major rows of V then K ([V 16 B][K 16 B]): rows as long as NHD's K|V, the fields
     // in the other order, so moving rows whole between the two would swap K and V.
     "@k=0:16:1536:512:32:128:8:16:2 @v=0:0:1536:512:32:128:8:16:2 @buf0=0..3072",

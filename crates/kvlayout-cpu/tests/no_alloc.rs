@@ -99,7 +99,7 @@ const SPECS: [&str; 5] = [
     "kv N=16 H=2 D=64 dtype=bf16 order=NHD",
     "kv N=16 H=2 D=64 dtype=fp8_e4m3 order=HND",
     "kv N=16 H=2 D=64 dtype=f32 order=HLBNC", // one head per item
-    "kv N=16 H=2 D=64 dtype=f16 legacy=vllm-paged-v1", // gathered rows
+    "kv N=16 H=2 D=64 dtype=f16 tensor=vllm-paged-v1", // gathered rows
     "kv-scaled N=16 H=2 D=64 dtype=int8 order=NHD", // inline scales
 ];
 

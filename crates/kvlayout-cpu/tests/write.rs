@@ -126,9 +126,9 @@ fn write_kv_matches_reference() {
         "kv L=1 B=3 N=16 H=4 D=16 dtype=fp8_e5m2 order=HND",
         "kv-scaled L=1 B=3 N=16 H=4 D=8 dtype=int8 order=NHD",
         "kv-scaled L=1 B=3 N=16 H=2 D=16 dtype=fp8_e4m3 order=HND",
-        "kv L=1 B=3 N=16 H=4 D=16 dtype=f16 legacy=vllm-paged-v1",
-        "kv L=1 B=3 N=16 H=4 D=8 dtype=bf16 legacy=flashinfer-hnd",
-        "kv L=1 B=3 N=16 H=4 D=8 Dv=4 dtype=f32 legacy=separate-nhd",
+        "kv L=1 B=3 N=16 H=4 D=16 dtype=f16 tensor=vllm-paged-v1",
+        "kv L=1 B=3 N=16 H=4 D=8 dtype=bf16 tensor=flashinfer-hnd",
+        "kv L=1 B=3 N=16 H=4 D=8 Dv=4 dtype=f32 tensor=separate-nhd",
         "mla L=1 B=3 N=16 rank=16 rope=8 dtype=bf16 order=NHD",
     ];
     for spec in specs {

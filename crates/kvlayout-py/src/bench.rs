@@ -42,7 +42,7 @@ fn time_calls(py: Python<'_>, layout: &Layout, what: &str, n: u64) -> PyResult<f
         shape: &view.shape,
         strides: &view.strides,
         dtype: view.dtype,
-        storage_offset: Some(view.offset),
+        storage_offset: Some(kvlayout::StorageOffset::Elements(view.offset)),
     };
     let run = || -> Result<(), kvlayout::LayoutError> {
         match what {

@@ -69,7 +69,7 @@ pub fn check(layout: &KvCacheLayout, r: &Request<'_, '_>) -> PyResult<()> {
     if let Some(b) = r.base {
         let off = storage_offset(layout, &v, &d, &arrays::base(b)?, c, t)?;
         let claim = TensorClaim {
-            storage_offset: Some(off),
+            storage_offset: Some(kvlayout::StorageOffset::Elements(off)),
             ..claim
         };
         layout.check_tensor(&claim).map_err(raise)?;

@@ -46,7 +46,7 @@ def refused(cls, call):
 class DLPackOnly:
     """Exposes an array through ``__dlpack__`` alone (``legacy``: no ``max_version``)."""
 
-    def __init__(self, arr, legacy=False):
+    def __init__(self, arr, tensor=False):
         self.arr, self.legacy = arr, legacy
 
     def __dlpack__(self, **kwargs):
@@ -98,12 +98,12 @@ def test_right_tensors_pass_from_numpy_dlpack_and_the_cuda_interface():
     assert "on cuda:1, expected cuda:0" in m
     # The same tensor claimed for layer 0 starts 3072 elements (6144 B) too far.
     m = refused(errors.TensorMismatchError, lambda: layout.check(k, "k", "flash-attn", 0, base=buf))
-    assert "storage offset 3072 elements (6144 B), expected 0 elements (0 B)" in m
+    assert "storage offset 3072 elements (6144 bytes), expected 0 elements (0 bytes)" in m
 
 
 def test_bug1_swapped_v_strides():
     # vLLM's value is [B, H, D, N]: dim stride N, token stride 1.
-    layout = kvlayout.Layout("kv B=3 N=16 H=4 D=16 dtype=f16 legacy=vllm-paged-v1")
+    layout = kvlayout.Layout("kv B=3 N=16 H=4 D=16 dtype=f16 tensor=vllm-paged-v1")
     v = layout.view("vllm-paged-v1", "v")
     assert (v.shape, v.strides) == ([3, 4, 16, 16], [1024, 256, 16, 1])
     buf = alloc(layout)
@@ -111,7 +111,7 @@ def test_bug1_swapped_v_strides():
     wrong = strided(buf, F16, v.offset, v.shape, [1024, 256, 1, 16])
     m = refused(errors.TensorMismatchError, lambda: layout.check(wrong, "v", "vllm-paged-v1", base=buf))
     assert "vllm-paged-v1 v: axis 2 (dim): stride 1, expected 16" in m
-    assert "axes 2 (dim) and 3 (token) look swapped" in m
+    assert "axes 2 (dim) and 3 (slot) look swapped" in m
 
 
 def test_bug2_block_size_read_from_the_wrong_axis():
@@ -122,14 +122,14 @@ def test_bug2_block_size_read_from_the_wrong_axis():
     k = layout.as_view(buf, "k", "standard")
     layout.check(k, "k", "standard", base=buf)
     m = refused(errors.TensorMismatchError, lambda: layout.check(k, "k", "flash-attn"))
-    assert "flash-attn k: axis 1 (token): size 4, expected 16" in m
-    assert "axes 1 (token) and 2 (head) look swapped" in m
+    assert "flash-attn k: axis 1 (slot): size 4, expected 16" in m
+    assert "axes 1 (slot) and 2 (head) look swapped" in m
 
 
 def vllm_flash_attention_cache(num_blocks):
     """vLLM's FlashAttention cache ``(num_blocks, 2, block_size, num_kv_heads, head_size)``
-    bf16: FlashInfer NHD's stacked view ``(B, 2, N, H, D)``, spec ``legacy=flashinfer-nhd``."""
-    layout = kvlayout.Layout(f"kv B={num_blocks} N=16 H=2 D=64 dtype=bf16 legacy=flashinfer-nhd")
+    bf16: FlashInfer NHD's stacked view ``(B, 2, N, H, D)``, spec ``tensor=flashinfer-nhd``."""
+    layout = kvlayout.Layout(f"kv B={num_blocks} N=16 H=2 D=64 dtype=bf16 tensor=flashinfer-nhd")
     cache = np.zeros((num_blocks, 2, 16, 2, 64), BF16)
     return layout, cache
 
@@ -187,7 +187,7 @@ def test_bug7_a_single_head_axis_carries_any_stride():
     layout.check(t, "k", "flash-attn", base=buf)
     wrong = strided(buf, F16, 0, [3, 16, 1, 8], [256, 8, 12345, 1])
     m = refused(errors.TensorMismatchError, lambda: layout.check(wrong, "k", "flash-attn"))
-    assert "axis 1 (token): stride 8, expected 16" in m
+    assert "axis 1 (slot): stride 8, expected 16" in m
 
 
 def test_bug10_strided_scales_read_as_dense():
@@ -206,7 +206,7 @@ def test_bug10_strided_scales_read_as_dense():
 
 def test_bug12_x_from_the_block_size():
     # vLLM's key [B, H, D/x, N, x] with x = 16 B / 2 B = 8 for f16, not the block size 16.
-    layout = kvlayout.Layout("kv B=3 N=16 H=2 D=32 dtype=f16 legacy=vllm-paged-v1")
+    layout = kvlayout.Layout("kv B=3 N=16 H=2 D=32 dtype=f16 tensor=vllm-paged-v1")
     buf = alloc(layout)
     k = layout.as_view(buf, "k", "vllm-paged-v1")
     assert k.shape == (3, 2, 4, 16, 8)
@@ -277,12 +277,12 @@ def test_bad_input_raises_typed_exceptions():
 
 def test_as_view_refusals_and_allocations():
     # vLLM's key is x-split: no standard view of it without a copy.
-    layout = kvlayout.Layout("kv B=3 N=16 H=2 D=16 dtype=f16 legacy=vllm-paged-v1")
+    layout = kvlayout.Layout("kv B=3 N=16 H=2 D=16 dtype=f16 tensor=vllm-paged-v1")
     buf = alloc(layout)
     with pytest.raises(errors.ViewRefusedError) as e:
         layout.as_view(buf, "k", "standard")
     assert "x-split" in e.value.reason
-    layout2 = kvlayout.Layout("kv B=3 N=16 H=2 D=8 dtype=f16 legacy=separate-nhd")
+    layout2 = kvlayout.Layout("kv B=3 N=16 H=2 D=8 dtype=f16 tensor=separate-nhd")
     assert layout2.num_buffers == 2
     bufs = [alloc(layout2, 0), alloc(layout2, 1)]
     v = layout2.as_view(bufs, "v", "flash-attn")
@@ -313,7 +313,7 @@ def test_torch_tensors_are_checked_and_viewed():
         errors.TensorMismatchError,
         lambda: layout.check(k, "k", "flash-attn", layer=0, base=buf.data_ptr()),
     )
-    assert "storage offset 3072 elements (6144 B), expected 0 elements (0 B)" in m
+    assert "storage offset 3072 elements (6144 bytes), expected 0 elements (0 bytes)" in m
 
 
 def test_the_native_numpy_reading_says_what_describe_says():

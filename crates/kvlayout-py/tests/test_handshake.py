@@ -21,7 +21,7 @@ from kvlayout.handshake import CacheGroup, MemRegion, PeerMetadata, check_compat
 #: Rank 0 or 1 of TP 2 of Llama-3-8B: 4 of its 8 KV heads, 4 blocks.
 RANK_SPEC = "llama-3-8b B=4 H=4"
 #: Separate K and V allocations: two buffers.
-SEPARATE = "kv L=2 B=3 N=4 H=4 D=16 dtype=f16 legacy=separate-hnd"
+SEPARATE = "kv L=2 B=3 N=4 H=4 D=16 dtype=f16 tensor=separate-hnd"
 
 
 def allocate(layout):

@@ -280,9 +280,9 @@ def test_the_convention_picks_the_views_the_kernel_gets():
     checked = kt.check_decode(standard_decode, convention="standard", count=30, seed=500)
     assert len(checked) == 30
     # vLLM's x-split key has no standard view: those layouts are left out, not failed
-    assert not any("legacy=vllm-paged-v1" in spec for _, spec in checked)
+    assert not any("tensor=vllm-paged-v1" in spec for _, spec in checked)
     seeds = range(checked[0][0], checked[-1][0])
-    assert any("legacy=vllm-paged-v1" in str(kvlayout._native.random_layout(s)) for s in seeds)
+    assert any("tensor=vllm-paged-v1" in str(kvlayout._native.random_layout(s)) for s in seeds)
     with pytest.raises(kt.HarnessFailure, match="raised ValueError"):
         kt.check_decode(vllm_decode, convention="standard", count=5)
 

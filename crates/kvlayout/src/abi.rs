@@ -149,7 +149,7 @@ impl KvFieldArgs {
             ("layer", layer, self.num_layers),
             ("block", block, self.num_blocks),
             ("head", head, self.num_heads),
-            ("token", slot, self.num_slots),
+            ("slot", slot, self.num_slots),
             ("dim", dim, self.width),
         ] {
             if value < 0 || value >= limit {

@@ -168,14 +168,14 @@ mod tests {
         );
         // vLLM key [B, H, D/x, N, x], x = 8 for f16: head 16*4*2 = 128 B, token x*2 = 16 B,
         // chunk 4*8*2 = 64 B, block 4*2*16*2 = 256 B; K and V halves of 3 * 256 B per layer.
-        let vllm = "kv L=2 B=3 N=4 H=2 D=16 dtype=f16 legacy=vllm-paged-v1";
+        let vllm = "kv L=2 B=3 N=4 H=2 D=16 dtype=f16 tensor=vllm-paged-v1";
         assert_eq!(
             describe(&strides(vllm, Field::K)),
             "buffer 0, base 0, layer 1536, block 256, head 128, token 16, \
              chunk 64 (8 elements each), dim 2 (bytes)"
         );
         // Separate V in buffer 1.
-        let sep = "kv L=1 B=2 N=2 H=2 D=4 dtype=f16 legacy=separate-nhd";
+        let sep = "kv L=1 B=2 N=2 H=2 D=4 dtype=f16 tensor=separate-nhd";
         assert_eq!(
             describe(&strides(sep, Field::V)),
             "buffer 1, base 0, layer 64, block 32, head 8, token 16, dim 2 (bytes)"

@@ -108,7 +108,7 @@ pub enum LayoutError {
     #[error("layout JSON: {0}")]
     Json(String),
     /// A coordinate outside the layout's domain.
-    #[error("{axis} index {value} is out of range (limit {limit})")]
+    #[error("{axis} index {value} is out of range (limit {limit}){}", per_layer_hint(axis, *limit))]
     OutOfRange {
         /// The axis.
         axis: &'static str,
@@ -163,6 +163,16 @@ pub enum LayoutError {
     Mismatch(String),
 }
 
+/// The hint of a layer index past a one-layer cache: vLLM's per-layer tensors.
+fn per_layer_hint(axis: &str, limit: u64) -> &'static str {
+    if axis == "layer" && limit == 1 {
+        "; a per-layer tensor (vLLM's one tensor per layer) is described with L=1 and \
+         addressed as layer 0"
+    } else {
+        ""
+    }
+}
+
 /// Result alias of this crate.
 pub type Result<T, E = LayoutError> = std::result::Result<T, E>;
 
@@ -194,4 +204,36 @@ pub(crate) fn add(a: u64, b: u64, what: impl FnOnce() -> String) -> Result<u64> 
             what: what(),
             limit: MAX_OFFSET,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LayoutError;
+
+    /// A layer past a one-layer cache says how a per-layer tensor is addressed; other axes
+    /// and limits do not.
+    #[test]
+    fn a_layer_past_a_per_layer_tensor_names_layer_0() {
+        let l: crate::KvCacheLayout = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=LBNHC"
+            .parse()
+            .unwrap();
+        let c = crate::Coord::new(crate::Field::K, 3, 0, 0, 0, 0);
+        assert_eq!(
+            l.offset(&c).unwrap_err().to_string(),
+            "layer index 3 is out of range (limit 1); a per-layer tensor (vLLM's one tensor per \
+             layer) is described with L=1 and addressed as layer 0"
+        );
+        let two = LayoutError::OutOfRange {
+            axis: "layer",
+            value: 3,
+            limit: 2,
+        };
+        assert_eq!(two.to_string(), "layer index 3 is out of range (limit 2)");
+        let head = LayoutError::OutOfRange {
+            axis: "head",
+            value: 3,
+            limit: 1,
+        };
+        assert_eq!(head.to_string(), "head index 3 is out of range (limit 1)");
+    }
 }

@@ -476,7 +476,7 @@ mod tests {
     /// byte, so no two runs of one picture share an offset.
     #[test]
     fn separate_buffers_are_pictured_apart() {
-        let l: KvCacheLayout = "kv L=1 B=2 N=2 H=2 D=4 dtype=f16 legacy=separate-nhd"
+        let l: KvCacheLayout = "kv L=1 B=2 N=2 H=2 D=4 dtype=f16 tensor=separate-nhd"
             .parse()
             .unwrap();
         let text = l.explain().to_text();
@@ -496,7 +496,7 @@ mod tests {
              \x20      +24 | v h1 t1 d0..3                |      8 B ###\n"
         );
         // Head-major, V narrower than K: each buffer's runs partition its own page.
-        let l: KvCacheLayout = "kv L=2 B=2 N=4 H=2 D=8 Dv=4 dtype=f16 legacy=separate-hnd"
+        let l: KvCacheLayout = "kv L=2 B=2 N=4 H=2 D=8 Dv=4 dtype=f16 tensor=separate-hnd"
             .parse()
             .unwrap();
         let runs = l.explain().page_runs;

@@ -222,7 +222,7 @@ mod tests {
     #[test]
     fn helpers_answer_what_the_offset_function_does() {
         let layout: crate::KvCacheLayout =
-            "kv L=2 B=3 N=16 H=4 D=64 dtype=f16 legacy=vllm-paged-v1"
+            "kv L=2 B=3 N=16 H=4 D=64 dtype=f16 tensor=vllm-paged-v1"
                 .parse()
                 .unwrap();
         let k = layout.field_map(Field::K).unwrap();

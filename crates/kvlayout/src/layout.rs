@@ -31,32 +31,41 @@ pub struct KvCacheLayout {
     extents: Vec<BufferExtent>,
 }
 
-/// A coordinate in the layout's domain.
+/// A coordinate in the layout's domain: `(field, layer, block, head, slot, dim)`, in the order
+/// of [`Coord::new`]'s arguments and of the fields below.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Coord {
+    /// Which field.
+    pub field: Field,
     /// Layer slot, `< num_layers`.
     pub layer: u64,
     /// Block, `< num_blocks`.
     pub block: u64,
     /// Head slot, `< num_kv_heads`.
     pub head: u64,
-    /// Token (state) slot in the block, `< num_slots()`.
+    /// Slot (token position in the block; a state slot where one holds several tokens),
+    /// `< num_slots()`.
     pub slot: u64,
-    /// Which field.
-    pub field: Field,
     /// Element index in the field's row, `< width`.
     pub dim: u64,
 }
 
 impl Coord {
-    /// The coordinate of element `dim` of `field` at `(layer, block, head, slot)`.
+    /// The coordinate of element `dim` of `field` at `(layer, block, head, slot)`; the
+    /// arguments are in the order the fields are declared.
+    ///
+    /// ```
+    /// use kvlayout::{Coord, Field};
+    /// let c = Coord::new(Field::V, 0, 1, 2, 3, 4);
+    /// assert_eq!((c.layer, c.block, c.head, c.slot, c.dim), (0, 1, 2, 3, 4));
+    /// ```
     pub fn new(field: Field, layer: u64, block: u64, head: u64, slot: u64, dim: u64) -> Self {
         Coord {
+            field,
             layer,
             block,
             head,
             slot,
-            field,
             dim,
         }
     }
@@ -427,7 +436,7 @@ impl KvCacheLayout {
             ("layer", c.layer, m.num_layers),
             ("block", c.block, m.num_blocks),
             ("head", c.head, m.num_heads),
-            ("token", c.slot, m.num_slots),
+            ("slot", c.slot, m.num_slots),
             ("dim", c.dim, m.width),
         ] {
             if value >= limit {

@@ -6,7 +6,9 @@
 //! v1, FlashAttention, FlashInfer), the `#[repr(C)]` field arguments every kernel takes
 //! ([`KvFieldArgs`], mirrored by the C header in `kernels-cuda/include/`), byte regions for
 //! transfers, and transformations (TP head slice, kernel-block split, layer range) with stated
-//! post-conditions. It parses presets, compact spec strings and a versioned JSON form. Its
+//! post-conditions, and the dense cache of one TP rank ([`KvCacheLayout::tp_rank_layout`]). It
+//! parses presets, compact spec strings (`order=` for standardized pages, `tensor=` for
+//! another engine's tensor such as `tensor=flashinfer-hnd`) and a versioned JSON form. Its
 //! [`ops`] module is the backend contract: the ops' arguments and their checks, the one
 //! vocabulary of block moves and their plan, the [`ops::Backend`] trait, and
 //! [`ops::AnyBackend`], any backend held as one type.
@@ -18,13 +20,17 @@
 //!
 //! ```
 //! use kvlayout::{Convention, Coord, Field, KvCacheLayout, ViewTarget};
-//! // Llama-3-8B with fp8 and head-major pages, 4096 blocks.
-//! let layout: KvCacheLayout = "llama-3-8b B=4096 dtype=fp8_e4m3 order=HND".parse()?;
+//! // Llama-3-8B with fp8 and head-major pages of packed K|V rows, 4096 blocks.
+//! let layout: KvCacheLayout = "llama-3-8b B=4096 dtype=fp8_e4m3 order=LBHNC".parse()?;
 //! let at = layout.offset(&Coord { layer: 1, block: 2, head: 3, slot: 4, field: Field::V, dim: 5 })?;
 //! let page = 8 * 16 * 256; // heads x tokens x (K|V) bytes
 //! assert_eq!(at.offset, (4096 + 2) * page + 3 * (16 * 256) + 4 * 256 + 128 + 5);
 //! let v = layout.view(Convention::Flashinfer, ViewTarget::Kv, 0);
 //! assert!(v.is_ok()); // K and V share strides: (B, 2, N, H, D) is a plain strided view
+//! // FlashInfer's own HND cache, (B, 2, H, N, D), is a different layout:
+//! let fi: KvCacheLayout = "kv L=1 B=8 N=16 H=4 D=8 dtype=bf16 tensor=flashinfer-hnd".parse()?;
+//! assert!(fi.view(Convention::FlashinferHnd, ViewTarget::Kv, 0)?.is_contiguous());
+//! // See examples/describe_cache.rs for a tensor check and TP slicing.
 //! # Ok::<(), kvlayout::LayoutError>(())
 //! ```
 
@@ -59,10 +65,10 @@ pub use presets::{preset, PRESETS, PRESET_NAMES};
 pub use regions::{merge_ranges, ByteRange, MAX_REGIONS};
 pub use serde_doc::{LayoutDocument, JSON_VERSION};
 pub use spec::{
-    Axis, AxisOrder, BufferExtent, Content, Field, FieldStrides, Geometry, InPageOrder, LayoutSpec,
-    LegacyKind, Paged, Placement, StridedField,
+    Axis, AxisOrder, BufferExtent, Content, EngineTensor, Field, FieldStrides, Geometry,
+    InPageOrder, LayoutSpec, Paged, Placement, StridedField,
 };
 pub use spec_string::parse_spec;
-pub use tensor_check::TensorClaim;
+pub use tensor_check::{StorageOffset, TensorClaim};
 pub use transform::tp_head_range;
 pub use view::{Convention, TensorView, ViewTarget, CONVENTION_NAMES};

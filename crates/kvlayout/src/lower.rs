@@ -7,9 +7,9 @@ use crate::spec::{
     Axis, AxisOrder, BufferExtent, Content, Field, FieldStrides, Paged, Placement, StridedField,
 };
 
-mod legacy;
+mod engine_tensor;
 
-use legacy::lower_legacy;
+use engine_tensor::lower_engine_tensor;
 
 /// A stored field before placement: name, element type, width in elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,10 +86,10 @@ pub(crate) type Lowered = (Vec<(RowField, FieldStrides)>, Vec<BufferExtent>);
 pub(crate) fn lower(placement: &Placement, rows: &[RowField], ext: Extents) -> Result<Lowered> {
     match placement {
         Placement::Paged(p) => lower_paged(p, rows, ext),
-        Placement::Legacy {
+        Placement::EngineTensor {
             layout,
             base_offset,
-        } => lower_legacy(*layout, *base_offset, rows, ext),
+        } => lower_engine_tensor(*layout, *base_offset, rows, ext),
         Placement::Strided { fields, extents } => lower_strided(fields, extents, rows),
     }
 }

@@ -1,5 +1,5 @@
 //! Layouts of common models, by name. Each is a spec string; overrides may follow the name
-//! (`llama-3-8b B=4096 order=HND dtype=fp8_e4m3`).
+//! (`llama-3-8b B=4096 order=LBHNC dtype=fp8_e4m3`).
 
 use crate::error::{LayoutError, Result};
 use crate::layout::KvCacheLayout;
@@ -8,22 +8,22 @@ use crate::layout::KvCacheLayout;
 pub const PRESETS: &[(&str, &str, &str)] = &[
     (
         "llama-3-8b",
-        "kv L=32 B=1024 N=16 H=8 D=128 dtype=bf16 order=NHD",
+        "kv L=32 B=1024 N=16 H=8 D=128 dtype=bf16 order=LBNHC",
         "Llama-3-8B: 32 layers, 8 KV heads of 128, bf16, block 16, token-major pages",
     ),
     (
         "llama-3-70b",
-        "kv L=80 B=1024 N=16 H=8 D=128 dtype=bf16 order=NHD",
+        "kv L=80 B=1024 N=16 H=8 D=128 dtype=bf16 order=LBNHC",
         "Llama-3-70B: 80 layers, 8 KV heads of 128 (one TP rank holds a head slice)",
     ),
     (
         "qwen2.5-7b",
-        "kv L=28 B=1024 N=16 H=4 D=128 dtype=bf16 order=NHD",
+        "kv L=28 B=1024 N=16 H=4 D=128 dtype=bf16 order=LBNHC",
         "Qwen2.5-7B: 28 layers, 4 KV heads of 128",
     ),
     (
         "mistral-7b",
-        "kv L=32 B=1024 N=16 H=8 D=128 dtype=bf16 order=NHD",
+        "kv L=32 B=1024 N=16 H=8 D=128 dtype=bf16 order=LBNHC",
         "Mistral-7B: 32 layers, 8 KV heads of 128",
     ),
     (

@@ -88,7 +88,10 @@ macro_rules! orders {
     ($($name:ident = [$a:ident, $b:ident, $c:ident, $d:ident] $(alias $disp:literal $alias:literal)?;)*) => {
         /// Physical order of `[L, B, H, N]`, outermost first; content C is always innermost.
         ///
-        /// `NHD` parses as `LBNHC` (token-major page) and `HND` as `LBHNC` (head-major page).
+        /// The aliases `NHD` (= `LBNHC`, token-major pages) and `HND` (= `LBHNC`, head-major
+        /// pages) are packed K|V rows: each row holds K then V in the content axis. They are
+        /// not FlashInfer's `(B, 2, H, N, D)` tensor, which is `tensor=flashinfer-hnd`. The
+        /// canonical form prints the permutation name.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Display, EnumString, EnumIter,
                  IntoStaticStr, Serialize, Deserialize)]
         #[strum(ascii_case_insensitive)]
@@ -101,6 +104,10 @@ macro_rules! orders {
         }
 
         impl AxisOrder {
+            /// The names `order=` accepts: the 24 permutations, then the aliases `NHD` and
+            /// `HND` (packed K|V rows).
+            pub const NAMES: &'static [&'static str] = &[$(stringify!($name),)* "NHD", "HND"];
+
             /// The four axes, outermost first.
             pub const fn axes(self) -> [Axis; 4] {
                 match self {
@@ -150,7 +157,10 @@ pub enum InPageOrder {
     HND,
 }
 
-/// Layouts of other engines, described as values of the same type.
+/// Another engine's K/V tensor layout, named by the spec key `tensor=` (alias `legacy=`).
+///
+/// `flash-attn` and `flashinfer` parse as `flash-attn-nhd` and `flashinfer-nhd`, the
+/// defaults of FlashAttention and FlashInfer. [`EngineTensor::NAMES`] lists what parses.
 #[derive(
     Debug,
     Clone,
@@ -167,15 +177,19 @@ pub enum InPageOrder {
 )]
 #[strum(serialize_all = "kebab-case", ascii_case_insensitive)]
 #[serde(rename_all = "kebab-case")]
-pub enum LegacyKind {
+pub enum EngineTensor {
     /// vLLM paged attention v1: key `[B, H, D/x, N, x]`, value `[B, H, D, N]`, both from one
     /// `(2, B, N*H*D)` allocation per layer; `x = 16 / element_size`.
     VllmPagedV1,
     /// FlashAttention `(2, B, N, H, D)`, identity stride order.
+    #[strum(to_string = "flash-attn-nhd", serialize = "flash-attn")]
+    #[serde(alias = "flash-attn")]
     FlashAttnNhd,
     /// FlashAttention `(2, B, N, H, D)` with stride order `(0, 1, 3, 2, 4)`.
     FlashAttnHnd,
     /// FlashInfer `(B, 2, N, H, D)`.
+    #[strum(to_string = "flashinfer-nhd", serialize = "flashinfer")]
+    #[serde(alias = "flashinfer")]
     FlashinferNhd,
     /// FlashInfer `(B, 2, H, N, D)`.
     FlashinferHnd,
@@ -183,6 +197,22 @@ pub enum LegacyKind {
     SeparateNhd,
     /// Separate K and V allocations `[B, H, N, D]`.
     SeparateHnd,
+}
+
+impl EngineTensor {
+    /// The names `tensor=` accepts: each layout's canonical name, then the convention names
+    /// that stand for their default (`flash-attn`, `flashinfer`).
+    pub const NAMES: &'static [&'static str] = &[
+        "vllm-paged-v1",
+        "flash-attn-nhd",
+        "flash-attn-hnd",
+        "flashinfer-nhd",
+        "flashinfer-hnd",
+        "separate-nhd",
+        "separate-hnd",
+        "flash-attn",
+        "flashinfer",
+    ];
 }
 
 /// The standardized paged placement: a permutation of `[L, B, H, N]`, content innermost.
@@ -300,10 +330,12 @@ pub struct StridedField {
 pub enum Placement {
     /// Standardized pages.
     Paged(Paged),
-    /// Another engine's layout.
-    Legacy {
+    /// Another engine's K/V tensor layout (spec key `tensor=`; JSON kind `tensor`, alias
+    /// `legacy`).
+    #[serde(rename = "tensor", alias = "legacy")]
+    EngineTensor {
         /// Which one.
-        layout: LegacyKind,
+        layout: EngineTensor,
         /// Byte offset inside the buffer(s).
         #[serde(default)]
         base_offset: u64,

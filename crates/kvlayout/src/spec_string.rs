@@ -1,4 +1,4 @@
-//! The compact one-line spec: `kv L=32 B=1024 N=16 H=8 D=128 dtype=bf16 order=NHD`.
+//! The compact one-line spec: `kv L=32 B=1024 N=16 H=8 D=128 dtype=bf16 order=LBNHC`.
 //!
 //! Grammar: whitespace-separated tokens. The first names a content kind (`kv`, `kv-scaled`,
 //! `mla`, `bytes`, `mamba-conv`, `mamba-ssm`) or a preset (whose keys the rest may override).
@@ -6,17 +6,25 @@
 //!
 //! | keys | meaning |
 //! |---|---|
-//! | `L B N H tps` | layer slots, blocks, block size, head slots, tokens per state |
+//! | `L B N H tps` | layer slots, blocks, slots (tokens) per block, head slots, tokens per state |
 //! | `D Dv` / `rank rope` / `row` / `conv_dim conv_width` / `head_dim state` | content sizes |
 //! | `dtype k_scale v_scale` | element type, per-tensor scales |
 //! | `order base align page layer_stride block_stride` | paged placement (bytes) |
-//! | `legacy base` | another engine's layout (`vllm-paged-v1`, `flash-attn-nhd`, ...) |
+//! | `tensor base` | another engine's K/V tensor (`vllm-paged-v1`, `flashinfer-hnd`, ...) |
 //! | `@FIELD=buf:base:layer:block:head:slot:split:chunk:dim` and `@bufI=start..end` | explicit strides |
 //!
-//! Formatting a layout gives the canonical string, which parses back to an equal layout.
+//! `order=` takes a permutation of `LBHN` followed by `C` (`LBNHC`: token-major pages); `NHD`
+//! and `HND` are aliases of `LBNHC` and `LBHNC`, packed K|V rows. `legacy=` is an alias of
+//! `tensor=`, and `tensor=flash-attn` / `tensor=flashinfer` name the `-nhd` layouts. A bad
+//! `dtype=`, `order=` or `tensor=` value is refused with the accepted values listed.
+//!
+//! Formatting a layout gives the canonical string (permutation names, `tensor=`), which parses
+//! back to an equal layout.
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
+
+use strum::IntoEnumIterator;
 
 use crate::dtype::{DType, TensorScales};
 use crate::error::{LayoutError, Result};
@@ -90,6 +98,24 @@ impl Keys {
         }
     }
 
+    /// Takes and parses `key`, if given; a value that does not parse is refused with the
+    /// accepted values `known` listed.
+    fn take_one_of<T: FromStr>(&mut self, key: &str, known: &[String]) -> Result<Option<T>> {
+        match self.map.remove(key) {
+            None => Ok(None),
+            Some((tok, value)) => value.parse::<T>().map(Some).map_err(|_| {
+                let spelled = tok.text.split('=').next().unwrap_or(key);
+                bad(
+                    &tok,
+                    format!(
+                        "unknown {spelled}= value '{value}'; accepted: {}",
+                        known.join(", ")
+                    ),
+                )
+            }),
+        }
+    }
+
     /// Takes and parses `key`, which must be given.
     fn need<T: FromStr>(&mut self, key: &str) -> Result<T> {
         self.take(key)?
@@ -100,7 +126,16 @@ impl Keys {
 /// The content kinds a spec may start with.
 const KINDS: [&str; 6] = ["kv", "kv-scaled", "mla", "bytes", "mamba-conv", "mamba-ssm"];
 
-/// Parses a compact spec (or a preset name with overrides) into an unvalidated spec.
+/// Parses a compact spec (or a preset name with overrides) into an unvalidated spec;
+/// [`KvCacheLayout`]'s `FromStr` also validates it.
+///
+/// ```
+/// let spec = kvlayout::parse_spec("kv L=1 B=8 N=16 H=4 D=8 dtype=bf16 legacy=flashinfer-hnd")?;
+/// assert_eq!(spec.to_string(), "kv L=1 B=8 N=16 H=4 D=8 Dv=8 dtype=bf16 tensor=flashinfer-hnd");
+/// let e = kvlayout::parse_spec("kv B=8 N=16 H=4 D=8 dtype=bf16 order=NHD tensor=flashinfer");
+/// assert!(e.unwrap_err().to_string().contains("two placements: order=.. and tensor=..; give one"));
+/// # Ok::<(), kvlayout::LayoutError>(())
+/// ```
 pub fn parse_spec(s: &str) -> Result<LayoutSpec> {
     let user = tokens(s, true);
     let Some(first) = user.first().cloned() else {
@@ -120,9 +155,12 @@ pub fn parse_spec(s: &str) -> Result<LayoutSpec> {
         head: kind_token.clone(),
     };
     check_kind(&kind_token)?;
-    let dtype: DType = match kind_token.text.as_str() {
-        "bytes" => keys.take("dtype")?.unwrap_or(DType::U8),
-        _ => keys.need("dtype")?,
+    let dtypes: Vec<String> = DType::iter().map(|d| d.to_string()).collect();
+    let dtype = keys.take_one_of::<DType>("dtype", &dtypes)?;
+    let dtype = match (kind_token.text.as_str(), dtype) {
+        (_, Some(d)) => d,
+        ("bytes", None) => DType::U8,
+        (_, None) => return Err(bad(&keys.head, "missing dtype=")),
     };
     let geometry = parse_geometry(&mut keys, &kind_token.text)?;
     let content = parse_content(&mut keys, &kind_token)?;
@@ -144,7 +182,7 @@ pub fn parse_spec(s: &str) -> Result<LayoutSpec> {
 }
 
 /// A preset's kind token and key tokens, all at the column of its name (`user[0]`); a user
-/// placement of another kind (`legacy=` or `@` keys) drops the preset's placement keys.
+/// placement of another kind (`tensor=` or `@` keys) drops the preset's placement keys.
 fn preset_tokens(preset: &str, user: &[Token]) -> (Token, Vec<Token>) {
     let first = &user[0];
     let mut pt = tokens(preset, false);
@@ -155,7 +193,7 @@ fn preset_tokens(preset: &str, user: &[Token]) -> (Token, Vec<Token>) {
     // A user placement of another kind replaces the preset's placement entirely.
     const PLACEMENT: [&str; 7] = [
         "order",
-        "legacy",
+        "tensor",
         "base",
         "align",
         "page",
@@ -167,7 +205,7 @@ fn preset_tokens(preset: &str, user: &[Token]) -> (Token, Vec<Token>) {
         .iter()
         .skip(1)
         .filter_map(key)
-        .find(|k| k == "legacy" || k.starts_with('@'));
+        .find(|k| k == "tensor" || k == "legacy" || k.starts_with('@'));
     if user_kind.is_some() {
         pt.retain(|t| !key(t).is_some_and(|k| PLACEMENT.contains(&k.as_str())));
     }
@@ -182,13 +220,14 @@ fn preset_tokens(preset: &str, user: &[Token]) -> (Token, Vec<Token>) {
 }
 
 /// The `key=value` tokens by key: a later token overrides a preset's, a user key given twice
-/// is refused.
+/// is refused. `legacy=` is filed as `tensor=`, its alias.
 fn key_map(rest: Vec<Token>) -> Result<BTreeMap<String, (Token, String)>> {
     let mut map: BTreeMap<String, (Token, String)> = BTreeMap::new();
     for t in rest {
         let Some((k, v)) = t.text.split_once('=') else {
             return Err(bad(&t, "expected key=value"));
         };
+        let k = if k == "legacy" { "tensor" } else { k };
         if let Some((prev, _)) = map.get(k) {
             if prev.from_user {
                 return Err(bad(

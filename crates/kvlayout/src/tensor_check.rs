@@ -1,12 +1,25 @@
 //! The check of a tensor a framework hands over: [`KvCacheLayout::check_tensor`] says yes or
 //! names the first disagreement with the layout's view, the axis by what it indexes (`axis 0
 //! (kv): stride 32768, expected 16384`), with a hint where the mistake has a known shape (two
-//! axes swapped, the page padding ignored, a dense array where the view is not, vLLM's `x`).
+//! axes swapped, the page padding ignored, a dense array where the view is not, vLLM's `x`,
+//! an engine's tensor described with `order=`'s packed K|V rows).
+
+use strum::IntoEnumIterator;
 
 use crate::error::{LayoutError, Result};
 use crate::layout::KvCacheLayout;
+use crate::spec::{EngineTensor, LayoutSpec, Placement};
 use crate::view::{Convention, TensorView, ViewTarget};
 use crate::DType;
+
+/// A tensor's storage offset from the buffer start, in the unit the framework knows it in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StorageOffset {
+    /// In elements of the tensor's dtype (`tensor.storage_offset()` in PyTorch).
+    Elements(u64),
+    /// In bytes (a data pointer minus the buffer's start).
+    Bytes(u64),
+}
 
 /// What a framework says about a tensor it hands over: checked, never trusted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,18 +36,19 @@ pub struct TensorClaim<'a> {
     pub strides: &'a [u64],
     /// Its element type.
     pub dtype: DType,
-    /// Its storage offset in elements from the buffer start, when known.
-    pub storage_offset: Option<u64>,
+    /// Its storage offset from the buffer start, in elements or bytes, when known.
+    pub storage_offset: Option<StorageOffset>,
 }
 
 impl KvCacheLayout {
     /// Verifies what a framework hands over against this layout's view. It never infers
-    /// anything from the tensor: it only says yes, or names the first difference. Strides of
+    /// anything from the tensor: it only says yes, or names the first difference, each axis
+    /// by what it indexes in the claim's convention and each offset with its unit. Strides of
     /// size-1 axes are not compared (they carry no information).
     ///
     /// ```
-    /// use kvlayout::{Convention, DType, Field, LayoutError, TensorClaim, ViewTarget};
-    /// let l: kvlayout::KvCacheLayout = "kv B=3 N=16 H=1 D=8 dtype=f16 order=NHD".parse()?;
+    /// use kvlayout::{Convention, DType, Field, LayoutError, StorageOffset, TensorClaim, ViewTarget};
+    /// let l: kvlayout::KvCacheLayout = "kv B=3 N=16 H=1 D=8 dtype=f16 order=LBNHC".parse()?;
     /// let claim = TensorClaim {
     ///     convention: Convention::FlashAttn,
     ///     target: ViewTarget::Field(Field::K),
@@ -42,13 +56,16 @@ impl KvCacheLayout {
     ///     shape: &[3, 16, 1, 8],
     ///     strides: &[256, 16, 99999, 1], // H = 1: its stride is irrelevant
     ///     dtype: DType::F16,
-    ///     storage_offset: Some(0),
+    ///     storage_offset: Some(StorageOffset::Bytes(0)),
     /// };
     /// l.check_tensor(&claim)?;
     /// let swapped = TensorClaim { strides: &[16, 256, 16, 1], ..claim };
     /// let Err(LayoutError::TensorMismatch(m)) = l.check_tensor(&swapped) else { panic!() };
     /// assert!(m.contains("axis 0 (block): stride 16, expected 256"), "{m}");
-    /// assert!(m.contains("axes 0 (block) and 1 (token) look swapped"), "{m}");
+    /// assert!(m.contains("axes 0 (block) and 1 (slot) look swapped"), "{m}");
+    /// let shifted = TensorClaim { storage_offset: Some(StorageOffset::Elements(8)), ..claim };
+    /// let Err(LayoutError::TensorMismatch(m)) = l.check_tensor(&shifted) else { panic!() };
+    /// assert!(m.ends_with("storage offset 8 elements (16 bytes), expected 0 elements (0 bytes)"));
     /// # Ok::<(), kvlayout::LayoutError>(())
     /// ```
     pub fn check_tensor(&self, claim: &TensorClaim<'_>) -> Result<()> {
@@ -93,7 +110,9 @@ impl KvCacheLayout {
         }
         let big = |j: usize| v.shape[j] > 1;
         if let Some(i) = (0..shape.len()).find(|&i| big(i) && strides[i] != v.strides[i]) {
-            let hint = swapped(&v, strides, &v.strides, big)
+            let hint = self
+                .packed_rows_hint(claim)
+                .or_else(|| swapped(&v, strides, &v.strides, big))
                 .or_else(|| kv_order_hint(&v, strides))
                 .or_else(|| self.padding_hint(&v, i, strides[i]))
                 .or_else(|| dense_hint(shape, strides));
@@ -107,17 +126,62 @@ impl KvCacheLayout {
             ));
         }
         if let Some(off) = storage_offset {
-            if off != v.offset {
-                let e = v.dtype.size_bytes();
+            let e = v.dtype.size_bytes();
+            let got = match off {
+                StorageOffset::Elements(n) => u128::from(n) * u128::from(e),
+                StorageOffset::Bytes(n) => u128::from(n),
+            };
+            if got != u128::from(v.offset_bytes) {
+                let said = match off {
+                    StorageOffset::Elements(n) => format!("{n} elements ({got} bytes)"),
+                    StorageOffset::Bytes(n) if n % e == 0 => {
+                        format!("{} elements ({n} bytes)", n / e)
+                    }
+                    StorageOffset::Bytes(n) => {
+                        format!("{n} bytes (not a whole number of {e}-byte elements)")
+                    }
+                };
                 return mismatch(format!(
-                    "storage offset {off} elements ({} B), expected {} elements ({} B)",
-                    u128::from(off) * u128::from(e),
-                    v.offset,
-                    v.offset_bytes
+                    "storage offset {said}, expected {} elements ({} bytes)",
+                    v.offset, v.offset_bytes
                 ));
             }
         }
         Ok(())
+    }
+
+    /// For a paged layout (`order=`: K and V packed in each row) whose strides the claim does
+    /// not match: the engine tensor layout (`tensor=`) of the same geometry whose view has
+    /// exactly the claimed shape and strides, named as the spec key to use.
+    fn packed_rows_hint(&self, claim: &TensorClaim<'_>) -> Option<String> {
+        let Placement::Paged(p) = self.placement() else {
+            return None;
+        };
+        EngineTensor::iter().find_map(|kind| {
+            let spec = LayoutSpec {
+                placement: Placement::EngineTensor {
+                    layout: kind,
+                    base_offset: p.base_offset,
+                },
+                ..self.spec().clone()
+            };
+            let other = KvCacheLayout::new(spec).ok()?;
+            let v = other
+                .view(claim.convention, claim.target, claim.layer)
+                .ok()?;
+            let same = v.shape == claim.shape
+                && (0..v.shape.len()).all(|i| v.shape[i] <= 1 || v.strides[i] == claim.strides[i]);
+            let what = match claim.target {
+                ViewTarget::Kv => format!("{} is", engine_tensor_words(kind)),
+                ViewTarget::Field(f) => format!("this {f} tensor is the {f} of"),
+            };
+            same.then(|| {
+                format!(
+                    "{what} tensor={kind}; this layout (order={}) packs K and V in each row",
+                    p.order
+                )
+            })
+        })
     }
 
     /// Where the stride of a `block` axis is the dense page of the view's buffer (or that
@@ -162,6 +226,21 @@ impl KvCacheLayout {
             "x is 16 bytes / {e}-byte {} elements = {x}{from_block}",
             v.dtype
         ))
+    }
+}
+
+/// What an engine tensor layout is, in the engine's own words.
+fn engine_tensor_words(kind: EngineTensor) -> &'static str {
+    match kind {
+        EngineTensor::VllmPagedV1 => "vLLM's paged-attention v1 cache",
+        EngineTensor::FlashAttnNhd => "FlashAttention's (2, B, N, H, D) tensor",
+        EngineTensor::FlashAttnHnd => {
+            "FlashAttention's (2, B, N, H, D) tensor in head-major (HND) memory"
+        }
+        EngineTensor::FlashinferNhd => "FlashInfer's (B, 2, N, H, D) tensor",
+        EngineTensor::FlashinferHnd => "FlashInfer's (B, 2, H, N, D) tensor",
+        EngineTensor::SeparateNhd => "A pair of separate K and V [B, N, H, D] tensors",
+        EngineTensor::SeparateHnd => "A pair of separate K and V [B, H, N, D] tensors",
     }
 }
 
@@ -296,7 +375,7 @@ mod tests {
     /// the K/V axis nested outside the blocks is named.
     #[test]
     fn a_kv_axis_outside_the_blocks_is_named() {
-        let l = "kv B=5 N=16 H=2 D=8 dtype=f16 legacy=flashinfer-nhd";
+        let l = "kv B=5 N=16 H=2 D=8 dtype=f16 tensor=flashinfer-nhd";
         let shape = [2, 5, 16, 2, 8];
         let strides = [1280, 256, 16, 8, 1];
         let m = refused(
@@ -308,6 +387,59 @@ mod tests {
             m.contains("the tensor puts K and V outside the blocks ((2, B, ...): all K, then all V), the layout puts K and V inside each block ((B, 2, ...))"),
             "{m}"
         );
+    }
+
+    /// FlashInfer's `(B, 2, H, N, D)` tensor claimed against `order=LBHNC` (packed K|V rows,
+    /// whose stacked view has K/V stride D): the axis is named by the convention's meaning and
+    /// the hint names `tensor=flashinfer-hnd`, whose view is exactly the claim.
+    #[test]
+    fn an_engine_tensor_against_packed_rows_names_the_tensor_key() {
+        let packed = "kv B=3 N=16 H=4 D=8 dtype=f16 order=HND";
+        let shape = [3, 2, 4, 16, 8];
+        let strides = [2 * 4 * 16 * 8, 4 * 16 * 8, 16 * 8, 8, 1];
+        let c = claim(Convention::FlashinferHnd, ViewTarget::Kv, &shape, &strides);
+        let m = refused(packed, c);
+        assert!(
+            m.starts_with("flashinfer-hnd kv: axis 0 (block): stride 1024, expected 1024")
+                || m.starts_with("flashinfer-hnd kv: axis 1 (kv): stride 512, expected 8"),
+            "{m}"
+        );
+        assert!(
+            m.ends_with(
+                "; FlashInfer's (B, 2, H, N, D) tensor is tensor=flashinfer-hnd; this layout \
+                 (order=LBHNC) packs K and V in each row"
+            ),
+            "{m}"
+        );
+        let named: KvCacheLayout = "kv B=3 N=16 H=4 D=8 dtype=f16 tensor=flashinfer-hnd"
+            .parse()
+            .unwrap();
+        assert_eq!(named.check_tensor(&c), Ok(()));
+        // FlashAttention's (2, B, N, H, D) against token-major packed rows.
+        let shape = [2, 3, 16, 4, 8];
+        let strides = [3 * 16 * 4 * 8, 16 * 4 * 8, 4 * 8, 8, 1];
+        let c = claim(Convention::FlashAttn, ViewTarget::Kv, &shape, &strides);
+        let m = refused("kv B=3 N=16 H=4 D=8 dtype=f16 order=LBNHC", c);
+        assert!(
+            m.starts_with("flash-attn kv: axis 0 (kv): stride 1536, expected 8"),
+            "{m}"
+        );
+        assert!(
+            m.contains("FlashAttention's (2, B, N, H, D) tensor is tensor=flash-attn-nhd"),
+            "{m}"
+        );
+        // A claim no engine tensor matches gets no such hint.
+        let odd = [3 * 1024, 512, 128, 8, 1];
+        let m = refused(
+            packed,
+            claim(
+                Convention::FlashinferHnd,
+                ViewTarget::Kv,
+                &[3, 2, 4, 16, 8],
+                &odd,
+            ),
+        );
+        assert!(!m.contains("tensor="), "{m}");
     }
 
     /// A dense array's strides where the view interleaves K and V; vLLM's x from the block
@@ -324,17 +456,38 @@ mod tests {
             m.contains("axis 0 (block): stride 256, expected 512"),
             "{m}"
         );
+        assert!(
+            m.ends_with(
+                "; this k tensor is the k of tensor=flash-attn-nhd; this layout (order=LBNHC) \
+                 packs K and V in each row"
+            ),
+            "{m}"
+        );
+        // Strides of no engine's tensor that are a dense array's: the dense hint.
+        let m = refused(
+            l,
+            claim(Convention::FlashAttn, k, &[3, 16, 2, 8], &[256, 16, 8, 2]),
+        );
+        assert!(
+            m.contains("axis 0 (block): stride 256, expected 512"),
+            "{m}"
+        );
+        assert!(!m.contains("tensor="), "{m}");
+        let strided = "kv L=1 B=3 N=4 H=2 D=8 dtype=f16 @k=0:0:0:256:64:16:8:16:2 \
+                       @v=0:128:0:256:16:32:8:16:2 @buf0=0..768";
+        let m = refused(
+            strided,
+            claim(Convention::FlashAttn, k, &[3, 4, 2, 8], &[64, 16, 8, 1]),
+        );
+        assert!(m.contains("axis 0 (block): stride 64, expected 128"), "{m}");
         assert!(m.contains("dense (C-contiguous)"), "{m}");
         let m = refused(
             l,
             claim(Convention::FlashAttn, k, &[3, 2, 16, 8], &[512, 16, 32, 1]),
         );
-        assert!(m.contains("axis 1 (token): size 2, expected 16"), "{m}");
-        assert!(
-            m.contains("axes 1 (token) and 2 (head) look swapped"),
-            "{m}"
-        );
-        let vllm = "kv B=3 N=16 H=2 D=16 dtype=f16 legacy=vllm-paged-v1";
+        assert!(m.contains("axis 1 (slot): size 2, expected 16"), "{m}");
+        assert!(m.contains("axes 1 (slot) and 2 (head) look swapped"), "{m}");
+        let vllm = "kv B=3 N=16 H=2 D=16 dtype=f16 tensor=vllm-paged-v1";
         let shape = [3, 2, 1, 16, 16];
         let m = refused(
             vllm,
@@ -349,13 +502,28 @@ mod tests {
         let strides = [512, 32, 16, 1];
         let c = TensorClaim {
             layer: 1,
-            storage_offset: Some(0),
+            storage_offset: Some(StorageOffset::Elements(0)),
             ..claim(Convention::FlashAttn, k, &[3, 16, 2, 8], &strides)
         };
         let m = refused(based, c);
         assert!(
-            m.contains("storage offset 0 elements (0 B), expected 1536 elements (3072 B)"),
+            m.ends_with("storage offset 0 elements (0 bytes), expected 1536 elements (3072 bytes)"),
             "{m}"
         );
+        // The same offset in bytes: accepted at 3072, named in both units at 3074, and a byte
+        // offset inside an element is said to be one.
+        let at = |b| TensorClaim {
+            storage_offset: Some(StorageOffset::Bytes(b)),
+            ..c
+        };
+        let l: KvCacheLayout = based.parse().unwrap();
+        assert_eq!(l.check_tensor(&at(3072)), Ok(()));
+        assert!(refused(based, at(3076)).ends_with(
+            "storage offset 1538 elements (3076 bytes), expected 1536 elements (3072 bytes)"
+        ));
+        assert!(refused(based, at(3073)).ends_with(
+            "storage offset 3073 bytes (not a whole number of 2-byte elements), expected 1536 \
+             elements (3072 bytes)"
+        ));
     }
 }

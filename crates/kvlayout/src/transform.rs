@@ -1,8 +1,11 @@
 //! Transformations of a layout, each a view of the same memory with stated post-conditions
-//! (checked as properties in the tests):
+//! (checked as properties in the tests), and one new layout:
 //!
 //! * [`KvCacheLayout::tp_slice`]: `s.offset(l,b,h,n,f,d) == a.offset(l,b,heads.start+h,n,f,d)`,
-//!   `s.num_kv_heads == heads.len()`, same extents (registered span) as the parent.
+//!   `s.num_kv_heads == heads.len()`, same extents (registered span) as the parent: a view of
+//!   another rank's (or the whole) cache.
+//! * [`KvCacheLayout::tp_rank_layout`]: not a view; the dense cache a TP rank allocates for
+//!   its own heads, same spec with `heads.len()` heads.
 //! * [`KvCacheLayout::split_blocks`]: `s.offset(l, b*r+j, h, n, f, d) ==
 //!   a.offset(l, b, h, j*N/r + n, f, d)`, `s.num_blocks == r * a.num_blocks`.
 //! * [`KvCacheLayout::layer_range`]: `s.offset(l, ..) == a.offset(start + l, ..)`.
@@ -14,6 +17,8 @@ use std::ops::Range;
 use crate::error::{LayoutError, Result};
 use crate::layout::KvCacheLayout;
 use crate::spec::{FieldStrides, LayoutSpec, Placement, StridedField};
+
+mod tp_rank;
 
 impl KvCacheLayout {
     /// Rebuilds this layout as explicit strides with a new geometry and per-field strides.
@@ -57,10 +62,12 @@ impl KvCacheLayout {
     }
 
     /// The part of this layout that TP rank `tp_rank` of `tp_size` holds, as a view of the
-    /// same memory (heads replicated when `tp_size > num_kv_heads`).
+    /// same memory (heads replicated when `tp_size > num_kv_heads`): the rank's heads inside
+    /// the parent's allocation, strides and extents unchanged. The cache a rank allocates for
+    /// itself is [`Self::tp_rank_layout`].
     ///
     /// ```
-    /// let l: kvlayout::KvCacheLayout = "kv B=3 N=16 H=4 D=8 dtype=f16 order=NHD".parse()?;
+    /// let l: kvlayout::KvCacheLayout = "kv B=3 N=16 H=4 D=8 dtype=f16 order=LBNHC".parse()?;
     /// let r1 = l.tp_slice(2, 1)?;
     /// assert_eq!(r1.geometry().num_kv_heads, 2);
     /// // rank 1's head 0 is the parent's head 2

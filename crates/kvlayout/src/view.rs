@@ -13,6 +13,8 @@ use crate::field_map::FieldMap;
 use crate::layout::KvCacheLayout;
 use crate::spec::Field;
 
+mod contiguous;
+
 /// Whose tensor convention a view follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Display, EnumString, EnumIter, IntoStaticStr)]
 #[strum(serialize_all = "kebab-case", ascii_case_insensitive)]
@@ -21,7 +23,14 @@ pub enum Convention {
     Standard,
     /// vLLM paged attention v1: key `[B, H, D/x, N, x]`, value `[B, H, D, N]`.
     VllmPagedV1,
-    /// FlashAttention: per field `[B, N, H, D]`; K and V together `(2, B, N, H, D)`.
+    /// FlashAttention: per field `[B, N, H, D]`; K and V together `(2, B, N, H, D)`. Also
+    /// named `flash-attn-nhd` and `flash-attn-hnd`: both layouts are read through the same
+    /// `(2, B, N, H, D)` tensor, whatever its stride order.
+    #[strum(
+        to_string = "flash-attn",
+        serialize = "flash-attn-nhd",
+        serialize = "flash-attn-hnd"
+    )]
     FlashAttn,
     /// FlashInfer with `kv_layout="NHD"`: per field `[B, N, H, D]`; together `(B, 2, N, H, D)`.
     #[strum(to_string = "flashinfer", serialize = "flashinfer-nhd")]
@@ -44,6 +53,8 @@ pub const CONVENTION_NAMES: &[&str] = &[
     "standard",
     "vllm-paged-v1",
     "flash-attn",
+    "flash-attn-nhd",
+    "flash-attn-hnd",
     "flashinfer",
     "flashinfer-nhd",
     "flashinfer-hnd",
@@ -102,8 +113,9 @@ pub struct TensorView {
     pub offset_bytes: u64,
     /// Strides in bytes.
     pub strides_bytes: Vec<u64>,
-    /// What each axis indexes, outermost first: `block`, `head`, `token` (`slot` where slots
-    /// are not tokens), `dim`, `kv` (K or V), and vLLM's key `dim / x` and `x`.
+    /// What each axis indexes, outermost first: `block`, `head`, `slot` (token position in the
+    /// block), `dim`, `kv` (K or V), and vLLM's key `dim / x` and `x`; the convention fixes
+    /// the order (FlashAttention's stacked `(2, B, N, H, D)` is kv, block, slot, head, dim).
     pub axes: Vec<&'static str>,
 }
 
@@ -316,7 +328,10 @@ fn check_kv_alike(c: Convention, k: &FieldMap, v: &FieldMap) -> Result<()> {
         return Err(refuse(
             c,
             t,
-            format!("K and V dtypes differ ({} vs {})", k.dtype, v.dtype),
+            format!(
+                "K and V share one dtype in a stacked tensor; K is {}, V is {}",
+                k.dtype, v.dtype
+            ),
         ));
     }
     Ok(())
@@ -350,7 +365,7 @@ impl KvCacheLayout {
         let s = m.strides;
         let base = s.base_offset + layer * s.layer;
         let (b, h, n, w) = (m.num_blocks, m.num_heads, m.num_slots, m.width);
-        let slot = self.slot_axis_name();
+        let slot = "slot";
         let dims = match c {
             Convention::Standard | Convention::FlashinferHnd => {
                 let ds = unsplit(c, t, &m)?;
@@ -394,7 +409,7 @@ impl KvCacheLayout {
         let (b, h, n, w) = (k.num_blocks, k.num_heads, k.num_slots, k.width);
         let spanned = [
             ("block", b, ks.block, vs.block),
-            ("token", n, ks.slot, vs.slot),
+            ("slot", n, ks.slot, vs.slot),
             ("head", h, ks.head, vs.head),
             ("dim", w, kd, vd),
         ];
@@ -417,7 +432,7 @@ impl KvCacheLayout {
         }
         let kv = ("kv", 2, v_base - base);
         let block = ("block", b, ks.block);
-        let slot = (self.slot_axis_name(), n, ks.slot);
+        let slot = ("slot", n, ks.slot);
         let head = ("head", h, ks.head);
         let dim = ("dim", w, kd);
         let dims = match c {
@@ -426,16 +441,6 @@ impl KvCacheLayout {
             _ => vec![block, kv, head, slot, dim],
         };
         make(c, t, &k, base, dims)
-    }
-
-    /// The name of a view's N axis: `token`, or `slot` where a slot holds several tokens or
-    /// a per-block state.
-    fn slot_axis_name(&self) -> &'static str {
-        if self.geometry().tokens_per_state == 1 && !self.content().is_per_block_state() {
-            "token"
-        } else {
-            "slot"
-        }
     }
 }
 
@@ -531,7 +536,7 @@ mod tests {
     /// stacked views exist, the size-1 token axis carrying K's stride (x = 8 elements).
     #[test]
     fn kv_view_ignores_the_strides_of_size_one_axes() {
-        let (l, views) = kv_views("kv L=2 B=3 N=1 H=4 D=16 dtype=f16 legacy=vllm-paged-v1");
+        let (l, views) = kv_views("kv L=2 B=3 N=1 H=4 D=16 dtype=f16 tensor=vllm-paged-v1");
         let want = [
             ([2, 3, 1, 4, 16], [192, 64, 8, 16, 1]),
             ([3, 2, 1, 4, 16], [64, 192, 8, 16, 1]),
@@ -599,7 +604,7 @@ mod tests {
         for c in KV_CONVENTIONS {
             assert_eq!(
                 reason(mixed, c),
-                "K and V have different token strides (16 vs 32 bytes, 4 tokens)"
+                "K and V have different slot strides (16 vs 32 bytes, 4 slots)"
             );
         }
         // The TP-8 case with two heads: the head strides now matter.
@@ -610,7 +615,7 @@ mod tests {
             "K and V have different head strides (64 vs 128 bytes, 2 heads)"
         );
         // vLLM's key with more than one token per block is x-split.
-        let vllm = "kv L=2 B=3 N=16 H=4 D=16 dtype=f16 legacy=vllm-paged-v1";
+        let vllm = "kv L=2 B=3 N=16 H=4 D=16 dtype=f16 tensor=vllm-paged-v1";
         assert_eq!(
             reason(vllm, Convention::FlashAttn),
             "field k is stored x-split (x = 8): its content index is not one stride"

@@ -20,10 +20,10 @@ const GROUPS: &[&[&str]] = &[
         "kv L=2 B=3 N=4 H=4 D=16 dtype=f16 order=BHLNC",
         "kv L=2 B=3 N=4 H=4 D=16 dtype=f16 order=LHBNC",
         "kv L=2 B=3 N=4 H=4 D=16 dtype=f16 order=NHD page=2112 base=64",
-        "kv L=2 B=3 N=4 H=4 D=16 dtype=f16 legacy=vllm-paged-v1",
-        "kv L=2 B=3 N=4 H=4 D=16 dtype=f16 legacy=flash-attn-hnd",
-        "kv L=2 B=3 N=4 H=4 D=16 dtype=f16 legacy=flashinfer-nhd",
-        "kv L=2 B=3 N=4 H=4 D=16 dtype=f16 legacy=separate-hnd",
+        "kv L=2 B=3 N=4 H=4 D=16 dtype=f16 tensor=vllm-paged-v1",
+        "kv L=2 B=3 N=4 H=4 D=16 dtype=f16 tensor=flash-attn-hnd",
+        "kv L=2 B=3 N=4 H=4 D=16 dtype=f16 tensor=flashinfer-nhd",
+        "kv L=2 B=3 N=4 H=4 D=16 dtype=f16 tensor=separate-hnd",
         "llama-3-8b L=2 B=3 N=4 H=4 D=16 dtype=f16",
         "llama-3-8b L=2 B=3 N=4 H=4 D=16 dtype=f16 order=HND",
         // K split into chunks of 4 elements (the legacy key with x = 4), V unsplit: not affine
@@ -37,7 +37,7 @@ const GROUPS: &[&[&str]] = &[
     &[
         "kv L=2 B=3 N=4 H=2 D=32 dtype=fp8_e4m3 order=NHD",
         "kv L=2 B=3 N=4 H=2 D=32 dtype=fp8_e4m3 order=HND",
-        "kv L=2 B=3 N=4 H=2 D=32 dtype=fp8_e4m3 legacy=vllm-paged-v1",
+        "kv L=2 B=3 N=4 H=2 D=32 dtype=fp8_e4m3 tensor=vllm-paged-v1",
         "kv L=2 B=3 N=4 H=2 D=32 dtype=fp8_e4m3 order=HND page=2304",
     ],
     &[
@@ -208,7 +208,7 @@ fn convert_plans_cover_every_pair() {
 #[test]
 fn gather_plan_shifts_heads() {
     let cache = layout("kv L=2 B=3 N=4 H=4 D=16 dtype=f16 order=NHD");
-    let staging = layout("kv L=2 B=2 N=4 H=2 D=16 dtype=f16 legacy=vllm-paged-v1");
+    let staging = layout("kv L=2 B=2 N=4 H=2 D=16 dtype=f16 tensor=vllm-paged-v1");
     let m = BlockMove::Gather {
         blocks: &[2, 0],
         heads: 1..3,

@@ -26,7 +26,7 @@ fn case14_legacy_x_split_key() {
 /// arguments and views.
 fn x_split_key(dtype: &str, x: u64, e: u64, nn: u64) {
     let (nl, nb, nh, nd) = (2u64, 3u64, 4u64, 32u64);
-    let spec = format!("kv L={nl} B={nb} N={nn} H={nh} D={nd} dtype={dtype} legacy=vllm-paged-v1");
+    let spec = format!("kv L={nl} B={nb} N={nn} H={nh} D={nd} dtype={dtype} tensor=vllm-paged-v1");
     let l = layout(&spec);
     // One (2, B, N*H*D) allocation per layer: K then V.
     let bnhd = nb * nn * nh * nd;
@@ -96,7 +96,7 @@ fn x_split_key(dtype: &str, x: u64, e: u64, nn: u64) {
 
 fn x_from_the_element_size_only() {
     // A block size smaller than x changes nothing about x.
-    let small = layout("kv B=2 N=4 H=2 D=16 dtype=f16 legacy=vllm-paged-v1");
+    let small = layout("kv B=2 N=4 H=2 D=16 dtype=f16 tensor=vllm-paged-v1");
     assert_eq!(small.kernel_args(Field::K).unwrap().dim_split, 8);
     sweep(&small, Field::K, [1, 2, 2, 4, 16], |_, b, h, n, d| {
         2 * (((b * 2 + h) * 2 + d / 8) * 4 * 8 + n * 8 + d % 8)
@@ -104,19 +104,19 @@ fn x_from_the_element_size_only() {
     // head_size not divisible by x.
     for (spec, hd, x, e) in [
         (
-            "kv B=3 N=16 H=4 D=120 dtype=fp8_e4m3 legacy=vllm-paged-v1",
+            "kv B=3 N=16 H=4 D=120 dtype=fp8_e4m3 tensor=vllm-paged-v1",
             120,
             16,
             1,
         ),
         (
-            "kv B=3 N=16 H=4 D=4 dtype=f16 legacy=vllm-paged-v1",
+            "kv B=3 N=16 H=4 D=4 dtype=f16 tensor=vllm-paged-v1",
             4,
             8,
             2,
         ),
         (
-            "kv B=3 N=16 H=4 D=6 dtype=f32 legacy=vllm-paged-v1",
+            "kv B=3 N=16 H=4 D=6 dtype=f32 tensor=vllm-paged-v1",
             6,
             4,
             4,
@@ -145,7 +145,7 @@ fn case15_every_legacy_layout_field_by_field() {
         let half = nb * page; // one layer of K (or V)
         let dom = [nl, nb, nh, nn, nd];
         let spec = |kind: &str| {
-            format!("kv L={nl} B={nb} N={nn} H={nh} D={nd} dtype={dtype} legacy={kind}")
+            format!("kv L={nl} B={nb} N={nn} H={nh} D={nd} dtype={dtype} tensor={kind}")
         };
 
         // vLLM: per layer one (2, B, N*H*D) tensor; K [B, H, D/x, N, x], V [B, H, D, N].

@@ -51,10 +51,10 @@ fn base_offset() {
     based.check_tensor(&claim).unwrap();
     assert!(matches!(
         based.check_tensor(&TensorClaim {
-            storage_offset: Some(0),
+            storage_offset: Some(kvlayout::StorageOffset::Elements(0)),
             ..claim
         }),
-        Err(LayoutError::TensorMismatch(m)) if m.contains("storage offset 0 elements (0 B), expected 2048 elements (4096 B)")
+        Err(LayoutError::TensorMismatch(m)) if m.contains("storage offset 0 elements (0 bytes), expected 2048 elements (4096 bytes)")
     ));
 }
 
@@ -104,7 +104,7 @@ fn layer_slices() {
 
 fn legacy_base_offset() {
     // Legacy layouts take a base too: FlashAttention at byte 512.
-    let fa = layout("kv B=3 N=16 H=4 D=8 dtype=f16 legacy=flash-attn-nhd base=512");
+    let fa = layout("kv B=3 N=16 H=4 D=8 dtype=f16 tensor=flash-attn-nhd base=512");
     sweep(&fa, Field::V, [1, 3, 4, 16, 8], |_, b, h, n, d| {
         512 + 3 * 1024 + b * 1024 + n * 64 + h * 16 + 2 * d
     });
@@ -168,7 +168,7 @@ fn arithmetic_in_64_bits() {
     );
     assert_eq!(big.registered_spans(), span(0, 80 * 1_000_000 * 65536));
     // The legacy layouts too: vLLM paged v1 with 40000 blocks, V of the last block.
-    let v1 = layout("kv B=40000 N=16 H=8 D=128 dtype=bf16 legacy=vllm-paged-v1");
+    let v1 = layout("kv B=40000 N=16 H=8 D=128 dtype=bf16 tensor=vllm-paged-v1");
     let bnhd: u128 = 40000 * 16 * 8 * 128;
     let want_v1 = 2 * (bnhd + ((39999 * 8 + 7) * 128 + 127) * 16 + 15);
     assert_eq!(u128::from(at(&v1, Field::V, 0, 39999, 7, 15, 127)), want_v1);
@@ -188,9 +188,9 @@ fn extents_past_63_bits_refused() {
         format!("kv L=1 B=4 N=16 H=8 D=128 dtype=bf16 order=NHD page={m}"),
         format!("kv L=1 B=4 N=16 H=8 D=128 dtype=bf16 order=NHD block_stride={p62}"),
         format!("kv L=2 B=4 N=16 H=8 D=128 dtype=bf16 order=NHD layer_stride={m}"),
-        format!("kv L=1 B={p62} N=16 H=8 D=128 dtype=bf16 legacy=vllm-paged-v1"),
-        format!("kv L=1 B={p62} N=16 H=8 D=128 dtype=bf16 legacy=flashinfer-nhd"),
-        format!("kv L=1 B=4 N=16 H=8 D=128 dtype=bf16 legacy=flash-attn-nhd base={m}"),
+        format!("kv L=1 B={p62} N=16 H=8 D=128 dtype=bf16 tensor=vllm-paged-v1"),
+        format!("kv L=1 B={p62} N=16 H=8 D=128 dtype=bf16 tensor=flashinfer-nhd"),
+        format!("kv L=1 B=4 N=16 H=8 D=128 dtype=bf16 tensor=flash-attn-nhd base={m}"),
         format!("mla L=1 B=4 N=64 rank={p62} rope={p62} dtype=bf16 order=NHD"),
         format!("bytes L=1 B=2 N=16 row={m} order=NHD"),
     ] {

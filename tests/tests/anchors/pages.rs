@@ -138,7 +138,7 @@ fn case06_kernel_block_split() {
     };
     // FlashAttention (2, B, N, H, D), same sizes: page of K (or V) 16*4*8*2 = 1024 B; layer
     // holds K of all blocks then V of all blocks: 2*3*1024 B.
-    let fa = layout("kv L=2 B=3 N=16 H=4 D=8 dtype=f16 legacy=flash-attn-nhd");
+    let fa = layout("kv L=2 B=3 N=16 H=4 D=8 dtype=f16 tensor=flash-attn-nhd");
     let fa_at = |f_off: u64, l: u64, b: u64, h: u64, n: u64, d: u64| {
         l * 6144 + f_off + b * 1024 + n * 64 + h * 16 + 2 * d
     };
@@ -186,10 +186,10 @@ fn case06_kernel_block_split() {
         "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD page=2112",
         "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=HND",
         "kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=BLNHC",
-        "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 legacy=flashinfer-nhd",
-        "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 legacy=flashinfer-hnd",
-        "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 legacy=flash-attn-hnd",
-        "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 legacy=vllm-paged-v1",
+        "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 tensor=flashinfer-nhd",
+        "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 tensor=flashinfer-hnd",
+        "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 tensor=flash-attn-hnd",
+        "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 tensor=vllm-paged-v1",
     ] {
         let l = layout(refused);
         for r in [2, 4] {

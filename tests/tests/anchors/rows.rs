@@ -60,7 +60,7 @@ fn case07_packed_kv_with_different_head_sizes() {
     // One-tensor legacy layouts hold a single head size.
     for legacy in ["flash-attn-nhd", "flashinfer-nhd", "vllm-paged-v1"] {
         assert!(matches!(
-            format!("kv B=3 N=16 H=4 D=192 Dv=128 dtype=bf16 legacy={legacy}")
+            format!("kv B=3 N=16 H=4 D=192 Dv=128 dtype=bf16 tensor={legacy}")
                 .parse::<KvCacheLayout>(),
             Err(LayoutError::Invalid(_))
         ));

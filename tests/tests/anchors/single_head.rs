@@ -25,12 +25,12 @@ fn single_head_any_head_stride() {
             target: V,
             shape: &[3, 1, 16, 8],
             strides: &[256, 12345, 16, 1],
-            storage_offset: Some(8),
+            storage_offset: Some(kvlayout::StorageOffset::Elements(8)),
             ..fa
         };
         l.check_tensor(&std).unwrap();
         for (strides, idx, axis, got, want) in [
-            (&[256u64, 8, 12345, 1][..], 1, "token", 8, 16),
+            (&[256u64, 8, 12345, 1][..], 1, "slot", 8, 16),
             (&[255, 16, 12345, 1][..], 0, "block", 255, 256),
             (&[256, 16, 12345, 2][..], 3, "dim", 2, 1),
         ] {
@@ -75,7 +75,7 @@ fn one_head_of_a_tp_slice() {
     };
     assert!(matches!(
         rank3.check_tensor(&wrong_token),
-        Err(LayoutError::TensorMismatch(m)) if m.contains("axis 1 (token): stride 256, expected 2048")
+        Err(LayoutError::TensorMismatch(m)) if m.contains("axis 1 (slot): stride 256, expected 2048")
     ));
 }
 

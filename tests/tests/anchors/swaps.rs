@@ -86,8 +86,8 @@ fn b2_flash_attn_or_flashinfer() {
     // B = 2: FlashAttention (2, B, N, H, D) and FlashInfer (B, 2, N, H, D) have the same shape
     // (2, 2, 16, 4, 8) and even the same strides, yet index 0 means K/V in one and the block in
     // the other. page = N*H*D*2 B = 1024 B of one of K or V of one block.
-    let fa = layout("kv B=2 N=16 H=4 D=8 dtype=f16 legacy=flash-attn-nhd");
-    let fi = layout("kv B=2 N=16 H=4 D=8 dtype=f16 legacy=flashinfer-nhd");
+    let fa = layout("kv B=2 N=16 H=4 D=8 dtype=f16 tensor=flash-attn-nhd");
+    let fi = layout("kv B=2 N=16 H=4 D=8 dtype=f16 tensor=flashinfer-nhd");
     let in_page = |h: u64, n: u64, d: u64| n * 4 * 16 + h * 16 + 2 * d;
     for (f, kv) in [(Field::K, 0u64), (Field::V, 1)] {
         sweep(&fa, f, [1, 2, 4, 16, 8], |_, b, h, n, d| {

@@ -323,11 +323,11 @@ fn refusals<B: Backend>(be: &B, rep: &mut Report) {
         ),
         (
             "separate-f32",
-            "kv L=1 B=3 N=16 H=2 D=8 dtype=f32 legacy=separate-hnd",
+            "kv L=1 B=3 N=16 H=2 D=8 dtype=f32 tensor=separate-hnd",
         ),
         (
             "vllm-x-split-f32",
-            "kv L=1 B=3 N=16 H=2 D=32 dtype=f32 legacy=vllm-paged-v1",
+            "kv L=1 B=3 N=16 H=2 D=32 dtype=f32 tensor=vllm-paged-v1",
         ),
         (
             "inline-int8",

@@ -25,17 +25,17 @@ pub(crate) const LAYOUTS: &[(&str, DType, f64)] = &[
         1e-5,
     ),
     (
-        "kv L=1 B=6 N=16 H=2 D=32 dtype=f32 legacy=vllm-paged-v1",
+        "kv L=1 B=6 N=16 H=2 D=32 dtype=f32 tensor=vllm-paged-v1",
         DType::F32,
         1e-5,
     ),
     (
-        "kv L=1 B=4 N=16 H=1 D=64 dtype=f32 legacy=flashinfer-hnd",
+        "kv L=1 B=4 N=16 H=1 D=64 dtype=f32 tensor=flashinfer-hnd",
         DType::F32,
         1e-5,
     ),
     (
-        "kv L=1 B=4 N=8 H=4 D=16 dtype=f32 legacy=separate-nhd",
+        "kv L=1 B=4 N=8 H=4 D=16 dtype=f32 tensor=separate-nhd",
         DType::F32,
         1e-5,
     ),
@@ -55,12 +55,12 @@ pub(crate) const LAYOUTS: &[(&str, DType, f64)] = &[
         2e-2,
     ),
     (
-        "kv L=1 B=6 N=16 H=2 D=64 dtype=f16 legacy=flash-attn-hnd",
+        "kv L=1 B=6 N=16 H=2 D=64 dtype=f16 tensor=flash-attn-hnd",
         DType::F16,
         2e-2,
     ),
     (
-        "kv L=1 B=6 N=16 H=4 D=32 dtype=bf16 legacy=vllm-paged-v1",
+        "kv L=1 B=6 N=16 H=4 D=32 dtype=bf16 tensor=vllm-paged-v1",
         DType::F32,
         2e-2,
     ),
@@ -82,19 +82,19 @@ pub(crate) const MORE_LAYOUTS: &[(&str, DType)] = &[
         DType::Bf16,
     ),
     (
-        "kv L=1 B=5 N=16 H=2 D=64 dtype=f16 legacy=flashinfer-nhd k_scale=3 v_scale=0.25",
+        "kv L=1 B=5 N=16 H=2 D=64 dtype=f16 tensor=flashinfer-nhd k_scale=3 v_scale=0.25",
         DType::F16,
     ),
     (
-        "kv L=1 B=6 N=16 H=4 D=32 dtype=fp8_e4m3 legacy=flash-attn-nhd k_scale=0.5 v_scale=2",
+        "kv L=1 B=6 N=16 H=4 D=32 dtype=fp8_e4m3 tensor=flash-attn-nhd k_scale=0.5 v_scale=2",
         DType::F16,
     ),
     (
-        "kv L=1 B=6 N=16 H=2 D=32 dtype=fp8_e5m2 legacy=vllm-paged-v1 k_scale=3 v_scale=0.25",
+        "kv L=1 B=6 N=16 H=2 D=32 dtype=fp8_e5m2 tensor=vllm-paged-v1 k_scale=3 v_scale=0.25",
         DType::F32,
     ),
     (
-        "kv L=1 B=6 N=16 H=2 D=64 dtype=bf16 legacy=separate-hnd",
+        "kv L=1 B=6 N=16 H=2 D=64 dtype=bf16 tensor=separate-hnd",
         DType::F32,
     ),
     (

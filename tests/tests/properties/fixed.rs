@@ -14,7 +14,7 @@ fn explain_page_runs_partition_the_page() {
     for name in [
         "llama-3-8b B=4",
         "deepseek-v3 B=2",
-        "kv B=3 N=16 H=4 D=8 dtype=f16 legacy=vllm-paged-v1",
+        "kv B=3 N=16 H=4 D=8 dtype=f16 tensor=vllm-paged-v1",
     ] {
         let l: KvCacheLayout = name.parse().unwrap();
         let ex = l.explain();
@@ -32,7 +32,7 @@ fn explain_page_runs_partition_the_page() {
 /// (inline or per-tensor scales) and explicit-strided placements.
 #[test]
 fn gen_shares() {
-    use kvlayout::{LegacyKind, Placement};
+    use kvlayout::{EngineTensor, Placement};
     use proptest::strategy::ValueTree;
     let mut runner = proptest::test_runner::TestRunner::deterministic();
     let strategy = any_layout();
@@ -41,9 +41,9 @@ fn gen_shares() {
     for _ in 0..n {
         let l = strategy.new_tree(&mut runner).unwrap().current();
         match l.placement() {
-            Placement::Legacy { layout, .. } => {
+            Placement::EngineTensor { layout, .. } => {
                 legacy += 1;
-                vllm += usize::from(*layout == LegacyKind::VllmPagedV1);
+                vllm += usize::from(*layout == EngineTensor::VllmPagedV1);
             }
             Placement::Strided { .. } => strided += 1,
             _ => {}
@@ -87,11 +87,11 @@ fn views_of_a_size_one_axis_with_an_odd_stride() {
 fn kv_views_of_every_layer() {
     for (spec, conv) in [
         (
-            "kv L=3 B=2 N=4 H=2 D=8 dtype=f16 legacy=flash-attn-nhd",
+            "kv L=3 B=2 N=4 H=2 D=8 dtype=f16 tensor=flash-attn-nhd",
             Convention::FlashAttn,
         ),
         (
-            "kv L=3 B=2 N=4 H=2 D=8 dtype=f16 legacy=flashinfer-hnd",
+            "kv L=3 B=2 N=4 H=2 D=8 dtype=f16 tensor=flashinfer-hnd",
             Convention::FlashinferHnd,
         ),
         (

@@ -272,7 +272,7 @@ mod tests {
         };
         assert!(to("kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=NHD").contains("order=LBHNC"));
         assert!(to("kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=HND").contains("order=LBNHC"));
-        let from_legacy = to("kv L=1 B=3 N=16 H=4 D=8 dtype=f16 legacy=flash-attn-nhd");
+        let from_legacy = to("kv L=1 B=3 N=16 H=4 D=8 dtype=f16 tensor=flash-attn-nhd");
         assert!(from_legacy.contains("order=LBHNC"), "{from_legacy}");
     }
 }

@@ -138,7 +138,7 @@ mod tests {
 
     #[test]
     fn synthetic_regions_cover_each_span_and_do_not_overlap() {
-        let l: KvCacheLayout = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 legacy=separate-nhd"
+        let l: KvCacheLayout = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 tensor=separate-nhd"
             .parse()
             .unwrap();
         let r = synthetic_regions(&l, SRC_BASE).unwrap();

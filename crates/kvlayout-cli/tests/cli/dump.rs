@@ -27,7 +27,7 @@ fn fill_coords_puts_every_element_at_its_offset() {
             2 * 16 * 16,
         ),
         (
-            "kv L=1 B=3 N=16 H=4 D=8 dtype=bf16 legacy=vllm-paged-v1",
+            "kv L=1 B=3 N=16 H=4 D=8 dtype=bf16 tensor=vllm-paged-v1",
             3 * 4 * 16 * 16,
         ),
         (
@@ -76,7 +76,7 @@ fn fill_views_in_the_metadata_rebuild_each_field() {
     // Every view of every field, the x-split key's and MLA's aliases included, reads what
     // `layout.offset` addresses.
     for spec in [
-        "kv L=1 B=3 N=16 H=4 D=32 dtype=f16 legacy=vllm-paged-v1",
+        "kv L=1 B=3 N=16 H=4 D=32 dtype=f16 tensor=vllm-paged-v1",
         "mla L=2 B=3 N=16 rank=16 rope=8 dtype=bf16 order=LBNHC",
         INT8,
         PADDED,

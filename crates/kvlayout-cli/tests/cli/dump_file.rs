@@ -221,7 +221,7 @@ pub(super) const PADDED: &str = "kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=HND pag
 pub(super) const INT8: &str = "kv-scaled L=2 B=3 N=16 H=4 D=8 dtype=int8 order=NHD";
 pub(super) const INT8_HND: &str = "kv-scaled L=2 B=3 N=16 H=4 D=8 dtype=int8 order=HND";
 pub(super) const HND_1: &str = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 order=HND";
-pub(super) const SEPARATE: &str = "kv B=3 N=16 H=4 D=8 dtype=f16 legacy=separate-nhd";
+pub(super) const SEPARATE: &str = "kv B=3 N=16 H=4 D=8 dtype=f16 tensor=separate-nhd";
 
 /// Rewrites a dump's header (and optionally its data), with the header length recomputed.
 pub(super) fn rewrite(src: &Path, tag: &str, edit: impl FnOnce(&mut Value, &mut Vec<u8>)) -> Temp {

@@ -21,9 +21,9 @@ const NHD_L2: &str = "kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=NHD";
 const H1_NHD: &str = "kv L=2 B=2 N=16 H=1 D=8 dtype=bf16 order=NHD";
 const H1_HND: &str = "kv L=2 B=2 N=16 H=1 D=8 dtype=bf16 order=HND";
 /// K and V in two buffers.
-const SEPARATE: &str = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 legacy=separate-hnd";
+const SEPARATE: &str = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 tensor=separate-hnd";
 /// vLLM's key split into 16-byte pieces.
-const VLLM: &str = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 legacy=vllm-paged-v1";
+const VLLM: &str = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 tensor=vllm-paged-v1";
 
 /// One `kvlayout plan` case: the layouts, the TP placement and the sequences.
 struct Case {

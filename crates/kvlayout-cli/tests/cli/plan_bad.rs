@@ -118,7 +118,7 @@ fn refusals_name_the_reason_in_one_line() {
 #[test]
 fn a_forced_plan_is_refused_with_its_own_reason() {
     // The staging cache is dense in the SRC order: a legacy SRC has no paged order.
-    let legacy = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 legacy=flash-attn-nhd";
+    let legacy = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 tensor=flash-attn-nhd";
     let line = refusal(&["--mode", "staged"], legacy, NHD);
     assert!(
         line.contains("staged plan refused: staging: the remote layout is not paged"),

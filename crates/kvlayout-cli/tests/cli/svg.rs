@@ -55,11 +55,11 @@ fn svg_draws_every_element_of_small_pages_once_at_its_offset() {
         "kv-scaled L=1 B=3 N=16 H=4 D=8 dtype=int8 order=NHD",
         "mla L=2 B=3 N=16 rank=8 rope=4 dtype=bf16 order=NHD",
         "bytes L=1 B=3 N=16 row=24 order=NHD",
-        "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 legacy=flash-attn-hnd",
-        "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 legacy=separate-nhd",
+        "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 tensor=flash-attn-hnd",
+        "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 tensor=separate-nhd",
         "kv L=1 B=2 N=16 H=1 D=8 dtype=f16 order=HND",
         // 4096 elements: the most drawn one by one.
-        "kv L=1 B=3 N=16 H=4 D=32 dtype=f16 legacy=vllm-paged-v1",
+        "kv L=1 B=3 N=16 H=4 D=32 dtype=f16 tensor=vllm-paged-v1",
     ] {
         check_whole_page(spec, |layout, doc, page| {
             assert!(
@@ -109,7 +109,7 @@ fn svg_padded_page_draws_its_padding() {
 #[test]
 fn svg_legacy_key_is_drawn_as_groups_of_tokens_by_x() {
     // f32: x = 16 B / 4 B = 4, so a head of 8 is 2 groups of 16 tokens x 4 elements.
-    let spec = "kv L=1 B=3 N=16 H=4 D=8 dtype=f32 legacy=vllm-paged-v1";
+    let spec = "kv L=1 B=3 N=16 H=4 D=8 dtype=f32 tensor=vllm-paged-v1";
     check_whole_page(spec, |layout, doc, _| {
         check_x_split_cells(layout, doc);
         check_stride_table(layout, doc);
@@ -174,7 +174,7 @@ fn check_x_split_cells(layout: &KvCacheLayout, doc: &roxmltree::Document) {
 
 #[test]
 fn svg_kv_outermost_tiling_puts_every_key_block_first() {
-    let spec = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 legacy=flash-attn-hnd";
+    let spec = "kv L=1 B=3 N=16 H=4 D=8 dtype=f16 tensor=flash-attn-hnd";
     check_whole_page(spec, |layout, doc, _| check_kv_outermost_tiles(layout, doc));
 }
 
@@ -247,11 +247,11 @@ enum Cap {
 fn svg_of_a_big_page_is_capped_and_says_what_it_left_out() {
     for (spec, cap) in [
         (
-            "kv L=1 B=1024 N=16 H=8 D=128 dtype=f16 legacy=vllm-paged-v1",
+            "kv L=1 B=1024 N=16 H=8 D=128 dtype=f16 tensor=vllm-paged-v1",
             Cap::Whole,
         ),
         (
-            "kv L=1 B=2 N=256 H=32 D=64 dtype=f32 legacy=vllm-paged-v1",
+            "kv L=1 B=2 N=256 H=32 D=64 dtype=f32 tensor=vllm-paged-v1",
             Cap::Rows,
         ),
         (
@@ -259,11 +259,11 @@ fn svg_of_a_big_page_is_capped_and_says_what_it_left_out() {
             Cap::Rows,
         ),
         (
-            "kv L=1 B=4 N=16 H=8 D=128 dtype=f32 legacy=vllm-paged-v1",
+            "kv L=1 B=4 N=16 H=8 D=128 dtype=f32 tensor=vllm-paged-v1",
             Cap::Rows,
         ),
         (
-            "kv L=1 B=1 N=16 H=8 D=4096 dtype=f32 legacy=vllm-paged-v1",
+            "kv L=1 B=1 N=16 H=8 D=4096 dtype=f32 tensor=vllm-paged-v1",
             Cap::Runs,
         ),
     ] {

@@ -13,7 +13,8 @@
 //!
 //! ```
 //! use kvlayout_connector::handshake::{CacheGroup, Limits, MemRegion, PeerMetadata};
-//! let layout = kvlayout::preset("llama-3-8b")?.tp_slice(2, 1)?;
+//! // Rank 1 of TP 2 publishes its own dense cache of 4 of the 8 heads.
+//! let layout = kvlayout::preset("llama-3-8b")?.tp_rank_layout(2, 1)?;
 //! let regions = layout
 //!     .extents()
 //!     .iter()

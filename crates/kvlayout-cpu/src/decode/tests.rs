@@ -171,10 +171,10 @@ fn layouts_and_dtypes_match_reference() {
             "order=BLNHC page=65536",
             "order=HLBNC", // heads outside the blocks: one head per item
             "order=NHD base=192",
-            "legacy=vllm-paged-v1", // x-split keys, transposed values: gathered rows
-            "legacy=flash-attn-hnd",
-            "legacy=flashinfer-nhd",
-            "legacy=separate-nhd",
+            "tensor=vllm-paged-v1", // x-split keys, transposed values: gathered rows
+            "tensor=flash-attn-hnd",
+            "tensor=flashinfer-nhd",
+            "tensor=separate-nhd",
         ] {
             run_case(&case(
                 &format!("kv L=1 B=24 N=16 H=2 D=32 dtype={dtype} {placement}"),
@@ -297,9 +297,9 @@ fn window_soft_cap_and_empty_sequences() {
 #[test]
 fn transposed_values() {
     for spec in [
-        "kv L=1 B=24 N=16 H=2 D=32 dtype=int8 legacy=vllm-paged-v1",
-        "kv L=1 B=24 N=16 H=2 D=32 dtype=fp8_e4m3 legacy=vllm-paged-v1 k_scale=0.5 v_scale=2",
-        "kv L=1 B=24 N=16 H=2 D=48 dtype=fp8_e5m2 legacy=vllm-paged-v1 k_scale=4 v_scale=0.25",
+        "kv L=1 B=24 N=16 H=2 D=32 dtype=int8 tensor=vllm-paged-v1",
+        "kv L=1 B=24 N=16 H=2 D=32 dtype=fp8_e4m3 tensor=vllm-paged-v1 k_scale=0.5 v_scale=2",
+        "kv L=1 B=24 N=16 H=2 D=48 dtype=fp8_e5m2 tensor=vllm-paged-v1 k_scale=4 v_scale=0.25",
     ] {
         run_case(&case(spec, 4, &[37, 0, 16, 70]));
     }
@@ -311,7 +311,7 @@ fn transposed_values() {
             (32, 16, 2, 2),
         ] {
             let mut c = case(
-                &format!("kv L=1 B=40 N={n} H={h} D={d} dtype={dtype} legacy=vllm-paged-v1"),
+                &format!("kv L=1 B=40 N={n} H={h} D={d} dtype={dtype} tensor=vllm-paged-v1"),
                 q,
                 &[75, 1, 33],
             );
@@ -323,7 +323,7 @@ fn transposed_values() {
     // f32 keys whose last kernel block (16 elements) is one or three pieces of 4.
     for d in [36, 44] {
         run_case(&case(
-            &format!("kv L=1 B=40 N=16 H=2 D={d} dtype=f32 legacy=vllm-paged-v1"),
+            &format!("kv L=1 B=40 N=16 H=2 D={d} dtype=f32 tensor=vllm-paged-v1"),
             4,
             &[75, 1, 33],
         ));
@@ -477,9 +477,9 @@ fn no_read_past_the_buffers() {
         for (d, place) in [
             (36, "order=HND"),
             (76, "order=NHD"),
-            (36, "legacy=separate-hnd"),
-            (76, "legacy=separate-nhd"),
-            (48, "legacy=vllm-paged-v1"),
+            (36, "tensor=separate-hnd"),
+            (76, "tensor=separate-nhd"),
+            (48, "tensor=vllm-paged-v1"),
         ] {
             let spec = format!("kv L=1 B=3 N=16 H=2 D={d} dtype={dtype} {place}");
             let l: KvCacheLayout = spec.parse().unwrap();

@@ -357,7 +357,7 @@ mod tests {
         let k = nhd.field_map(Field::K).unwrap();
         assert_eq!(row_unit_bytes(&k, &k, 0, 64), 16);
         assert_eq!(row_unit_bytes(&k, &k, 0, 66), 2);
-        let legacy: KvCacheLayout = "kv B=3 N=16 H=4 D=32 dtype=f16 legacy=vllm-paged-v1"
+        let legacy: KvCacheLayout = "kv B=3 N=16 H=4 D=32 dtype=f16 tensor=vllm-paged-v1"
             .parse()
             .unwrap();
         let lk = legacy.field_map(Field::K).unwrap();

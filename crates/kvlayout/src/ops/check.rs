@@ -302,9 +302,9 @@ pub fn check_write<T: TensorDesc>(
         check_tensor_len("value", value, &[tokens, heads, v])?;
         if value.dtype() != w.key.dtype() {
             return Err(OpError::Shape {
-                what: "value dtype".into(),
-                expected: w.key.dtype().to_string(),
-                got: value.dtype().to_string(),
+                what: "key and value dtypes".into(),
+                expected: "one dtype: K and V share one".into(),
+                got: format!("key {}, value {}", w.key.dtype(), value.dtype()),
             });
         }
         WriteShape {

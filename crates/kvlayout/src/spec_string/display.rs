@@ -33,11 +33,11 @@ impl fmt::Display for LayoutSpec {
         }
         match &self.placement {
             Placement::Paged(p) => write_paged(f, p),
-            Placement::Legacy {
+            Placement::EngineTensor {
                 layout,
                 base_offset,
             } => {
-                write!(f, " legacy={layout}")?;
+                write!(f, " tensor={layout}")?;
                 if *base_offset != 0 {
                     write!(f, " base={base_offset}")?;
                 }

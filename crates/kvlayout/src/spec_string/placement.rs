@@ -1,5 +1,5 @@
-//! The placement keys of a compact spec: `legacy=`, `order=` and its byte keys, or explicit
-//! `@FIELD=` strides with `@bufI=` extents.
+//! The placement keys of a compact spec: `tensor=` (alias `legacy=`), `order=` and its byte
+//! keys, or explicit `@FIELD=` strides with `@bufI=` extents. A spec gives exactly one.
 
 use std::collections::BTreeMap;
 use std::num::IntErrorKind;
@@ -7,7 +7,7 @@ use std::num::IntErrorKind;
 use super::{bad, Keys, Token};
 use crate::error::{Result, MAX_OFFSET};
 use crate::spec::{
-    AxisOrder, BufferExtent, Field, FieldStrides, LegacyKind, Paged, Placement, StridedField,
+    AxisOrder, BufferExtent, EngineTensor, Field, FieldStrides, Paged, Placement, StridedField,
 };
 
 /// A buffer index in canonical decimal: digits only, no leading zero unless it is `0`.
@@ -77,21 +77,54 @@ fn parse_strides(tok: &Token, value: &str) -> Result<FieldStrides> {
     })
 }
 
-/// The placement named by the remaining keys: `legacy=`, else `order=`, else `@` keys.
+/// The spelling of each placement given (`order=..`, `tensor=..` or `legacy=..`, `@..=`
+/// strides), in column order, with the token of the second one.
+fn placements_given(keys: &Keys) -> Vec<(String, Token)> {
+    let mut given: Vec<(String, Token)> = Vec::new();
+    for (key, (tok, _)) in &keys.map {
+        let spelled = tok.text.split('=').next().unwrap_or_default();
+        if key == "order" || key == "tensor" {
+            given.push((format!("{spelled}=.."), tok.clone()));
+        }
+    }
+    if let Some((_, tok)) = keys
+        .map
+        .iter()
+        .filter(|(k, _)| k.starts_with('@'))
+        .map(|(_, (tok, _))| ("@", tok))
+        .min_by_key(|(_, tok)| tok.column)
+    {
+        given.push(("@field=.. strides".into(), tok.clone()));
+    }
+    given.sort_by_key(|(_, tok)| tok.column);
+    given
+}
+
+/// The placement named by the remaining keys: `tensor=`, else `order=`, else `@` keys; two of
+/// them are refused.
 pub(super) fn parse_placement(keys: &mut Keys) -> Result<Placement> {
+    let given = placements_given(keys);
+    if let [(a, _), (b, second), ..] = &given[..] {
+        return Err(bad(
+            second,
+            format!("two placements: {a} and {b}; give one"),
+        ));
+    }
     let explicit: Vec<String> = keys
         .map
         .keys()
         .filter(|k| k.starts_with('@'))
         .cloned()
         .collect();
-    if let Some(legacy) = keys.take::<LegacyKind>("legacy")? {
-        return Ok(Placement::Legacy {
-            layout: legacy,
+    let tensors: Vec<String> = EngineTensor::NAMES.iter().map(|s| s.to_string()).collect();
+    if let Some(layout) = keys.take_one_of::<EngineTensor>("tensor", &tensors)? {
+        return Ok(Placement::EngineTensor {
+            layout,
             base_offset: keys.take("base")?.unwrap_or(0),
         });
     }
-    if let Some(order) = keys.take::<AxisOrder>("order")? {
+    let orders: Vec<String> = AxisOrder::NAMES.iter().map(|s| s.to_string()).collect();
+    if let Some(order) = keys.take_one_of::<AxisOrder>("order", &orders)? {
         return Ok(Placement::Paged(Paged {
             order,
             base_offset: keys.take("base")?.unwrap_or(0),
@@ -104,7 +137,8 @@ pub(super) fn parse_placement(keys: &mut Keys) -> Result<Placement> {
     if explicit.is_empty() {
         return Err(bad(
             &keys.head,
-            "no placement: give order=.. (e.g. NHD, HND, LBHNC), legacy=.. or @field=.. strides",
+            "no placement: give order=.. (e.g. LBNHC, LBHNC), tensor=.. (e.g. flashinfer-hnd) \
+             or @field=.. strides",
         ));
     }
     parse_strided(keys, explicit)

@@ -3,15 +3,15 @@
 use super::parse_spec;
 use crate::error::LayoutError;
 use crate::layout::KvCacheLayout;
-use crate::spec::{BufferExtent, LegacyKind, Placement};
+use crate::spec::{BufferExtent, EngineTensor, Placement};
 
 #[test]
 fn preset_placement_can_be_replaced() {
     let l: KvCacheLayout = "llama-3-8b B=4 legacy=vllm-paged-v1".parse().unwrap();
     assert!(matches!(
         l.placement(),
-        Placement::Legacy {
-            layout: LegacyKind::VllmPagedV1,
+        Placement::EngineTensor {
+            layout: EngineTensor::VllmPagedV1,
             ..
         }
     ));
@@ -217,4 +217,145 @@ fn long_specs_are_tokenized_in_linear_time() {
     assert_eq!(column, 2 + n * (1 + 98) + 2);
     assert_eq!(token, "p000000=1");
     assert_eq!(reason, "p000000 given twice (first at column 4)");
+}
+
+/// `tensor=` is the key, `legacy=` its alias: both parse to equal layouts, and the canonical
+/// form prints `tensor=` and permutation names. `flash-attn` and `flashinfer` name the NHD
+/// layouts, FlashAttention's and FlashInfer's defaults.
+#[test]
+fn tensor_key_with_legacy_alias_and_convention_names() {
+    let new: KvCacheLayout = "kv L=1 B=8 N=16 H=4 D=8 Dv=8 dtype=bf16 tensor=flashinfer-hnd"
+        .parse()
+        .unwrap();
+    let old: KvCacheLayout = "kv L=1 B=8 N=16 H=4 D=8 dtype=bf16 legacy=flashinfer-hnd"
+        .parse()
+        .unwrap();
+    assert_eq!(new, old);
+    assert_eq!(
+        new.to_string(),
+        "kv L=1 B=8 N=16 H=4 D=8 Dv=8 dtype=bf16 tensor=flashinfer-hnd"
+    );
+    for (short, long) in [
+        ("flash-attn", "flash-attn-nhd"),
+        ("flashinfer", "flashinfer-nhd"),
+    ] {
+        for key in ["tensor", "legacy"] {
+            let a: KvCacheLayout = format!("kv B=3 N=16 H=4 D=8 dtype=f16 {key}={short}")
+                .parse()
+                .unwrap();
+            assert_eq!(
+                a.to_string(),
+                format!("kv L=1 B=3 N=16 H=4 D=8 Dv=8 dtype=f16 tensor={long}")
+            );
+        }
+    }
+    let nhd: KvCacheLayout = "kv B=3 N=16 H=4 D=8 dtype=f16 order=NHD".parse().unwrap();
+    assert_eq!(
+        nhd.to_string(),
+        "kv L=1 B=3 N=16 H=4 D=8 Dv=8 dtype=f16 order=LBNHC"
+    );
+    let hnd: KvCacheLayout = "kv B=3 N=16 H=4 D=8 dtype=f16 order=HND".parse().unwrap();
+    assert_eq!(
+        hnd.to_string(),
+        "kv L=1 B=3 N=16 H=4 D=8 Dv=8 dtype=f16 order=LBHNC"
+    );
+    // A preset's order= is replaced by a user's tensor= or legacy=.
+    let p: KvCacheLayout = "llama-3-8b B=4 tensor=flash-attn".parse().unwrap();
+    assert!(p.to_string().ends_with("tensor=flash-attn-nhd"), "{p}");
+    // tensor= and legacy= are one key: both given is a key given twice.
+    let spec = "kv B=3 N=16 H=4 D=8 dtype=f16 tensor=flashinfer legacy=flashinfer";
+    assert_eq!(
+        spec_error(spec).2,
+        "tensor given twice (first at column 31)"
+    );
+    // In JSON: kind "tensor", with "legacy" read as its alias.
+    let json = serde_json::to_string(new.spec()).unwrap();
+    assert!(json.contains(r#""kind":"tensor""#), "{json}");
+    let old_json = json.replace(r#""kind":"tensor""#, r#""kind":"legacy""#);
+    let back: crate::LayoutSpec = serde_json::from_str(&old_json).unwrap();
+    assert_eq!(&back, new.spec());
+    let short_json = json.replace("flashinfer-hnd", "flash-attn");
+    let back: crate::LayoutSpec = serde_json::from_str(&short_json).unwrap();
+    assert!(matches!(
+        back.placement,
+        Placement::EngineTensor {
+            layout: EngineTensor::FlashAttnNhd,
+            ..
+        }
+    ));
+}
+
+/// A bad `dtype=`, `order=` or `tensor=` value lists the accepted values.
+#[test]
+fn bad_choices_list_the_accepted_values() {
+    let base = "kv B=3 N=16 H=4 D=8";
+    let (column, token, reason) = spec_error(&format!("{base} dtype=fp16 order=LBNHC"));
+    assert_eq!((column, token.as_str()), (21, "dtype=fp16"));
+    assert_eq!(
+        reason,
+        "unknown dtype= value 'fp16'; accepted: f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8, u8"
+    );
+    let (_, _, reason) = spec_error(&format!("{base} dtype=f16 order=BHD"));
+    assert!(
+        reason.starts_with("unknown order= value 'BHD'; accepted: LBHNC, LBNHC, BLHNC,"),
+        "{reason}"
+    );
+    assert!(reason.ends_with("NHBLC, NHD, HND"), "{reason}");
+    let (_, _, reason) = spec_error(&format!("{base} dtype=f16 tensor=flash-infer"));
+    assert_eq!(
+        reason,
+        "unknown tensor= value 'flash-infer'; accepted: vllm-paged-v1, flash-attn-nhd, \
+         flash-attn-hnd, flashinfer-nhd, flashinfer-hnd, separate-nhd, separate-hnd, \
+         flash-attn, flashinfer"
+    );
+    let (_, _, reason) = spec_error(&format!("{base} dtype=f16 legacy=vllm"));
+    assert!(
+        reason.starts_with("unknown legacy= value 'vllm'; accepted: vllm-paged-v1,"),
+        "{reason}"
+    );
+    // Every accepted name parses.
+    for name in crate::EngineTensor::NAMES {
+        assert!(format!("{base} dtype=f16 tensor={name}")
+            .parse::<KvCacheLayout>()
+            .is_ok());
+    }
+    for name in crate::AxisOrder::NAMES {
+        assert!(format!("{base} dtype=f16 order={name}")
+            .parse::<KvCacheLayout>()
+            .is_ok());
+    }
+}
+
+/// Two placements are refused at the second, naming both.
+#[test]
+fn two_placements_are_refused() {
+    let base = "kv L=1 B=3 N=4 H=1 D=8 dtype=f16";
+    for (keys, says, second) in [
+        (
+            "order=LBNHC tensor=flashinfer-hnd",
+            "two placements: order=.. and tensor=..; give one",
+            "tensor=",
+        ),
+        (
+            "legacy=flashinfer-hnd order=HND",
+            "two placements: legacy=.. and order=..; give one",
+            "order=",
+        ),
+        (
+            "@k=0:0:0:64:64:16:8:16:2 @v=0:192:0:64:16:16:8:16:2 @buf0=0..384 order=LBNHC",
+            "two placements: @field=.. strides and order=..; give one",
+            "order=",
+        ),
+        (
+            "tensor=separate-nhd @k=0:0:0:64:64:16:8:16:2 @v=0:192:0:64:16:16:8:16:2 \
+             @buf0=0..384",
+            "two placements: tensor=.. and @field=.. strides; give one",
+            "@k=",
+        ),
+    ] {
+        let spec = format!("{base} {keys}");
+        let (column, _, reason) = spec_error(&spec);
+        assert_eq!(reason, says, "{spec}");
+        assert_eq!(column, column_of(&spec, second), "{spec}");
+    }
 }

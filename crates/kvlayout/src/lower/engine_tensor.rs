@@ -1,13 +1,13 @@
-//! Lowering another engine's layout (`legacy=`): vLLM paged v1, FlashAttention, FlashInfer,
+//! Lowering another engine's layout (`tensor=`): vLLM paged v1, FlashAttention, FlashInfer,
 //! and K and V in separate allocations, each as per-field strides and buffer extents.
 
 use super::{Extents, Lowered, RowField};
 use crate::error::{add, mul, LayoutError, Result};
-use crate::spec::{BufferExtent, Field, FieldStrides, LegacyKind};
+use crate::spec::{BufferExtent, EngineTensor, Field, FieldStrides};
 
-/// The strides and extents of the legacy layout `kind` from `base`.
-pub(super) fn lower_legacy(
-    kind: LegacyKind,
+/// The strides and extents of the engine tensor layout `kind` from `base`.
+pub(super) fn lower_engine_tensor(
+    kind: EngineTensor,
     base: u64,
     rows: &[RowField],
     ext: Extents,
@@ -15,7 +15,7 @@ pub(super) fn lower_legacy(
     let (k, v) = plain_kv_rows(kind, rows)?;
     add(base, 0, || "base_offset".into())?;
     let e = k.dtype.size_bytes();
-    let separate = matches!(kind, LegacyKind::SeparateNhd | LegacyKind::SeparateHnd);
+    let separate = matches!(kind, EngineTensor::SeparateNhd | EngineTensor::SeparateHnd);
     if !separate && k.width != v.width {
         return Err(LayoutError::Invalid(format!(
             "{kind} keeps K and V in one tensor with one head size; head_size {} != head_size_v {}",
@@ -36,31 +36,31 @@ pub(super) fn lower_legacy(
         slots,
         nhd,
     };
-    let total = |per_layer: u64| legacy_extent(base, per_layer, layers);
+    let total = |per_layer: u64| tensor_extent(base, per_layer, layers);
     let two_halves = mul(half, 2, || "per-layer K+V bytes".into())?;
     let (ks, vs, extents) = match kind {
-        LegacyKind::VllmPagedV1 => {
+        EngineTensor::VllmPagedV1 => {
             let (key, value) = vllm_paged_v1_strides(k, base, slots, page, half, two_halves)?;
             (key, value, vec![total(two_halves)?])
         }
-        LegacyKind::FlashAttnNhd | LegacyKind::FlashAttnHnd => {
-            let p = plain(kind == LegacyKind::FlashAttnNhd);
+        EngineTensor::FlashAttnNhd | EngineTensor::FlashAttnHnd => {
+            let p = plain(kind == EngineTensor::FlashAttnNhd);
             (
                 p.strides(d, 0, base, page, two_halves),
                 p.strides(d, 0, base + half, page, two_halves),
                 vec![total(two_halves)?],
             )
         }
-        LegacyKind::FlashinferNhd | LegacyKind::FlashinferHnd => {
-            let p = plain(kind == LegacyKind::FlashinferNhd);
+        EngineTensor::FlashinferNhd | EngineTensor::FlashinferHnd => {
+            let p = plain(kind == EngineTensor::FlashinferNhd);
             (
                 p.strides(d, 0, base, 2 * page, two_halves),
                 p.strides(d, 0, base + page, 2 * page, two_halves),
                 vec![total(two_halves)?],
             )
         }
-        LegacyKind::SeparateNhd | LegacyKind::SeparateHnd => {
-            let p = plain(kind == LegacyKind::SeparateNhd);
+        EngineTensor::SeparateNhd | EngineTensor::SeparateHnd => {
+            let p = plain(kind == EngineTensor::SeparateNhd);
             let vpage = mul(slots * heads, v.width * e, || "V page bytes".into())?;
             let vhalf = mul(vpage, blocks, || "per-layer V bytes".into())?;
             (
@@ -87,11 +87,11 @@ fn page_bytes(ext: Extents, d: u64, e: u64) -> Result<(u64, u64)> {
     Ok((page, half))
 }
 
-/// The K and V rows of a legacy layout, which stores plain K and V and nothing else.
-fn plain_kv_rows(kind: LegacyKind, rows: &[RowField]) -> Result<(&RowField, &RowField)> {
+/// The K and V rows of an engine tensor layout, which stores plain K and V and nothing else.
+fn plain_kv_rows(kind: EngineTensor, rows: &[RowField]) -> Result<(&RowField, &RowField)> {
     let [k, v] = rows else {
         return Err(LayoutError::Invalid(format!(
-            "legacy layout {kind} stores plain K and V; this content has fields {}",
+            "tensor={kind} stores plain K and V; this content has fields {}",
             rows.iter()
                 .map(|r| r.field.to_string())
                 .collect::<Vec<_>>()
@@ -100,14 +100,14 @@ fn plain_kv_rows(kind: LegacyKind, rows: &[RowField]) -> Result<(&RowField, &Row
     };
     if (k.field, v.field) != (Field::K, Field::V) {
         return Err(LayoutError::Invalid(format!(
-            "legacy layout {kind} stores plain K and V"
+            "tensor={kind} stores plain K and V"
         )));
     }
     Ok((k, v))
 }
 
-/// The byte range of `layers` legacy layers of `per_layer` bytes each from `base`.
-fn legacy_extent(base: u64, per_layer: u64, layers: u64) -> Result<BufferExtent> {
+/// The byte range of `layers` layers of `per_layer` bytes each from `base`.
+fn tensor_extent(base: u64, per_layer: u64, layers: u64) -> Result<BufferExtent> {
     let span = mul(per_layer, layers, || "registered span".into())?;
     Ok(BufferExtent {
         start: base,
@@ -115,7 +115,7 @@ fn legacy_extent(base: u64, per_layer: u64, layers: u64) -> Result<BufferExtent>
     })
 }
 
-/// The page shape of a plain legacy field: `[N, H, D]` (`nhd`) or `[H, N, D]`.
+/// The page shape of a plain engine tensor field: `[N, H, D]` (`nhd`) or `[H, N, D]`.
 #[derive(Clone, Copy)]
 struct PlainPage {
     elem_bytes: u64,
