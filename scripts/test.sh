@@ -36,8 +36,10 @@ failed=0
 cargo test --workspace --no-fail-fast -- --skip nixl_ 2>&1 | tee "$log" || failed=1
 # The CPU library as a program outside the workspace uses it: by path, no C compiler.
 ./scripts/outside-build.sh 2>&1 | tee -a "$log" || failed=1
-# The examples, each checking its own result (exit status 1 on a mismatch): a decode on the
-# CPU backend against the scalar reference; a TP 1 NHD to TP 2 HND pull, direct and staged.
+# The examples, each checking its own result (exit status 1 on a mismatch): a framework's
+# caches described and its tensors checked; a decode on the CPU backend against the scalar
+# reference; a TP 1 NHD to TP 2 HND pull, direct and staged.
+cargo run -q -p kvlayout --example describe_cache 2>&1 | tee -a "$log" || failed=1
 cargo run -q -p kvlayout-backends --example cpu_decode 2>&1 | tee -a "$log" || failed=1
 cargo run -q -p kvlayout-connector --example pull_tp1_to_tp2 2>&1 | tee -a "$log" || failed=1
 # The Python package: built and installed into the project's .venv as a user does (`pip
