@@ -66,7 +66,12 @@ fn main() -> Result<(), Box<dyn Error>> {
         for rank in 0..2 {
             let mine = group(&decode, 2, rank, Vec::new());
             check_compatible(&mine, remote)?;
-            let pull = plan(&mine, std::slice::from_ref(remote), &[seq.clone()], mode)?;
+            let pull = plan(
+                &mine,
+                std::slice::from_ref(remote),
+                std::slice::from_ref(&seq),
+                mode,
+            )?;
             let name = format!("example-decode-{rank}-{mode:?}");
             let mut cache = vec![0u8; span(&decode)];
             let regions = match &pull.plan {

@@ -385,7 +385,7 @@ impl Pull<'_> {
                 rank: self.remote.tp_rank,
                 reason: format!(
                     "more than {MAX_PLAN_UNITS} units, or no byte-run form between the \
-                     layouts (two different element splits of a legacy key)"
+                     layouts (two different element splits of an x-split key)"
                 ),
             })?;
             if runs.is_empty() {

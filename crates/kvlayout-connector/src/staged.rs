@@ -126,7 +126,8 @@ fn staging_layout(
 ) -> Result<KvCacheLayout, PlanError> {
     let Placement::Paged(paged) = remote.placement() else {
         return Err(PlanError::Staging(
-            "the remote layout is not paged (legacy or explicit strides): pull directly".into(),
+            "the remote layout is not paged (a tensor= layout or explicit strides): pull directly"
+                .into(),
         ));
     };
     let spec = LayoutSpec {

@@ -4,7 +4,6 @@
 //! cache (`stage_at`) receives into the caller's staging area in the same engine.
 
 #[path = "shared/scenario.rs"]
-#[allow(dead_code)]
 mod scenario;
 
 use std::time::Duration;

@@ -3,7 +3,6 @@
 //! and executing a pull leaves what `execute` on the plan leaves.
 
 #[path = "shared/scenario.rs"]
-#[allow(dead_code)]
 mod scenario;
 
 use std::time::Duration;

@@ -46,7 +46,7 @@ def refused(cls, call):
 class DLPackOnly:
     """Exposes an array through ``__dlpack__`` alone (``legacy``: no ``max_version``)."""
 
-    def __init__(self, arr, tensor=False):
+    def __init__(self, arr, legacy=False):
         self.arr, self.legacy = arr, legacy
 
     def __dlpack__(self, **kwargs):
@@ -147,7 +147,7 @@ def test_bug3_kv_axis_outside_or_inside_the_block_axis(num_blocks):
     if num_blocks == 2:  # identical shapes, the strides exchanged
         assert claimed.shape == cache.shape
         assert "axes 0 (kv) and 1 (block) look swapped" in m
-        assert "(kv, block, token, head, dim), the tensor reads as (block, kv, token, head, dim)" in m
+        assert "(kv, block, slot, head, dim), the tensor reads as (block, kv, slot, head, dim)" in m
     else:
         assert "the tensor puts K and V outside the blocks ((2, B, ...): all K, then all V)" in m
     # The transposed array is the flash-attn view of the same memory: accepted.
