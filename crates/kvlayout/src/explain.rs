@@ -335,7 +335,7 @@ impl Explanation {
             "layer",
             "block",
             "head",
-            "token",
+            "slot",
             "x",
             "chunk",
             "dim"

@@ -86,7 +86,7 @@ fn check_alignment(map: &FieldMap) -> Result<()> {
         "layer stride",
         "block stride",
         "head stride",
-        "token stride",
+        "slot stride",
         "dim chunk stride",
         "dim stride",
     ];

@@ -291,7 +291,7 @@ fn axis_name(a: Axis) -> &'static str {
         Axis::L => "layer",
         Axis::B => "block",
         Axis::H => "head",
-        Axis::N => "token",
+        Axis::N => "slot",
     }
 }
 

@@ -247,7 +247,7 @@ impl KvCacheLayout {
                     a.field, sa.buffer, sa.base_offset, sb.buffer, sb.base_offset
                 ));
             }
-            let names = ["layer", "block", "head", "token", "dim chunk", "dim"];
+            let names = ["layer", "block", "head", "slot", "dim chunk", "dim"];
             for ((name, (ext, x)), (_, y)) in names.iter().zip(a.axes()).zip(b.axes()) {
                 if ext > 1 && x != y {
                     return differ(format!("field {}: {name} stride {x} vs {y}", a.field));

@@ -89,7 +89,7 @@ fn numbers(m: &FieldMap) -> Vec<(&'static str, u64, bool)> {
         ("buffer", u64::from(s.buffer), true),
         ("base_offset", s.base_offset, true),
     ];
-    let names = ["layer", "block", "head", "token", "dim_chunk", "dim"];
+    let names = ["layer", "block", "head", "slot", "dim_chunk", "dim"];
     for (name, (extent, stride)) in names.into_iter().zip(m.axes()) {
         out.push((name, stride, extent > 1));
     }

@@ -88,7 +88,7 @@ fn nhd_against_hnd_names_the_head_and_token_strides() {
     // NHD: heads one K|V row apart, tokens H rows. HND: tokens one row apart, heads N rows.
     for field in ["k", "v"] {
         assert_eq!(stride(&v, field, "head"), Some((ROW, N * ROW, true)));
-        assert_eq!(stride(&v, field, "token"), Some((H * ROW, ROW, true)));
+        assert_eq!(stride(&v, field, "slot"), Some((H * ROW, ROW, true)));
         assert_eq!(stride(&v, field, "block"), None, "same dense page");
     }
     let (a, b) = spec_difference(&v, "placement.order").expect("the order differs");
