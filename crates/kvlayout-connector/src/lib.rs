@@ -18,7 +18,9 @@
 //!   fails with an [`ExecuteError`] naming the local blocks and heads not received.
 //! - [`pull`]: the two calls most users need. [`plan()`] plans a pull, direct or staged
 //!   ([`PullMode::Auto`] takes the one with fewer descriptors and says why), and
-//!   [`Pull::execute`] runs it.
+//!   [`Pull::execute`] runs it. [`cost`]: [`plan_by_cost`] takes the cheaper plan under a
+//!   [`CostModel`] (descriptors, wire, post-receive pass), which [`calibrate_memcpy`]
+//!   measures.
 //!
 //! A decode rank adds each remote rank's engine as a peer from its handshake, then per request
 //! calls [`plan()`] and [`Pull::execute`]. The main types are re-exported here.
@@ -70,6 +72,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cost;
 pub mod engine;
 pub mod executor;
 pub mod handshake;
@@ -81,6 +84,7 @@ pub mod plan;
 pub mod pull;
 pub mod staged;
 
+pub use cost::{calibrate_memcpy, choose_by_cost, plan_by_cost, Cost, CostModel};
 pub use engine::{wait, EngineError, MemcpyEngine, TransferEngine};
 pub use executor::{execute, ExecuteError, Plan};
 pub use handshake::{

@@ -150,3 +150,31 @@ fn executing_a_pull_leaves_what_execute_on_its_plan_leaves() {
     );
     assert_eq!(err.blocks, vec![2, 5, 6]);
 }
+
+#[test]
+fn calibration_measures_the_memcpy_engine_and_the_backend_here() {
+    let cpu = kvlayout_cpu::Host::cpu("cpu", Some(1));
+    let t = std::time::Instant::now();
+    let model = kvlayout_connector::calibrate_memcpy(&cpu).unwrap();
+    let took = t.elapsed();
+    model.check().unwrap();
+    assert!(model.wire_bytes_per_s > 1e7, "{model}");
+    assert!(model.scatter_bytes_per_s > 1e6, "{model}");
+    // A descriptor costs something, but less than a millisecond, on any machine of this kind.
+    assert!(model.per_descriptor_s < 1e-3, "{model}");
+    assert!(
+        model.source.contains("memcpy engine, cpu backend"),
+        "{model}"
+    );
+    eprintln!("calibration in {took:?}: {model}");
+    // The model's choice for NHD into HND, with the figures in the reason.
+    let (p, d) = (p_layout(), d_layout());
+    let remote = [group(&p, 1, 0, Vec::new())];
+    let mine = group(&d, 2, 0, Vec::new());
+    let pull = kvlayout_connector::plan_by_cost(&mine, &remote, &seqs(), &model).unwrap();
+    assert!(
+        pull.why.contains("direct ") && pull.why.contains("staged "),
+        "{}",
+        pull.why
+    );
+}

@@ -61,9 +61,14 @@ pub(crate) struct PlanArgs {
         allow_hyphen_values = true
     )]
     seqs: Vec<String>,
-    /// Which plan: auto (the one with fewer descriptors, direct on a tie), direct, staged.
+    /// Which plan: auto (the one with fewer descriptors, direct on a tie), cost (the cheaper
+    /// under a cost model calibrated here: the memcpy engine and the --backend's post-receive
+    /// pass), direct, staged.
     #[arg(long, value_enum, default_value_t = Mode::Auto)]
     mode: Mode,
+    /// The DST backend whose post-receive pass (scatter_blocks) --mode cost measures.
+    #[arg(long, value_name = "NAME", default_value = "cpu")]
+    backend: String,
     /// Runs printed in text mode.
     #[arg(long, value_name = "N", default_value_t = 16)]
     show: usize,
@@ -101,7 +106,7 @@ pub(crate) fn run(args: &PlanArgs) -> Result<String, CliError> {
     };
     let sides = groups::sides((&src, &src_tp), (&dst, &dst_tp))?;
     budget::check(&src, &dst, &seqs)?;
-    let picked = pick::pick(&sides, &seqs, args.mode)?;
+    let picked = pick::pick(&sides, &seqs, args.mode, &args.backend)?;
     let (totals, transfers) = report::plan_parts(&picked);
     let stated = args.model_heads.is_some();
     let report = PlanReport {

@@ -292,6 +292,41 @@ fn auto_picks_staged_only_where_the_orders_move_elements() {
     assert_eq!(kind(H1_HND), "direct", "H=1: NHD and HND address alike");
 }
 
+#[test]
+fn cost_mode_calibrates_here_and_states_both_costs() {
+    let v = parse_json(&ok(&["plan", NHD, HND, "--mode", "cost", "--json"]));
+    let why = v["why"].as_str().unwrap();
+    assert!(
+        why.starts_with("cheaper: direct ") || why.starts_with("no dearer: direct "),
+        "{why}"
+    );
+    assert!(
+        why.contains(", staged ") && why.contains(" ms (descriptors "),
+        "{why}"
+    );
+    assert!(
+        why.contains("(calibrated: memcpy engine, cpu backend"),
+        "{why}"
+    );
+    // The plan taken is the connector's plan of its kind; the other is reported beside it.
+    let kind = v["plan"].as_str().unwrap();
+    let other = v["other"]["plan"].as_str().unwrap();
+    assert!(matches!(
+        (kind, other),
+        ("direct", "staged") | ("staged", "direct")
+    ));
+    let cheaper = why.starts_with("cheaper");
+    assert_eq!(kind, if cheaper { "staged" } else { "direct" }, "{why}");
+    let asked = parse_json(&ok(&["plan", NHD, HND, "--mode", kind, "--json"]));
+    assert_eq!(v["transfers"], asked["transfers"]);
+    // The backend is opened by name: an unknown one is refused in one line.
+    let e = super::user_error(&["plan", NHD, HND, "--mode", "cost", "--backend", "nope"]);
+    assert!(
+        e.contains("--backend \"nope\" is not a backend name"),
+        "{e}"
+    );
+}
+
 #[path = "plan_apply.rs"]
 mod apply;
 #[path = "plan_execute.rs"]
