@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, on a machine with one (NVIDIA with a CUDA driver, or AMD with
 # ROCm): builds, runs the conformance suite with the device backends required, the device
-# crates' tests, compute-sanitizer's memcheck where it is installed, and the benchmark
+# crates' tests, the NIXL engine's tests with a CUDA cache's device memory (CUDA only),
+# compute-sanitizer's memcheck where it is installed, and the benchmark
 # (paged_decode beside a device-to-device copy, swap_blocks beside one pinned copy).
 # Usage: scripts/gpu-check.sh [cuda|hip]   (default: cuda if nvidia-smi runs, else hip)
 # Results to record go in design/gpu-backends.md, with the device and this command.
@@ -23,6 +24,12 @@ lscpu | sed -n 's/^Model name: *//p'
 
 echo "== the device crate's tests ($gpu)"
 cargo test --release -p "kvlayout-$gpu" 2>&1 | tee /tmp/kvlayout-gpu-check-crate.log
+if [ "$gpu" = cuda ]; then
+    echo "== NIXL: a CUDA cache's device memory registered and pulled (one test at a time)"
+    LD_LIBRARY_PATH="$(./scripts/nixl-path.sh):${LD_LIBRARY_PATH}" UCX_NET_DEVICES=lo \
+        KVLAYOUT_REQUIRE_NIXL=1 cargo test --release -p kvlayout-connector --test nixl -- \
+        nixl_ --test-threads=1 2>&1 | tee /tmp/kvlayout-gpu-check-nixl.log
+fi
 echo "== the conformance suite, $gpu required"
 cargo test --release -p kvlayout-conformance --test conformance 2>&1 \
     | tee /tmp/kvlayout-gpu-check-conformance.log

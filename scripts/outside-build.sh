@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Programs outside the workspace, as a user writes them, each in a crate of its own that
 # depends on the workspace's crates by path, built and run:
-#   1. scripts/outside/main.rs on kvlayout and kvlayout-cpu, with no C compiler (CC, CXX:
-#      /bin/false): the CPU library without its `bench` feature compiles no C.
+#   1. scripts/outside/main.rs on kvlayout and kvlayout-cpu, with no C compiler for the build
+#      scripts (CC, CXX: /bin/false, which cc-rs would call): the CPU library without its
+#      `bench` feature compiles no C. (rustc still links through the system's linker.)
 #   2. The README's Rust programs: each ```rust block after a `<!-- kvlayout-rust-program:
 #      NAME -->` line becomes binary NAME of a crate on kvlayout, kvlayout-cpu,
 #      kvlayout-backends and kvlayout-connector (these build C and C++: the GPU emulator, the

@@ -94,7 +94,7 @@ fn parse_convention(s: &str) -> Result<Convention, CliError> {
 
 /// Version of the schema of every `--json` output: the `"version"` field of its top-level
 /// object. It changes when a field is removed or changes meaning, not when one is added.
-const JSON_VERSION: u64 = 1;
+const JSON_VERSION: u64 = 2;
 
 /// The `--json` output of a command: `value` as pretty JSON with a final newline, and
 /// `"version": JSON_VERSION` added to its top-level object (a value that is not an object goes

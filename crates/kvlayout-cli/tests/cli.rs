@@ -284,7 +284,7 @@ fn view_text_is_one_line() {
 fn presets_lists_every_preset() {
     let out = ok(&["presets"]);
     let j = parse_json(&ok(&["presets", "--json"]));
-    assert_eq!(j["version"], 1, "{j}");
+    assert_eq!(j["version"], 2, "{j}");
     let list = j["presets"].as_array().expect("array");
     assert_eq!(list.len(), kvlayout::PRESETS.len());
     for (name, spec, description) in kvlayout::PRESETS {

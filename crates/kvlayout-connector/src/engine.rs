@@ -1,6 +1,6 @@
 //! Transfer engines: what moves a plan's runs between two instances' registered memory. An
-//! engine owns its local buffers (the local cache, or a staging cache; registered once) and
-//! knows each peer by the regions the peer's handshake registered, so every run is checked
+//! engine registers its local buffers once ([`Region`]s: its own, or its caller's; the local
+//! cache, a staging area, or both) and knows each peer by the regions the peer's handshake registered, so every run is checked
 //! against both sides' registered memory before anything moves. Posting is asynchronous;
 //! [`wait`] polls to completion or a timeout. [`crate::execute`] runs a whole plan.
 //!
@@ -240,7 +240,7 @@ impl MemcpyEngine {
     }
 
     /// Replaces the local buffers' contents (each of the same length).
-    pub fn set_buffers(&self, bytes: &[Vec<u8>]) -> Result<(), EngineError> {
+    pub fn set_buffers(&mut self, bytes: &[Vec<u8>]) -> Result<(), EngineError> {
         let local = self.local.read().unwrap_or_else(PoisonError::into_inner);
         if bytes.len() != local.len()
             || bytes
@@ -367,6 +367,12 @@ impl TransferEngine for MemcpyEngine {
         if src.is_empty() && !remote_lens.is_empty() {
             return Err(EngineError::Transport(format!(
                 "peer {peer:?} no longer registers its memory (dropped, or its scope ended)"
+            )));
+        }
+        if dst.is_empty() && !runs.is_empty() {
+            return Err(EngineError::Transport(format!(
+                "engine {:?} registers no memory (none was given, or its scope ended)",
+                self.name
             )));
         }
         let local_lens: Vec<u64> = dst.iter().map(|b| b.len() as u64).collect();

@@ -50,6 +50,10 @@ pub enum Cause {
         /// The engine's error.
         error: EngineError,
     },
+    /// A staged plan was given a post-receive operation that receives nothing
+    /// ([`crate::NoPostReceive`]); nothing was posted.
+    #[error("a staged plan needs a post-receive operation (scatter_blocks on a backend); nothing was posted")]
+    NoPostReceive,
     /// The post-receive operation failed.
     #[error("remote rank {rank}: post-receive: {error}")]
     PostReceive {
@@ -146,6 +150,9 @@ pub fn execute<E: TransferEngine>(
         ),
     };
     check_peers(&legs, peers).map_err(|cause| not_received(cause, &blocks, &legs))?;
+    if matches!(&plan, Plan::Staged(_, post) if !post.receives()) {
+        return Err(not_received(Cause::NoPostReceive, &blocks, &legs));
+    }
     let Plan::Staged(p, post) = plan else {
         return read(engine, &legs, peers, notify, &deadline)
             .map_err(|(from, cause)| not_received(cause, &blocks, &legs[from..]));

@@ -9,9 +9,11 @@
 //! - a borrowed slice is registered only inside [`crate::MemcpyEngine::scope`], which takes
 //!   it back from the engine and its peers before the borrow ends, as `std::thread::scope`
 //!   joins its threads;
-//! - a raw region is the caller's promise, stated on [`Region::from_raw`]. The NIXL engine
-//!   takes owned and raw regions only: NIXL has no abort, so a transfer released early may
-//!   still write after a scope would have ended.
+//! - a raw region is the caller's promise, stated on [`Region::from_raw`].
+//!
+//! The NIXL engine takes `Region<'static>` only (owned, raw, or a slice borrowed for the
+//! program's life), and no scope: NIXL has no abort, so a transfer released early may still
+//! write after a scope would have ended.
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
@@ -85,7 +87,8 @@ impl<'m> Region<'m> {
     pub unsafe fn from_raw(ptr: *mut u8, len: usize, kind: MemKind) -> Self {
         Region {
             // The contract says not null; a null pointer becomes a dangling one of length 0
-            // rather than undefined behaviour here (the engines refuse empty regions).
+            // rather than undefined behaviour here (the NIXL engine refuses empty regions; the
+            // memcpy engine's runs cannot fit in one).
             len: if ptr.is_null() { 0 } else { len },
             ptr: NonNull::new(ptr).unwrap_or(NonNull::dangling()),
             kind,

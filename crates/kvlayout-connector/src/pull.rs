@@ -177,6 +177,10 @@ pub fn choose(
 pub struct NoPostReceive;
 
 impl PostReceive for NoPostReceive {
+    fn receives(&self) -> bool {
+        false
+    }
+
     fn receive(
         &mut self,
         t: &crate::staged::StagedTransfer,
@@ -194,11 +198,23 @@ impl PostReceive for NoPostReceive {
 }
 
 impl Pull {
+    /// The pull with a staged plan's staging cache in the engine's local buffers from `first`
+    /// on ([`StagedPlan::stage_at`]), for an engine that registers the local cache in buffers
+    /// `0..first`; a direct plan unchanged. `None` where a buffer index would pass `u32::MAX`.
+    pub fn stage_at(mut self, first: u32) -> Option<Self> {
+        if let PullPlan::Staged(p) = self.plan {
+            self.plan = PullPlan::Staged(p.stage_at(first)?);
+        }
+        Some(self)
+    }
+
     /// Runs the plan on `engine` ([`execute`]): reads from `peers[r]`, the engine id of remote
     /// TP rank `r`, notifying each with `notify`, within `timeout` in all. A staged plan
-    /// receives into the engine's local buffers from [`StagedPlan::staging_buffer`] on and
-    /// runs `post` after each transfer (a direct plan does not call it: pass
-    /// [`NoPostReceive`]).
+    /// receives into the engine's local buffers from [`StagedPlan::staging_buffer`] on (0
+    /// unless [`Pull::stage_at`] moved it: an engine that registers the local cache in buffer
+    /// 0 needs it moved past the cache) and runs `post` after each transfer. A direct plan
+    /// does not call `post`: pass [`NoPostReceive`], which a staged plan refuses before
+    /// anything is posted.
     pub fn execute<E: TransferEngine>(
         &self,
         engine: &mut E,

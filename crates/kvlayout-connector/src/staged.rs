@@ -52,11 +52,14 @@ impl StagedPlan {
     /// run's destination buffer moves by `first - self.staging_buffer`. One engine can then
     /// register the local cache (buffers `0..first`, for direct plans) and a staging area
     /// (buffers `first..`) together. Refused (`None`) where a buffer index would pass
-    /// `u32::MAX`.
+    /// `u32::MAX`, or a run's lies below [`StagedPlan::staging_buffer`].
     pub fn stage_at(mut self, first: u32) -> Option<Self> {
         for t in &mut self.transfers {
             for r in &mut t.runs {
-                r.dst_buffer = (r.dst_buffer - self.staging_buffer).checked_add(first)?;
+                r.dst_buffer = r
+                    .dst_buffer
+                    .checked_sub(self.staging_buffer)?
+                    .checked_add(first)?;
             }
         }
         self.staging_buffer = first;
@@ -247,6 +250,11 @@ pub trait PostReceive {
     /// Moves `staging`, the bytes of `t`'s staging cache (one vector per buffer, each as long
     /// as the staging layout's span), into the local cache's blocks and heads.
     fn receive(&mut self, t: &StagedTransfer, staging: &[Vec<u8>]) -> Result<(), ReceiveError>;
+    /// Whether this operation receives staged transfers at all; [`crate::execute`] refuses a
+    /// staged plan before posting anything where it does not. True by default.
+    fn receives(&self) -> bool {
+        true
+    }
 }
 
 /// A closure as the post-receive operation (a CPU scatter over memory the caller owns, say).

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kvlayout_connector::{
     execute, plan, plan_pull, plan_pull_staged, MemcpyEngine, NoPostReceive, Plan, PlanError,
-    PullMode, PullPlan, SeqBlocks, TransferEngine,
+    PullMode, PullPlan, ReceiveError, SeqBlocks, StagedTransfer, TransferEngine,
 };
 
 use scenario::{d_layout, group, p_layout, pattern, seqs, zeros};
@@ -131,23 +131,25 @@ fn executing_a_pull_leaves_what_execute_on_its_plan_leaves() {
     assert_eq!(got, run("pull-decode-b", false));
     assert!(got[0].iter().any(|&b| b != 0));
 
-    // A staged pull without a post-receive operation fails after its read, naming the rank.
+    // A staged pull without a post-receive operation is refused before anything is read.
     let staged = plan(&mine, &remote, &seqs(), PullMode::Staged).unwrap();
     let extents = match &staged.plan {
         PullPlan::Staged(s) => s.staging_extents(),
         PullPlan::Direct(_) => panic!("asked for staged"),
     };
-    let staging = extents.iter().map(|&n| vec![0; n as usize]).collect();
-    let mut e = MemcpyEngine::new("pull-decode-c", staging).unwrap();
+    let staging: Vec<Vec<u8>> = extents.iter().map(|&n| vec![0; n as usize]).collect();
+    let mut e = MemcpyEngine::new("pull-decode-c", staging.clone()).unwrap();
     e.add_peer("pull-prefill", b"pull-prefill", &prefill.regions())
         .unwrap();
     let err = staged
         .execute(&mut e, &["pull-prefill"], &mut NoPostReceive, b"", TIMEOUT)
         .unwrap_err();
     assert!(
-        err.to_string().contains("needs a post-receive operation"),
+        err.to_string()
+            .contains("a staged plan needs a post-receive operation (scatter_blocks on a backend); nothing was posted"),
         "{err}"
     );
+    assert_eq!(e.buffers().unwrap(), staging, "nothing was read");
     assert_eq!(err.blocks, vec![2, 5, 6]);
 }
 
@@ -177,4 +179,65 @@ fn calibration_measures_the_memcpy_engine_and_the_backend_here() {
         "{}",
         pull.why
     );
+}
+
+#[test]
+fn a_staged_pull_moved_past_the_cache_leaves_the_cache_alone() {
+    let (p, d) = (p_layout(), d_layout());
+    let prefill = MemcpyEngine::new("pull-past-prefill", pattern(&p, 5)).unwrap();
+    let remote = [group(&p, 1, 0, prefill.regions())];
+    let mine = group(&d, 2, 0, Vec::new());
+    let pull = plan(&mine, &remote, &seqs(), PullMode::Auto).unwrap();
+    assert_eq!(pull.plan.kind(), "staged");
+    // One engine: the cache in buffer 0, the staging area in buffer 1.
+    let moved = pull.clone().stage_at(1).unwrap();
+    let PullPlan::Staged(s) = &moved.plan else {
+        panic!("staged")
+    };
+    assert_eq!(s.staging_buffer, 1);
+    let cache = zeros(&d).remove(0);
+    let staging = vec![0u8; s.staging_extents()[0] as usize];
+    let mut e = MemcpyEngine::new("pull-past-decode", vec![cache.clone(), staging]).unwrap();
+    e.add_peer(
+        "pull-past-prefill",
+        b"pull-past-prefill",
+        &prefill.regions(),
+    )
+    .unwrap();
+    let mut seen = 0;
+    let mut count = |_: &StagedTransfer, bytes: &[Vec<u8>]| -> Result<(), ReceiveError> {
+        seen += bytes[0].iter().filter(|&&b| b != 0).count();
+        Ok(())
+    };
+    moved
+        .execute(&mut e, &["pull-past-prefill"], &mut count, b"", TIMEOUT)
+        .unwrap();
+    assert!(seen > 0, "the staging area received the bytes");
+    assert_eq!(e.buffers().unwrap()[0], cache, "the cache is untouched");
+    // A direct pull is the same after stage_at; a run below the staging buffer is refused.
+    let direct = plan(&mine, &remote, &seqs(), PullMode::Direct).unwrap();
+    assert_eq!(direct.clone().stage_at(3).unwrap(), direct);
+    let mut bad = s.clone();
+    bad.staging_buffer = 2;
+    assert!(bad.stage_at(0).is_none());
+}
+
+#[test]
+fn auto_takes_the_direct_plan_where_the_staged_one_is_refused_and_says_why() {
+    // A remote tensor= layout has no paged order to stage in.
+    let remote_layout: kvlayout::KvCacheLayout =
+        "kv L=2 B=10 N=16 H=4 D=16 dtype=bf16 tensor=flash-attn-nhd"
+            .parse()
+            .unwrap();
+    let remote = [group(&remote_layout, 1, 0, Vec::new())];
+    let mine = group(&d_layout(), 2, 0, Vec::new());
+    let staged_err = plan_pull_staged(&mine, &remote, &seqs()).unwrap_err();
+    let pull = plan(&mine, &remote, &seqs(), PullMode::Auto).unwrap();
+    assert_eq!(pull.plan.kind(), "direct");
+    assert_eq!(
+        pull.why,
+        format!("the staged plan is refused: {staged_err}")
+    );
+    let other = pull.other.unwrap();
+    assert_eq!((other.kind, other.plan), ("staged", Err(staged_err)));
 }

@@ -380,8 +380,8 @@ impl View {
         self.inner.dtype.size_bytes()
     }
 
-    /// What each axis indexes: ``block``, ``head``, ``token`` (``slot`` where slots are not
-    /// tokens), ``dim``, ``kv``, and vLLM's key ``dim / x`` and ``x``.
+    /// What each axis indexes: ``block``, ``head``, ``slot`` (the token position in the
+    /// block), ``dim``, ``kv``, and vLLM's key ``dim / x`` and ``x``.
     #[getter]
     fn axes(&self) -> Vec<&'static str> {
         self.inner.axes.clone()

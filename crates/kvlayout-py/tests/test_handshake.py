@@ -159,7 +159,7 @@ def test_rust_encoding_read_by_hand():
         {"base": arrays[0].__array_interface__["data"][0], "len": arrays[0].nbytes}
     ]
     doc = json.loads(wire["layout"])
-    assert doc["version"] == 1
+    assert doc["version"] == 2
     assert doc["geometry"] == {
         "num_layers": 32,
         "num_blocks": 4,

@@ -45,7 +45,8 @@ fn main() -> Result<(), LayoutError> {
     };
     vllm.check_tensor(&claim)?;
     println!("check: the (2, B, N, H, D) tensor matches");
-    // The same tensor claimed against the FlashInfer cache: refused, naming the axis.
+    // A tensor laid out as FlashAttention's, claimed as FlashInfer's HND view of the
+    // FlashInfer cache: refused, naming the axis.
     let wrong = TensorClaim {
         convention: Convention::FlashinferHnd,
         shape: &[1024, 2, 8, 16, 128],

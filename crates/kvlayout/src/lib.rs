@@ -63,7 +63,7 @@ pub use field_map::FieldMap;
 pub use layout::{Coord, KvCacheLayout, Location};
 pub use presets::{preset, PRESETS, PRESET_NAMES};
 pub use regions::{merge_ranges, ByteRange, MAX_REGIONS};
-pub use serde_doc::{LayoutDocument, JSON_VERSION};
+pub use serde_doc::{LayoutDocument, JSON_VERSION, JSON_VERSIONS_READ};
 pub use spec::{
     Axis, AxisOrder, BufferExtent, Content, EngineTensor, Field, FieldStrides, Geometry,
     InPageOrder, LayoutSpec, Paged, Placement, StridedField,

@@ -1,4 +1,7 @@
-//! The versioned JSON form of a layout: `{"version": 1, "geometry": .., "content": .., ..}`.
+//! The versioned JSON form of a layout: `{"version": 2, "geometry": .., "content": .., ..}`.
+//!
+//! Version 2 names another engine's tensor placement `"kind": "tensor"`; version 1 named it
+//! `"legacy"`. Both versions are read, and either name in either; version 2 is written.
 
 use serde::{Deserialize, Serialize};
 
@@ -6,15 +9,18 @@ use crate::error::{LayoutError, Result};
 use crate::layout::KvCacheLayout;
 use crate::spec::LayoutSpec;
 
-/// Version written by this crate and the only one it reads.
-pub const JSON_VERSION: u32 = 1;
+/// Version written by this crate.
+pub const JSON_VERSION: u32 = 2;
+
+/// Versions this crate reads.
+pub const JSON_VERSIONS_READ: [u32; 2] = [1, 2];
 
 /// The on-disk document: a version number and the spec's parts. Unknown keys are refused
 /// (a misspelt `page_size_padded` must not silently give a dense page).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LayoutDocument {
-    /// Format version; must be [`JSON_VERSION`].
+    /// Format version: one of [`JSON_VERSIONS_READ`].
     pub version: u32,
     /// Axis extents.
     pub geometry: crate::Geometry,
@@ -44,9 +50,9 @@ impl LayoutDocument {
 impl TryFrom<LayoutDocument> for KvCacheLayout {
     type Error = LayoutError;
     fn try_from(doc: LayoutDocument) -> Result<Self> {
-        if doc.version != JSON_VERSION {
+        if !JSON_VERSIONS_READ.contains(&doc.version) {
             return Err(LayoutError::Json(format!(
-                "unsupported version {} (this build reads version {JSON_VERSION})",
+                "unsupported version {} (this build reads versions 1 and 2)",
                 doc.version
             )));
         }
@@ -123,5 +129,28 @@ mod tests {
         assert!(KvCacheLayout::from_json(&content).is_err());
         let nhd = json.replace("\"LBNHC\"", "\"NHD\"");
         assert_eq!(KvCacheLayout::from_json(&nhd).unwrap(), l);
+    }
+
+    /// Version 2 is written; a version 1 document, with `"legacy"`, is read; others refused.
+    #[test]
+    fn version_2_is_written_and_version_1_read() {
+        let l: KvCacheLayout = "kv B=3 N=16 H=4 D=8 dtype=f16 tensor=flashinfer-hnd"
+            .parse()
+            .unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&l.to_json()).unwrap();
+        assert_eq!(doc["version"], 2);
+        assert_eq!(doc["placement"]["kind"], "tensor");
+        let mut v1 = doc.clone();
+        v1["version"] = 1.into();
+        v1["placement"]["kind"] = "legacy".into();
+        assert_eq!(KvCacheLayout::from_json(&v1.to_string()).unwrap(), l);
+        let mut v3 = doc;
+        v3["version"] = 3.into();
+        assert_eq!(
+            KvCacheLayout::from_json(&v3.to_string()),
+            Err(LayoutError::Json(
+                "unsupported version 3 (this build reads versions 1 and 2)".into()
+            ))
+        );
     }
 }

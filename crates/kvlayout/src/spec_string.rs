@@ -230,9 +230,13 @@ fn key_map(rest: Vec<Token>) -> Result<BTreeMap<String, (Token, String)>> {
         let k = if k == "legacy" { "tensor" } else { k };
         if let Some((prev, _)) = map.get(k) {
             if prev.from_user {
+                let what = match k {
+                    "tensor" => "tensor= (or its alias legacy=)".to_string(),
+                    _ => k.to_string(),
+                };
                 return Err(bad(
                     &t,
-                    format!("{k} given twice (first at column {})", prev.column),
+                    format!("{what} given twice (first at column {})", prev.column),
                 ));
             }
         }

@@ -151,37 +151,50 @@ impl KvCacheLayout {
     }
 
     /// For a paged layout (`order=`: K and V packed in each row) whose strides the claim does
-    /// not match: the engine tensor layout (`tensor=`) of the same geometry whose view has
-    /// exactly the claimed shape and strides, named as the spec key to use.
+    /// not match: every engine tensor layout (`tensor=`) of the same geometry whose view has
+    /// exactly the claimed shape and strides (and storage offset, where the claim states
+    /// one), named as the spec keys to use.
     fn packed_rows_hint(&self, claim: &TensorClaim<'_>) -> Option<String> {
         let Placement::Paged(p) = self.placement() else {
             return None;
         };
-        EngineTensor::iter().find_map(|kind| {
-            let spec = LayoutSpec {
-                placement: Placement::EngineTensor {
-                    layout: kind,
-                    base_offset: p.base_offset,
-                },
-                ..self.spec().clone()
-            };
-            let other = KvCacheLayout::new(spec).ok()?;
-            let v = other
-                .view(claim.convention, claim.target, claim.layer)
-                .ok()?;
-            let same = v.shape == claim.shape
-                && (0..v.shape.len()).all(|i| v.shape[i] <= 1 || v.strides[i] == claim.strides[i]);
-            let what = match claim.target {
-                ViewTarget::Kv => format!("{} is", engine_tensor_words(kind)),
-                ViewTarget::Field(f) => format!("this {f} tensor is the {f} of"),
-            };
-            same.then(|| {
-                format!(
-                    "{what} tensor={kind}; this layout (order={}) packs K and V in each row",
-                    p.order
-                )
+        let matching: Vec<EngineTensor> = EngineTensor::iter()
+            .filter(|&kind| {
+                let spec = LayoutSpec {
+                    placement: Placement::EngineTensor {
+                        layout: kind,
+                        base_offset: p.base_offset,
+                    },
+                    ..self.spec().clone()
+                };
+                let Some(v) = KvCacheLayout::new(spec)
+                    .ok()
+                    .and_then(|o| o.view(claim.convention, claim.target, claim.layer).ok())
+                else {
+                    return false;
+                };
+                let offset_bytes = claim.storage_offset.map(|o| match o {
+                    StorageOffset::Elements(n) => n.checked_mul(v.dtype.size_bytes()),
+                    StorageOffset::Bytes(n) => Some(n),
+                });
+                v.shape == claim.shape
+                    && (0..v.shape.len())
+                        .all(|i| v.shape[i] <= 1 || v.strides[i] == claim.strides[i])
+                    && offset_bytes.is_none_or(|o| o == Some(v.offset_bytes))
             })
-        })
+            .collect();
+        let (first, rest) = matching.split_first()?;
+        let keys: Vec<String> = matching.iter().map(|k| format!("tensor={k}")).collect();
+        let what = match (claim.target, rest.is_empty()) {
+            (ViewTarget::Kv, true) => format!("{} is", engine_tensor_words(*first)),
+            (ViewTarget::Kv, false) => "this K and V tensor is".to_string(),
+            (ViewTarget::Field(f), _) => format!("this {f} tensor is the {f} of"),
+        };
+        Some(format!(
+            "{what} {}; this layout (order={}) packs K and V in each row",
+            keys.join(" or "),
+            p.order
+        ))
     }
 
     /// Where the stride of a `block` axis is the dense page of the view's buffer (or that
@@ -456,13 +469,37 @@ mod tests {
             m.contains("axis 0 (block): stride 256, expected 512"),
             "{m}"
         );
+        // Both engines' K is this dense [B, N, H, D] at some offset: both are named.
         assert!(
             m.ends_with(
-                "; this k tensor is the k of tensor=flash-attn-nhd; this layout (order=LBNHC) \
+                "; this k tensor is the k of tensor=flash-attn-nhd or tensor=separate-nhd; this \
+                 layout (order=LBNHC) packs K and V in each row"
+            ),
+            "{m}"
+        );
+        // A stated storage offset narrows it: V at offset 0 of its own buffer is only
+        // separate-nhd's (flash-attn-nhd's V follows its K).
+        let v_at_0 = TensorClaim {
+            storage_offset: Some(StorageOffset::Elements(0)),
+            ..claim(
+                Convention::FlashAttn,
+                ViewTarget::Field(Field::V),
+                &[3, 16, 2, 8],
+                &[256, 16, 8, 1],
+            )
+        };
+        let m = refused(l, v_at_0);
+        assert!(
+            m.ends_with(
+                "; this v tensor is the v of tensor=separate-nhd; this layout (order=LBNHC) \
                  packs K and V in each row"
             ),
             "{m}"
         );
+        let separate: KvCacheLayout = "kv B=3 N=16 H=2 D=8 dtype=f16 tensor=separate-nhd"
+            .parse()
+            .unwrap();
+        assert_eq!(separate.check_tensor(&v_at_0), Ok(()));
         // Strides of no engine's tensor that are a dense array's: the dense hint.
         let m = refused(
             l,

@@ -31,7 +31,7 @@ fn close(a: f64, b: f64) -> bool {
 #[test]
 fn every_op_runs_with_its_bounds_and_consistent_ratios() {
     let v = bench_json(LAYOUT, &[]);
-    assert_eq!(v["version"], 1, "{v}");
+    assert_eq!(v["version"], 2, "{v}");
     let ops: Vec<&str> = v["ops"]
         .as_array()
         .expect("ops")

@@ -28,7 +28,7 @@ fn a_family_passes_on_cpu_reference_and_the_emulator() {
         "b2h2n2,hn",
         "--json",
     ]));
-    assert_eq!(v["version"], 1, "{v}");
+    assert_eq!(v["version"], 2, "{v}");
     assert_eq!(
         v["backends"],
         serde_json::json!(["cpu", "reference", "cuda-emu"])

@@ -53,7 +53,7 @@ pub(super) fn u(v: &Value) -> u64 {
 /// Every step is there, in order, with positive bytes, time and bandwidths; the
 /// verification passed with nothing differing.
 pub(super) fn assert_verified(record: &Value) {
-    assert_eq!(record["version"], 1);
+    assert_eq!(record["version"], 2);
     let names: Vec<&str> = record["steps"]
         .as_array()
         .expect("steps")

@@ -66,7 +66,7 @@ fn identical_layouts_are_byte_compatible_and_move_a_page_as_one_run() {
         "{text}"
     );
     let v = parse_json(&ok(&["diff", NHD, NHD, "--json"]));
-    assert_eq!(v["version"], 1);
+    assert_eq!(v["version"], 2);
     assert_eq!(v["byte_compatible"], true);
     assert_eq!(v["addressing"], "same");
     for list in [

@@ -188,7 +188,7 @@ fn fill_random_is_seeded_and_json_reports_it() {
         a.s(),
         "--json",
     ]));
-    assert_eq!(j["version"], 1);
+    assert_eq!(j["version"], 2);
     assert_eq!(j["pattern"], "random seed=5");
     assert_eq!(
         super::u64s(&j["buffer_bytes"]),

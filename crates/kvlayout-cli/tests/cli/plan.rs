@@ -59,7 +59,7 @@ impl Case {
         let args = self.args();
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let v = parse_json(&ok(&refs));
-        assert_eq!(v["version"], 1);
+        assert_eq!(v["version"], 2);
         v
     }
 

@@ -14,7 +14,7 @@ fn svg_with_json_writes_both() {
     let p = path.to_string_lossy().into_owned();
     let out = ok(&["explain", super::SMALL, "--json", "--svg", &p]);
     let v = parse_json(&out);
-    assert_eq!(v["version"], 1);
+    assert_eq!(v["version"], 2);
     assert_eq!(v["dense_page_bytes"], 2048);
     let text = std::fs::read_to_string(&path).expect("the SVG is written");
     let _ = std::fs::remove_file(&path);

@@ -103,7 +103,7 @@ impl NixlEngine {
 
     /// Replaces the local buffers' contents (each of the same length); refused while a
     /// transfer this engine posted is in flight.
-    pub fn set_buffers(&self, bytes: &[Vec<u8>]) -> Result<(), EngineError> {
+    pub fn set_buffers(&mut self, bytes: &[Vec<u8>]) -> Result<(), EngineError> {
         self.idle("replacing the buffers")?;
         let bufs = &self.memory.buffers;
         if bytes.len() != bufs.len() || bytes.iter().zip(bufs).any(|(a, b)| a.len() != b.len()) {

@@ -26,8 +26,8 @@ class View:
         """Strides in bytes."""
     @property
     def axes(self) -> List[str]:
-        """What each axis indexes: ``block``, ``head``, ``token`` (``slot`` where slots are
-        not tokens), ``dim``, ``kv``, and vLLM's key ``dim / x`` and ``x``."""
+        """What each axis indexes: ``block``, ``head``, ``slot`` (the token position in the
+        block), ``dim``, ``kv``, and vLLM's key ``dim / x`` and ``x``."""
     @property
     def dtype(self) -> str:
         """Element type name."""

@@ -266,7 +266,7 @@ fn tensor_key_with_legacy_alias_and_convention_names() {
     let spec = "kv B=3 N=16 H=4 D=8 dtype=f16 tensor=flashinfer legacy=flashinfer";
     assert_eq!(
         spec_error(spec).2,
-        "tensor given twice (first at column 31)"
+        "tensor= (or its alias legacy=) given twice (first at column 31)"
     );
     // In JSON: kind "tensor", with "legacy" read as its alias.
     let json = serde_json::to_string(new.spec()).unwrap();
@@ -323,6 +323,14 @@ fn bad_choices_list_the_accepted_values() {
         assert!(format!("{base} dtype=f16 order={name}")
             .parse::<KvCacheLayout>()
             .is_ok());
+    }
+    // And every variant is listed, under the name it prints as.
+    use strum::IntoEnumIterator;
+    for kind in crate::EngineTensor::iter() {
+        assert!(crate::EngineTensor::NAMES.contains(&kind.to_string().as_str()), "{kind}");
+    }
+    for order in crate::AxisOrder::iter() {
+        assert!(crate::AxisOrder::NAMES.contains(&order.to_string().as_str()), "{order}");
     }
 }
 

@@ -82,7 +82,8 @@ mod tests {
             (vec![3, 16, 2, 8], vec![512, 32, 8, 1])
         );
         assert!(!sv.is_contiguous());
-        // One head: the head stride is ignored, so a per-head slice of HND memory is dense.
+        // One head: its stride is ignored, but a per-head slice of HND memory still has its
+        // blocks 4 heads apart, so it is not dense.
         let one = layout("kv B=3 N=16 H=4 D=8 dtype=f16 tensor=separate-hnd")
             .tp_slice(4, 2)
             .unwrap();
