@@ -93,7 +93,7 @@ pub use handshake::{
 pub use kvlayout::ops::CopyRun;
 pub use memory::{MemKind, Region};
 pub use nixl::{NixlEngine, NixlOptions};
-pub use plan::{plan_pull, PlanError, SeqBlocks, TransferPlan};
+pub use plan::{plan_pull, plan_pull_into, PlanError, SeqBlocks, TransferPlan};
 pub use pull::{plan, Alternative, NoPostReceive, Pull, PullMode, PullPlan};
 pub use staged::{
     plan_pull_staged, PostReceive, ReceiveError, Scatter, StagedPlan, StagedTransfer,

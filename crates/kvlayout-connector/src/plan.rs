@@ -18,7 +18,9 @@
 use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
 
-use kvlayout::ops::{check_same_model, copy_runs, merge_runs, run_bytes, CopyRun, Moves, OpError};
+use kvlayout::ops::{
+    check_same_model, copy_runs_into, merge_runs, run_bytes, CopyRun, Moves, OpError,
+};
 use kvlayout::{tp_head_range, KvCacheLayout};
 
 use crate::handshake::CacheGroup;
@@ -203,7 +205,9 @@ fn sub_block_pairs(
     (nr, nl): (u64, u64),
 ) -> Result<SubBlockGroups, PlanError> {
     let mut pairs = SubBlockGroups::new();
-    let mut written = HashSet::new();
+    // Every local sub-block written, in order; a duplicate is looked for after the loop (a
+    // sort is cheaper than hashing each, and the error's slow path finds the first).
+    let mut written: Vec<(u64, u64)> = Vec::new();
     for (seq, s) in seqs.iter().enumerate() {
         let fail = |reason: String| PlanError::Mapping { seq, reason };
         for (what, blocks, size, limit) in
@@ -225,15 +229,38 @@ fn sub_block_pairs(
             let t = c * g;
             let (remote, j) = (s.remote[(t / br) as usize], (t % br) / g);
             let (local, jl) = (s.local[(t / bl) as usize], (t % bl) / g);
-            if !written.insert((local, jl)) {
-                return Err(fail(format!(
-                    "tokens {t}.. go to local block {local} twice"
-                )));
-            }
+            written.push((local, jl));
             pairs.entry((j, jl)).or_default().push((remote, local));
         }
     }
+    let mut sorted = written.clone();
+    sorted.sort_unstable();
+    if sorted.windows(2).any(|w| w[0] == w[1]) {
+        return Err(first_written_twice(seqs, (bl, g)));
+    }
     Ok(pairs)
+}
+
+/// The error for the first local sub-block that `seqs` write twice (one is known to exist):
+/// its sequence, its first token and its local block.
+fn first_written_twice(seqs: &[SeqBlocks], (bl, g): (u64, u64)) -> PlanError {
+    let mut seen = HashSet::new();
+    for (seq, s) in seqs.iter().enumerate() {
+        for c in 0..s.tokens.div_ceil(g) {
+            let t = c * g;
+            let (local, jl) = (s.local[(t / bl) as usize], (t % bl) / g);
+            if !seen.insert((local, jl)) {
+                return PlanError::Mapping {
+                    seq,
+                    reason: format!("tokens {t}.. go to local block {local} twice"),
+                };
+            }
+        }
+    }
+    PlanError::Mapping {
+        seq: 0,
+        reason: "a local block is written twice".into(),
+    }
 }
 
 /// The local blocks `seqs` write (those holding their tokens), ascending, each once.
@@ -364,6 +391,20 @@ impl Pull<'_> {
         dst_head0: u64,
         seqs: &[SeqBlocks],
     ) -> Result<Vec<CopyRun>, PlanError> {
+        let mut runs = Vec::new();
+        self.runs_into(into, dst_head0, seqs, &mut runs)?;
+        Ok(runs)
+    }
+
+    /// [`Pull::runs`] written into `runs` (cleared first; its memory reused).
+    pub(crate) fn runs_into(
+        &self,
+        into: &KvCacheLayout,
+        dst_head0: u64,
+        seqs: &[SeqBlocks],
+        runs: &mut Vec<CopyRun>,
+    ) -> Result<(), PlanError> {
+        runs.clear();
         let (br, bl, g) = self.sizes;
         let remote = &self.remote.layout;
         let groups = sub_block_pairs(
@@ -372,7 +413,6 @@ impl Pull<'_> {
             (remote.geometry().num_blocks, into.geometry().num_blocks),
         )?;
         let several = groups.len() > 1;
-        let mut runs = Vec::new();
         for ((j, jl), pairs) in groups {
             let (rv, lv) = (sub_view(remote, j, g)?, sub_view(into, jl, g)?);
             let m = Moves {
@@ -381,20 +421,20 @@ impl Pull<'_> {
                 dst_head0,
             };
             let budget = MAX_PLAN_UNITS.saturating_sub(runs.len());
-            let group = copy_runs(&rv, &lv, &m, budget).ok_or_else(|| PlanError::TooLarge {
-                rank: self.remote.tp_rank,
-                reason: format!(
-                    "more than {MAX_PLAN_UNITS} units, or no byte-run form between the \
-                     layouts (two different element splits of an x-split key)"
-                ),
-            })?;
-            if runs.is_empty() {
-                runs = group;
-            } else {
-                runs.extend(group);
+            if !copy_runs_into(&rv, &lv, &m, budget, runs) {
+                return Err(PlanError::TooLarge {
+                    rank: self.remote.tp_rank,
+                    reason: format!(
+                        "more than {MAX_PLAN_UNITS} units, or no byte-run form between the \
+                         layouts (two different element splits of an x-split key)"
+                    ),
+                });
             }
         }
-        Ok(if several { merge_runs(runs) } else { runs })
+        if several {
+            *runs = merge_runs(std::mem::take(runs));
+        }
+        Ok(())
     }
 }
 
@@ -407,19 +447,56 @@ pub fn plan_pull(
     remotes: &[CacheGroup],
     seqs: &[SeqBlocks],
 ) -> Result<TransferPlan, PlanError> {
-    let transfers = pulls(local, remotes)?
-        .iter()
-        .map(|p| {
-            Ok(RankTransfer {
-                remote_rank: p.remote_rank(),
-                remote_heads: p.heads(),
-                local_head0: p.local_head0(),
-                runs: p.runs(&local.layout, p.local_head0(), seqs)?,
-            })
-        })
-        .collect::<Result<_, PlanError>>()?;
-    Ok(TransferPlan {
-        transfers,
-        local_blocks: local_blocks(seqs, local.layout.geometry().block_size),
-    })
+    let mut plan = TransferPlan {
+        transfers: Vec::new(),
+        local_blocks: Vec::new(),
+    };
+    plan_pull_into(local, remotes, seqs, &mut plan)?;
+    Ok(plan)
+}
+
+/// [`plan_pull`] written into `plan`, reusing the memory of its runs: a decode rank that
+/// plans request after request into one plan writes its runs into memory already mapped,
+/// which on a machine of this kind is most of the time of a large plan. On `Err`, `plan`
+/// holds no transfer.
+pub fn plan_pull_into(
+    local: &CacheGroup,
+    remotes: &[CacheGroup],
+    seqs: &[SeqBlocks],
+    plan: &mut TransferPlan,
+) -> Result<(), PlanError> {
+    let result = fill(local, remotes, seqs, plan);
+    if result.is_err() {
+        plan.transfers.clear();
+        plan.local_blocks.clear();
+    }
+    result
+}
+
+/// The body of [`plan_pull_into`].
+fn fill(
+    local: &CacheGroup,
+    remotes: &[CacheGroup],
+    seqs: &[SeqBlocks],
+    plan: &mut TransferPlan,
+) -> Result<(), PlanError> {
+    let pulls = pulls(local, remotes)?;
+    plan.transfers.truncate(pulls.len());
+    for (i, p) in pulls.iter().enumerate() {
+        if i == plan.transfers.len() {
+            plan.transfers.push(RankTransfer {
+                remote_rank: 0,
+                remote_heads: 0..0,
+                local_head0: 0,
+                runs: Vec::new(),
+            });
+        }
+        let t = &mut plan.transfers[i];
+        t.remote_rank = p.remote_rank();
+        t.remote_heads = p.heads();
+        t.local_head0 = p.local_head0();
+        p.runs_into(&local.layout, p.local_head0(), seqs, &mut t.runs)?;
+    }
+    plan.local_blocks = local_blocks(seqs, local.layout.geometry().block_size);
+    Ok(())
 }

@@ -241,3 +241,61 @@ fn auto_takes_the_direct_plan_where_the_staged_one_is_refused_and_says_why() {
     let other = pull.other.unwrap();
     assert_eq!((other.kind, other.plan), ("staged", Err(staged_err)));
 }
+
+#[test]
+fn planning_into_a_reused_plan_equals_planning_afresh() {
+    let (p, d) = (p_layout(), d_layout());
+    let remote = [group(&p, 1, 0, Vec::new())];
+    let mut reused = kvlayout_connector::TransferPlan {
+        transfers: Vec::new(),
+        local_blocks: vec![99],
+    };
+    // Ranks 0 and 1 of TP 2, then TP 1 into the prefill layout: the transfers and runs of the
+    // plan before are replaced, whatever their count.
+    let cases = [
+        (group(&d, 2, 0, Vec::new()), seqs()),
+        (group(&d, 2, 1, Vec::new()), seqs()[..1].to_vec()),
+        (
+            group(&p, 1, 0, Vec::new()),
+            vec![SeqBlocks {
+                remote: vec![4, 2],
+                local: vec![8, 0],
+                tokens: 20,
+            }],
+        ),
+    ];
+    for (mine, s) in &cases {
+        kvlayout_connector::plan_pull_into(mine, &remote, s, &mut reused).unwrap();
+        assert_eq!(reused, plan_pull(mine, &remote, s).unwrap());
+    }
+    // A refusal leaves no transfer behind.
+    let bad = [SeqBlocks {
+        remote: vec![10],
+        local: vec![0],
+        tokens: 16,
+    }];
+    let err = kvlayout_connector::plan_pull_into(&cases[0].0, &remote, &bad, &mut reused);
+    assert_eq!(err, Err(plan_pull(&cases[0].0, &remote, &bad).unwrap_err()));
+    assert!(reused.transfers.is_empty() && reused.local_blocks.is_empty());
+    // Two sequences writing one local block: the first place it happens is named.
+    let twice = [
+        SeqBlocks {
+            remote: vec![1],
+            local: vec![3],
+            tokens: 16,
+        },
+        SeqBlocks {
+            remote: vec![2, 6, 7],
+            local: vec![5, 3],
+            tokens: 40,
+        },
+    ];
+    let e = plan_pull(&cases[0].0, &remote, &twice).unwrap_err();
+    assert_eq!(
+        e,
+        PlanError::Mapping {
+            seq: 1,
+            reason: "tokens 32.. go to local block 3 twice".into()
+        }
+    );
+}

@@ -89,15 +89,38 @@ fn push_merged(runs: &mut Vec<CopyRun>, u: CopyRun) {
 /// The units of every piece in source order, merged as they come, when that order can be
 /// generated directly: pairs sorted by source block, each piece's dims with source strides
 /// above its block stride outside the pairs and the rest inside, each group outermost
-/// (largest stride) first. `None` when a unit comes out of order (or past `max` units); the
-/// caller then sorts.
-fn runs_in_source_order(plan: &MovePlan, pairs: &[(u64, u64)], max: usize) -> Option<Vec<CopyRun>> {
+/// (largest stride) first, appended to `runs`. `false` when a unit comes out of order (or past
+/// `max` units), with `runs` partly appended to (its last run may have grown); the caller
+/// then truncates and sorts.
+fn runs_in_source_order(
+    plan: &MovePlan,
+    pairs: &[(u64, u64)],
+    max: usize,
+    runs: &mut Vec<CopyRun>,
+) -> bool {
     let mut sorted = pairs.to_vec();
     sorted.sort_unstable();
     let units: u64 = plan.pieces.iter().map(|p| p.units()).sum::<u64>() * pairs.len() as u64;
-    let mut runs: Vec<CopyRun> = Vec::with_capacity(units.min(max as u64) as usize);
-    let mut last: Option<(u32, u64)> = None;
-    let mut count = 0usize;
+    if units > max as u64 {
+        return false;
+    }
+    runs.reserve(units as usize);
+    // The run being extended, held apart from `runs` (it starts as `runs`' last, which the
+    // first unit may continue; a run of 0 bytes stands for none), and the source end of the
+    // last unit, for the order check (`(0, 0)`: none yet; a unit never ends at 0).
+    let mut cur = runs.pop().unwrap_or(CopyRun {
+        src_offset: 0,
+        dst_offset: 0,
+        len: 0,
+        src_buffer: 0,
+        dst_buffer: 0,
+    });
+    let mut last: (u32, u64) = (0, 0);
+    let flush = |runs: &mut Vec<CopyRun>, cur: CopyRun| {
+        if cur.len > 0 {
+            runs.push(cur);
+        }
+    };
     for piece in &plan.pieces {
         let mut dims: Vec<MoveDim> = piece.dims.clone();
         dims.sort_by_key(|d| std::cmp::Reverse(d.src_stride));
@@ -117,33 +140,45 @@ fn runs_in_source_order(plan: &MovePlan, pairs: &[(u64, u64)], max: usize) -> Op
             (s, d)
         };
         let inner_at: Vec<(u64, u64)> = (0..n_inner).map(|i| at(inner, i)).collect();
+        let (buf_s, buf_d, unit) = (piece.src_buffer, piece.dst_buffer, piece.unit);
+        if unit == 0 {
+            continue;
+        }
         for o in 0..n_outer {
             let (os, od) = at(outer, o);
             for &(sb, db) in &sorted {
                 let base_s = piece.src_base + sb * piece.src_block + os;
                 let base_d = piece.dst_base + db * piece.dst_block + od;
                 for &(is, id) in &inner_at {
-                    count += 1;
-                    if count > max {
-                        return None;
+                    let (src_offset, dst_offset) = (base_s + is, base_d + id);
+                    if (buf_s, src_offset) < last {
+                        flush(runs, cur);
+                        return false;
                     }
-                    let u = CopyRun {
-                        src_buffer: piece.src_buffer,
-                        src_offset: base_s + is,
-                        dst_buffer: piece.dst_buffer,
-                        dst_offset: base_d + id,
-                        len: piece.unit,
-                    };
-                    if last.is_some_and(|l| (u.src_buffer, u.src_offset) < l) {
-                        return None;
+                    last = (buf_s, src_offset + unit);
+                    if cur.len > 0
+                        && cur.src_buffer == buf_s
+                        && cur.dst_buffer == buf_d
+                        && cur.src_offset + cur.len == src_offset
+                        && cur.dst_offset + cur.len == dst_offset
+                    {
+                        cur.len += unit;
+                    } else {
+                        flush(runs, cur);
+                        cur = CopyRun {
+                            src_buffer: buf_s,
+                            src_offset,
+                            dst_buffer: buf_d,
+                            dst_offset,
+                            len: unit,
+                        };
                     }
-                    last = Some((u.src_buffer, u.src_offset + u.len));
-                    push_merged(&mut runs, u);
                 }
             }
         }
     }
-    Some(runs)
+    flush(runs, cur);
+    true
 }
 
 /// The byte copies executing validated moves `m` from `src` to `dst` (the layouts `m` was
@@ -160,17 +195,40 @@ pub fn copy_runs(
     m: &Moves,
     max_units: usize,
 ) -> Option<Vec<CopyRun>> {
-    let plan = m.plan(src, dst)?;
-    if let Some(runs) = runs_in_source_order(&plan, &m.pairs, max_units) {
-        return Some(runs);
+    let mut runs = Vec::new();
+    copy_runs_into(src, dst, m, max_units, &mut runs).then_some(runs)
+}
+
+/// [`copy_runs`] appended to `out`, whose memory is reused (a plan made again and again
+/// writes into memory already mapped): `false`, with `out` as it was, where `copy_runs` is
+/// `None`. The first run appended merges into `out`'s last where it continues it.
+pub fn copy_runs_into(
+    src: &KvCacheLayout,
+    dst: &KvCacheLayout,
+    m: &Moves,
+    max_units: usize,
+    out: &mut Vec<CopyRun>,
+) -> bool {
+    let Some(plan) = m.plan(src, dst) else {
+        return false;
+    };
+    let (len, last) = (out.len(), out.last().copied());
+    if runs_in_source_order(&plan, &m.pairs, max_units, out) {
+        return true;
     }
+    // Back to `out` as it was: its last run may have been taken and grown.
+    out.truncate(len.saturating_sub(1));
+    out.extend(last);
     let mut units = Vec::new();
     for piece in &plan.pieces {
         if !push_units(piece, &m.pairs, max_units, &mut units) {
-            return None;
+            return false;
         }
     }
-    Some(merge_runs(units))
+    for r in merge_runs(units) {
+        push_merged(out, r);
+    }
+    true
 }
 
 /// The bytes `runs` copy: the sum of their lengths.
