@@ -327,10 +327,16 @@ fn bad_choices_list_the_accepted_values() {
     // And every variant is listed, under the name it prints as.
     use strum::IntoEnumIterator;
     for kind in crate::EngineTensor::iter() {
-        assert!(crate::EngineTensor::NAMES.contains(&kind.to_string().as_str()), "{kind}");
+        assert!(
+            crate::EngineTensor::NAMES.contains(&kind.to_string().as_str()),
+            "{kind}"
+        );
     }
     for order in crate::AxisOrder::iter() {
-        assert!(crate::AxisOrder::NAMES.contains(&order.to_string().as_str()), "{order}");
+        assert!(
+            crate::AxisOrder::NAMES.contains(&order.to_string().as_str()),
+            "{order}"
+        );
     }
 }
 
