@@ -136,15 +136,38 @@ mod tests {
             } else {
                 prop_assert_eq!(span, bytes);
             }
-            // Every element of the rank's domain has an address, and the parent's element at
-            // the rank's head offset exists.
+            // The rank's heads of the parent's memory (`tp_slice`) convert into the rank's
+            // own cache as byte runs, and each element lands where the rank's layout puts it:
+            // the byte at the parent's (head + first head) is the byte at the rank's head.
+            let slice = parent.tp_slice(tp, rank).unwrap();
+            let m = crate::ops::BlockMove::Convert.plan(Some(&slice), &own).unwrap();
+            let runs = crate::ops::copy_runs(&slice, &own, &m, 1 << 20);
+            prop_assert!(runs.is_some(), "no byte runs from the slice to the rank's cache");
+            let runs = runs.unwrap();
+            prop_assert_eq!(crate::ops::run_bytes(&runs), bytes);
+            let src: Vec<Vec<u8>> = parent.extents().iter()
+                .map(|x| (0..x.end).map(|i| (i * 7 + i / 251) as u8).collect())
+                .collect();
+            let mut dst: Vec<Vec<u8>> = own.extents().iter().map(|x| vec![0; x.end as usize]).collect();
+            for r in &runs {
+                let (s0, d0, n) = (r.src_offset as usize, r.dst_offset as usize, r.len as usize);
+                dst[r.dst_buffer as usize][d0..d0 + n]
+                    .copy_from_slice(&src[r.src_buffer as usize][s0..s0 + n]);
+            }
             for f in own.readable_fields() {
-                let w = own.field_map(f).unwrap().width;
+                let map = own.field_map(f).unwrap();
+                let (w, e) = (map.width, map.elem_bytes() as usize);
                 for c in [Coord::new(f, l - 1, b - 1, hr - 1, own.num_slots() - 1, w - 1),
-                          Coord::new(f, 0, 0, 0, 0, 0)] {
-                    prop_assert!(own.offset(&c).is_ok());
-                    let up = Coord { head: c.head + heads.start, ..c };
-                    prop_assert!(parent.offset(&up).is_ok());
+                          Coord::new(f, 0, 0, 0, 0, 0),
+                          Coord::new(f, l / 2, b / 2, hr / 2, own.num_slots() / 2, w / 2)] {
+                    let at = own.offset(&c).unwrap();
+                    let up = parent.offset(&Coord { head: c.head + heads.start, ..c }).unwrap();
+                    let (a, u) = (at.offset as usize, up.offset as usize);
+                    prop_assert_eq!(
+                        &dst[at.buffer as usize][a..a + e],
+                        &src[up.buffer as usize][u..u + e],
+                        "{:?}", c
+                    );
                 }
             }
         }
