@@ -67,6 +67,7 @@ pub fn edited_spec() -> impl Strategy<Value = String> {
         "page",
         "layer_stride",
         "block_stride",
+        "tensor",
         "legacy",
         "@K",
         "@V",

@@ -179,7 +179,7 @@ fn no_write_past_the_buffers() {
         ] {
             for kind in ["kv", "kv-scaled"] {
                 let scaled_dtype = dtype == "int8" || dtype.starts_with("fp8");
-                if kind == "kv-scaled" && (!scaled_dtype || place.starts_with("legacy")) {
+                if kind == "kv-scaled" && (!scaled_dtype || place.starts_with("tensor")) {
                     continue;
                 }
                 let spec = format!("{kind} L=1 B=3 N=16 H=2 D={d} dtype={dtype} {place}");
