@@ -34,7 +34,8 @@ failed=0
 # filtered out here (the binary's other test checks the refusal without the library) and run
 # once, on their own, below.
 cargo test --workspace --no-fail-fast -- --skip nixl_ 2>&1 | tee "$log" || failed=1
-# The CPU library as a program outside the workspace uses it: by path, no C compiler.
+# Programs outside the workspace, as a user builds them: the CPU library with no C compiler,
+# and the README's Rust programs (scripts/outside-build.sh).
 ./scripts/outside-build.sh 2>&1 | tee -a "$log" || failed=1
 # The examples, each checking its own result (exit status 1 on a mismatch): a framework's
 # caches described and its tensors checked; a decode on the CPU backend against the scalar
