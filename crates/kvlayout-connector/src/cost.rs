@@ -17,7 +17,7 @@ use crate::engine::{MemcpyEngine, TransferEngine};
 use crate::executor::{execute, Plan};
 use crate::handshake::CacheGroup;
 use crate::plan::{plan_pull, PlanError, RankTransfer, SeqBlocks, TransferPlan};
-use crate::pull::{Alternative, Pull, PullPlan};
+use crate::pull::{choose_with, Pull, PullPlan};
 use crate::staged::{plan_pull_staged, PostReceive, Scatter, StagedPlan};
 
 /// The constants of the cost of a pull on one engine and one local backend.
@@ -136,39 +136,15 @@ pub fn choose_by_cost(
     staged: Result<StagedPlan, PlanError>,
     model: &CostModel,
 ) -> Result<Pull, PlanError> {
-    let direct = direct.map(PullPlan::Direct);
-    let staged = staged.map(PullPlan::Staged);
-    let alt = |kind, plan| Some(Alternative { kind, plan });
-    match (direct, staged) {
-        (Ok(d), Ok(s)) => {
-            let (cd, cs) = (model.cost(&d), model.cost(&s));
-            let figures = format!("direct {cd}, staged {cs}; model: {model}");
-            if cs.total_s() < cd.total_s() {
-                Ok(Pull {
-                    why: format!("cheaper: {figures}"),
-                    plan: s,
-                    other: alt("direct", Ok(d)),
-                })
-            } else {
-                Ok(Pull {
-                    why: format!("no dearer: {figures}"),
-                    plan: d,
-                    other: alt("staged", Ok(s)),
-                })
-            }
+    choose_with(direct, staged, |d, s| {
+        let (cd, cs) = (model.cost(d), model.cost(s));
+        let figures = format!("direct {cd}, staged {cs}; model: {model}");
+        if cs.total_s() < cd.total_s() {
+            (true, format!("cheaper: {figures}"))
+        } else {
+            (false, format!("no dearer: {figures}"))
         }
-        (Ok(d), Err(e)) => Ok(Pull {
-            why: format!("the staged plan is refused: {e}"),
-            plan: d,
-            other: alt("staged", Err(e)),
-        }),
-        (Err(e), Ok(s)) => Ok(Pull {
-            why: format!("the direct plan is refused: {e}"),
-            plan: s,
-            other: alt("direct", Err(e)),
-        }),
-        (Err(e), Err(_)) => Err(e),
-    }
+    })
 }
 
 /// Sizes of [`calibrate_memcpy`]'s measurements.

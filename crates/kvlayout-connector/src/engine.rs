@@ -241,7 +241,8 @@ impl MemcpyEngine {
 
     /// Replaces the local buffers' contents (each of the same length).
     pub fn set_buffers(&mut self, bytes: &[Vec<u8>]) -> Result<(), EngineError> {
-        let local = self.local.read().unwrap_or_else(PoisonError::into_inner);
+        // The write lock, as a peer's read takes the read lock.
+        let local = self.local.write().unwrap_or_else(PoisonError::into_inner);
         if bytes.len() != local.len()
             || bytes
                 .iter()
@@ -250,13 +251,8 @@ impl MemcpyEngine {
         {
             return Err(EngineError::Transport("buffer shapes differ".into()));
         }
-        // The write lock of the peers' reads is this pool's: hold it while writing.
-        drop(local);
-        let local = self.local.write().unwrap_or_else(PoisonError::into_inner);
         for (region, b) in local.iter().zip(bytes) {
-            if region.len() == b.len() {
-                region.write(0, b);
-            }
+            region.write(0, b);
         }
         Ok(())
     }

@@ -233,9 +233,8 @@ fn sub_block_pairs(
             pairs.entry((j, jl)).or_default().push((remote, local));
         }
     }
-    let mut sorted = written.clone();
-    sorted.sort_unstable();
-    if sorted.windows(2).any(|w| w[0] == w[1]) {
+    written.sort_unstable();
+    if written.windows(2).any(|w| w[0] == w[1]) {
         return Err(first_written_twice(seqs, (bl, g)));
     }
     Ok(pairs)

@@ -139,29 +139,51 @@ pub fn choose(
     direct: Result<TransferPlan, PlanError>,
     staged: Result<StagedPlan, PlanError>,
 ) -> Result<Pull, PlanError> {
-    let direct = direct.map(PullPlan::Direct);
-    let staged = staged.map(PullPlan::Staged);
-    let alt = |kind, plan| Some(Alternative { kind, plan });
-    match (direct, staged) {
-        (Ok(d), Ok(s)) if s.descriptors() < d.descriptors() => Ok(Pull {
-            why: format!(
+    choose_with(direct, staged, |d, s| {
+        if s.descriptors() < d.descriptors() {
+            let why = format!(
                 "fewer descriptors than the direct plan's {} (the staged plan moves whole page \
                  slices; the post-receive pass converts)",
                 d.descriptors()
-            ),
-            plan: s,
-            other: alt("direct", Ok(d)),
-        }),
-        (Ok(d), s) => Ok(Pull {
-            why: match &s {
-                Ok(s) => format!(
-                    "no more descriptors than the staged plan's {}, and no post-receive pass",
-                    s.descriptors()
-                ),
-                Err(e) => format!("the staged plan is refused: {e}"),
-            },
+            );
+            (true, why)
+        } else {
+            let why = format!(
+                "no more descriptors than the staged plan's {}, and no post-receive pass",
+                s.descriptors()
+            );
+            (false, why)
+        }
+    })
+}
+
+/// The choice between the direct and the staged plan that every rule shares: where both
+/// exist, `prefer` says whether to take the staged one and why (from the direct and the
+/// staged plan); where one is refused, the other, its reason naming the refusal; where both
+/// are, the direct plan's refusal.
+pub(crate) fn choose_with(
+    direct: Result<TransferPlan, PlanError>,
+    staged: Result<StagedPlan, PlanError>,
+    prefer: impl FnOnce(&PullPlan, &PullPlan) -> (bool, String),
+) -> Result<Pull, PlanError> {
+    let alt = |kind, plan| Some(Alternative { kind, plan });
+    match (direct.map(PullPlan::Direct), staged.map(PullPlan::Staged)) {
+        (Ok(d), Ok(s)) => match prefer(&d, &s) {
+            (true, why) => Ok(Pull {
+                why,
+                plan: s,
+                other: alt("direct", Ok(d)),
+            }),
+            (false, why) => Ok(Pull {
+                why,
+                plan: d,
+                other: alt("staged", Ok(s)),
+            }),
+        },
+        (Ok(d), Err(e)) => Ok(Pull {
+            why: format!("the staged plan is refused: {e}"),
             plan: d,
-            other: alt("staged", s),
+            other: alt("staged", Err(e)),
         }),
         (Err(e), Ok(s)) => Ok(Pull {
             why: format!("the direct plan is refused: {e}"),
