@@ -53,6 +53,25 @@ KVL_DEVICE const unsigned char *kvl_at_c(const unsigned char *const *buffers,
     return p;
 }
 
+/*
+ * Sixteen bytes moved as one vector access (`ld.v2.u64` / `st.v2.u64` in PTX,
+ * `global_load_dwordx4` on AMDGPU): the address must be a multiple of 16, which the Rust side
+ * checks from the descriptor and the buffer addresses before it chooses a 16-byte path.
+ */
+typedef uint32_t kvl_u128 __attribute__((vector_size(16)));
+
+KVL_DEVICE kvl_u128 kvl_load16(const unsigned char *p)
+{
+    KVL_CHECK_ACCESS(p, 16);
+    return *(const kvl_u128 *)p;
+}
+
+KVL_DEVICE void kvl_store16(unsigned char *p, kvl_u128 x)
+{
+    KVL_CHECK_ACCESS(p, 16);
+    *(kvl_u128 *)p = x;
+}
+
 /* The larger of two floats; a NaN loses to a number (as Rust's f32::max). */
 KVL_DEVICE float kvl_maxf(float a, float b)
 {

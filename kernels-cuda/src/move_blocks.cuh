@@ -13,10 +13,6 @@
 
 #include "common.cuh"
 
-typedef struct kvl_u128 {
-    uint64_t lo, hi;
-} kvl_u128;
-
 /* Copies `n` bytes (1, 2, 4, 8 or 16), both addresses aligned to `n`. */
 KVL_DEVICE void kvl_copy_unit(unsigned char *dst, const unsigned char *src, int n)
 {
