@@ -31,6 +31,12 @@ mod one_process;
 mod process;
 #[path = "shared/scenario.rs"]
 mod scenario;
+#[path = "nixl/soak.rs"]
+mod soak;
+#[path = "nixl/soak_cache.rs"]
+mod soak_cache;
+#[path = "nixl/soak_peers.rs"]
+mod soak_peers;
 #[path = "nixl/socket.rs"]
 mod socket;
 #[path = "nixl/two_processes.rs"]
@@ -83,6 +89,11 @@ fn nixl_peer_killed_mid_transfer_is_an_error_within_the_timeout() {
 #[test]
 fn nixl_hostile_handshakes_over_a_socket_are_refused() {
     socket::nixl_hostile_handshakes_over_a_socket_are_refused();
+}
+
+#[test]
+fn nixl_soak_four_prefill_peers_two_decode_ranks_under_load() {
+    soak::nixl_soak_four_prefill_peers_two_decode_ranks_under_load();
 }
 
 /// Without the library (the workspace run of scripts/test.sh, whose `LD_LIBRARY_PATH` lacks
