@@ -15,6 +15,10 @@
 //!   directly, rank 1 staged), decodes, and matches the prefill side's reference bit for bit.
 //!   The peer killed mid-transfer: an error within the timeout, and the blocks not received
 //!   are named, by `blocks_written` and by `execute`'s error. A hostile handshake is refused.
+//! - Under load: four prefill peer processes (NHD/16, HND/16, a TP 2 pair of padded NHD/32
+//!   pages) and two decode ranks pull random requests, several in flight, each checked element
+//!   by element, for `KVLAYOUT_SOAK_SECS` (3 s by default); one peer is killed midway and its
+//!   pulls name their blocks; restarted with another order, its connect is refused.
 //!
 //! Without the library each test that needs it reports `skipped: nixl: <why>`, unless
 //! `KVLAYOUT_REQUIRE_NIXL=1` (scripts/test.sh), which fails it. Every test is named `nixl_*`:

@@ -13,7 +13,7 @@
 //! pages under the same engine id: `KnownPeers` refuses that fifth connect, naming the order.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kvlayout_connector::engine::{wait, TransferEngine};
 use kvlayout_connector::handshake::{check_compatible, Admission, CacheGroup, KnownPeers};
@@ -21,7 +21,7 @@ use kvlayout_connector::nixl::{blocks_written, Hello, NixlEngine, NixlPending};
 use kvlayout_connector::plan::{plan_pull, SeqBlocks, TransferPlan};
 use kvlayout_connector::{execute, Plan};
 
-use crate::common::{group, nixl_ready, report, role, XFER_TIMEOUT};
+use crate::common::{group, nixl_ready, report, role, CHILD_LIFETIME, XFER_TIMEOUT};
 use crate::process::{listen, resident_kib, Peer};
 use crate::soak_cache::{
     check_received, decode_layout, random_request, untouched, PeerSpec, Rng, DECODE_TP, INSTANCES,
@@ -51,6 +51,8 @@ struct Tally {
     elements: u64,
     affected: u64,
     max_in_flight: usize,
+    /// Time from a round's first plan to its last completion, the kill round aside.
+    pulling: Duration,
 }
 
 pub(crate) fn nixl_soak_four_prefill_peers_two_decode_ranks_under_load() {
@@ -61,6 +63,12 @@ pub(crate) fn nixl_soak_four_prefill_peers_two_decode_ranks_under_load() {
         return;
     }
     let secs: f64 = std::env::var(SECS).map_or(3.0, |s| s.parse().unwrap());
+    // The peers' watchdog ends them after CHILD_LIFETIME, whatever happens.
+    let most = CHILD_LIFETIME.as_secs_f64() - 20.0;
+    assert!(
+        (0.0..=most).contains(&secs),
+        "{SECS}={secs}: 0 to {most} seconds"
+    );
     let started = Instant::now();
     let (listener, port) = listen();
     let mut children: Vec<Peer> = (0..PEERS.len())
@@ -142,6 +150,7 @@ pub(crate) fn nixl_soak_four_prefill_peers_two_decode_ranks_under_load() {
             // Stopped, its reads cannot be served: they are in flight when it dies.
             children[VICTIM].signal(libc::SIGSTOP);
         }
+        let round_start = Instant::now();
         let mut posted: Vec<Posted> = Vec::new();
         for slot in 0..IN_FLIGHT {
             let instance = match (kill_round, slot) {
@@ -190,6 +199,9 @@ pub(crate) fn nixl_soak_four_prefill_peers_two_decode_ranks_under_load() {
                 assert_eq!(lost, p.plan.local_blocks, "{e}");
                 failed[i] = true;
             }
+        }
+        if !kill_round {
+            tally.pulling += round_start.elapsed();
         }
         for (rank, e) in engines.iter().enumerate() {
             assert_eq!(e.in_flight(), 0, "round {}", tally.rounds);
@@ -256,7 +268,8 @@ pub(crate) fn nixl_soak_four_prefill_peers_two_decode_ranks_under_load() {
     report(&format!(
         "nixl soak: 4 prefill peers (NHD/16, HND/16, TP 2 NHD/32 padded), 2 decode ranks \
          (NHD/16): {} pulls verified ({} elements, {:.1} MiB) in {} rounds of {} requests x 2 \
-         ranks over {wall:.1} s: {:.0} pulls/s, {:.1} MiB/s; up to {} transfers in flight; \
+         ranks over {wall:.1} s: {:.0} pulls/s, {:.1} MiB/s; planning, posting and waiting took \
+         {:.1} s of it: {:.0} pulls/s, {:.1} MiB/s there; up to {} transfers in flight; \
          peer killed midway: {} pulls reported their blocks, the round done {:?} after the \
          kill; resident memory {} MiB after round 2, {} MiB at the end; setup {setup:?}",
         tally.pulls,
@@ -266,6 +279,9 @@ pub(crate) fn nixl_soak_four_prefill_peers_two_decode_ranks_under_load() {
         IN_FLIGHT,
         tally.pulls as f64 / wall,
         tally.bytes as f64 / (1 << 20) as f64 / wall,
+        tally.pulling.as_secs_f64(),
+        tally.pulls as f64 / tally.pulling.as_secs_f64(),
+        tally.bytes as f64 / (1 << 20) as f64 / tally.pulling.as_secs_f64(),
         tally.max_in_flight,
         tally.affected,
         killed_after.unwrap(),

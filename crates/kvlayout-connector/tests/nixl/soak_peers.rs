@@ -19,7 +19,7 @@ pub(crate) const WHICH: &str = "KVLAYOUT_SOAK_PEER";
 pub(crate) const VICTIM: usize = 1;
 
 /// A prefill peer: fills and registers its cache, sends its `Hello`, and stays until the
-/// parent closes the socket or kills it.
+/// parent closes the socket or kills it (at most `CHILD_LIFETIME`).
 pub(crate) fn soak_peer_child() {
     child_watchdog();
     let which = std::env::var(WHICH).unwrap();
@@ -39,7 +39,16 @@ pub(crate) fn soak_peer_child() {
     };
     let mut s = connect_parent();
     send_frame(&mut s, &hello.encode());
-    let _ = recv_frame(&mut s, 16);
+    // Until the parent closes the socket (a soak outlasts one read timeout), is killed, or the
+    // watchdog ends it.
+    while let Err(e) = recv_frame(&mut s, 16) {
+        if !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ) {
+            break;
+        }
+    }
 }
 
 /// Six agents share the cores: each progress thread pauses 1 ms between rounds instead of
