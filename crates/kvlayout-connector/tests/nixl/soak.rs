@@ -265,11 +265,34 @@ pub(crate) fn nixl_soak_four_prefill_peers_two_decode_ranks_under_load() {
     let wall = soak.elapsed().as_secs_f64();
     let rss_end = resident_kib();
     drop(sockets);
+    // The peers alive take the pulls' notifications until the socket closes, then exit.
+    let mut notes = 0;
+    for (i, child) in children
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, _)| *i != VICTIM)
+    {
+        let status = child.wait(XFER_TIMEOUT);
+        let out = child.output();
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "peer {i}: {status:?}\n{out}"
+        );
+        let tail = format!("{}: ", PEERS[i].engine_id);
+        let got: usize = out
+            .split(&tail)
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("peer {i} reported no notifications:\n{out}"));
+        assert!(got > 0, "peer {i}: no notification arrived");
+        notes += got;
+    }
     report(&format!(
         "nixl soak: 4 prefill peers (NHD/16, HND/16, TP 2 NHD/32 padded), 2 decode ranks \
          (NHD/16): {} pulls verified ({} elements, {:.1} MiB) in {} rounds of {} requests x 2 \
          ranks over {wall:.1} s: {:.0} pulls/s, {:.1} MiB/s; planning, posting and waiting took \
-         {:.1} s of it: {:.0} pulls/s, {:.1} MiB/s there; up to {} transfers in flight; \
+         {:.1} s of it: {:.0} pulls/s, {:.1} MiB/s there; up to {} transfers in flight; {notes} notifications taken by the peers; \
          peer killed midway: {} pulls reported their blocks, the round done {:?} after the \
          kill; resident memory {} MiB after round 2, {} MiB at the end; setup {setup:?}",
         tally.pulls,

@@ -2,7 +2,9 @@
 //! its `Hello`, waits), the agents' options, accepting a peer's `Hello`, and the restarted
 //! peer whose changed layout is refused.
 
+use std::io::ErrorKind;
 use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
 
 use kvlayout_connector::engine::TransferEngine;
 use kvlayout_connector::handshake::{HandshakeError, KnownPeers, Limits, PeerMetadata};
@@ -18,8 +20,8 @@ pub(crate) const WHICH: &str = "KVLAYOUT_SOAK_PEER";
 /// The peer stopped and killed midway: `soak-hnd16`, instance 1.
 pub(crate) const VICTIM: usize = 1;
 
-/// A prefill peer: fills and registers its cache, sends its `Hello`, and stays until the
-/// parent closes the socket or kills it (at most `CHILD_LIFETIME`).
+/// A prefill peer: fills and registers its cache, sends its `Hello`, and takes the pulls'
+/// notifications until the parent closes the socket or kills it (at most `CHILD_LIFETIME`).
 pub(crate) fn soak_peer_child() {
     child_watchdog();
     let which = std::env::var(WHICH).unwrap();
@@ -28,7 +30,7 @@ pub(crate) fn soak_peer_child() {
         i => PEERS[i.parse::<usize>().unwrap()].clone(),
     };
     let layout = spec.layout();
-    let engine =
+    let mut engine =
         NixlEngine::with_options(spec.engine_id, prefill_cache(&spec), &options()).unwrap();
     let hello = Hello {
         peer: PeerMetadata {
@@ -39,16 +41,18 @@ pub(crate) fn soak_peer_child() {
     };
     let mut s = connect_parent();
     send_frame(&mut s, &hello.encode());
-    // Until the parent closes the socket (a soak outlasts one read timeout), is killed, or the
-    // watchdog ends it.
+    // Until the parent closes the socket, kills this process, or the watchdog ends it: the
+    // pulls' notifications are taken every 100 ms, as a prefill engine frees blocks on them.
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut notes = 0;
     while let Err(e) = recv_frame(&mut s, 16) {
-        if !matches!(
-            e.kind(),
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-        ) {
+        if !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
             break;
         }
+        notes += engine.notifications().unwrap().len();
     }
+    report(&format!("{}: {notes} notifications", spec.engine_id));
 }
 
 /// Six agents share the cores: each progress thread pauses 1 ms between rounds instead of
