@@ -26,6 +26,35 @@ pub enum Admission {
 }
 
 /// Each peer's metadata from its first connect, by engine id.
+///
+/// ```
+/// use kvlayout_connector::handshake::{
+///     Admission, CacheGroup, HandshakeError, KnownPeers, MemRegion, PeerMetadata,
+/// };
+/// let peer = |spec: &str| {
+///     let layout: kvlayout::KvCacheLayout = spec.parse().unwrap();
+///     let regions = layout.extents().iter().map(|x| MemRegion::host(0x1000, x.end)).collect();
+///     let group = CacheGroup {
+///         name: "attn".into(),
+///         layout,
+///         total_kv_heads: 4,
+///         tp_size: 1,
+///         tp_rank: 0,
+///         regions,
+///     };
+///     PeerMetadata { engine_id: "prefill-0".into(), groups: vec![group] }
+/// };
+/// let mut known = KnownPeers::new();
+/// let nhd = peer("kv L=2 B=8 N=16 H=4 D=8 dtype=bf16 order=NHD");
+/// assert_eq!(known.admit(&nhd)?, Admission::First);
+/// assert_eq!(known.admit(&nhd)?, Admission::Same);
+/// // Restarted with blocks of 32 tokens: refused, naming the field and both values.
+/// let err = known.admit(&peer("kv L=2 B=8 N=32 H=4 D=8 dtype=bf16 order=NHD")).unwrap_err();
+/// assert!(matches!(&err, HandshakeError::PeerChanged { field, .. }
+///     if field == "layout.geometry.block_size"));
+/// assert!(err.to_string().contains("16 before, 32 now"));
+/// # Ok::<(), HandshakeError>(())
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct KnownPeers {
     peers: HashMap<String, PeerMetadata>,
