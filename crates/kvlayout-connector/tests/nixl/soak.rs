@@ -2,9 +2,10 @@
 //! NHD/32 pages; `soak_cache::PEERS`) and two decode ranks (TP 2, NHD/16, one NIXL engine each
 //! in this process) on loopback. Rounds of random requests (seeded), [`IN_FLIGHT`] per rank
 //! posted before any is waited for, for `KVLAYOUT_SOAK_SECS` seconds (3 by default; 60 for the
-//! bench figure) and at least `MIN_ROUNDS` rounds: every pull is checked element by element through the decode layout against
-//! the value the prefill peer wrote, and the blocks no pull wrote keep their poison. Registered
-//! regions and transfers in flight do not grow across rounds; the resident memory is reported.
+//! bench figure) and at least `MIN_ROUNDS` rounds: every pull is checked element by element
+//! through the decode layout against the value the prefill peer wrote, and the blocks no pull
+//! wrote keep their poison. Registered regions and transfers in flight do not grow across
+//! rounds; the resident memory is reported and bounded.
 //!
 //! Midway the HND/16 peer (on UCX's tcp transport, so its reads need its process) is stopped,
 //! a round posted, then it is killed: each of its pulls reports the local blocks it leaves
