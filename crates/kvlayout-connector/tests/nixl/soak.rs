@@ -300,9 +300,10 @@ pub(crate) fn nixl_soak_four_prefill_peers_two_decode_ranks_under_load() {
         "nixl soak: 4 prefill peers (NHD/16, HND/16, TP 2 NHD/32 padded), 2 decode ranks \
          (NHD/16): {} pulls verified ({} elements, {:.1} MiB) in {} rounds of {} requests x 2 \
          ranks over {wall:.1} s: {:.0} pulls/s, {:.1} MiB/s; planning, posting and waiting took \
-         {:.1} s of it: {:.0} pulls/s, {:.1} MiB/s there; up to {} transfers in flight; {notes} notifications taken by the peers; \
-         peer killed midway: {} pulls reported their blocks, the round done {:?} after the \
-         kill; resident memory {} MiB after round 2, {} MiB at the end; setup {setup:?}",
+         {:.1} s of it: {:.0} pulls/s, {:.1} MiB/s there; up to {} transfers in flight; \
+         {notes} notifications taken by the peers; peer killed midway: {} pulls reported their \
+         blocks, the round done {:?} after the kill; resident memory {} MiB after round 2, {} \
+         MiB at the end; setup {setup:?}",
         tally.pulls,
         tally.elements,
         tally.bytes as f64 / (1 << 20) as f64,
