@@ -15,6 +15,10 @@
 //!   directly, rank 1 staged), decodes, and matches the prefill side's reference bit for bit.
 //!   The peer killed mid-transfer: an error within the timeout, and the blocks not received
 //!   are named, by `blocks_written` and by `execute`'s error. A hostile handshake is refused.
+//! - Under load: four prefill peer processes (NHD/16, HND/16, a TP 2 pair of padded NHD/32
+//!   pages) and two decode ranks pull random requests, several in flight, each checked element
+//!   by element, for `KVLAYOUT_SOAK_SECS` (3 s by default); one peer is killed midway and its
+//!   pulls name their blocks; restarted with another order, its connect is refused.
 //!
 //! Without the library each test that needs it reports `skipped: nixl: <why>`, unless
 //! `KVLAYOUT_REQUIRE_NIXL=1` (scripts/test.sh), which fails it. Every test is named `nixl_*`:
@@ -31,6 +35,12 @@ mod one_process;
 mod process;
 #[path = "shared/scenario.rs"]
 mod scenario;
+#[path = "nixl/soak.rs"]
+mod soak;
+#[path = "nixl/soak_cache.rs"]
+mod soak_cache;
+#[path = "nixl/soak_peers.rs"]
+mod soak_peers;
 #[path = "nixl/socket.rs"]
 mod socket;
 #[path = "nixl/two_processes.rs"]
@@ -83,6 +93,11 @@ fn nixl_peer_killed_mid_transfer_is_an_error_within_the_timeout() {
 #[test]
 fn nixl_hostile_handshakes_over_a_socket_are_refused() {
     socket::nixl_hostile_handshakes_over_a_socket_are_refused();
+}
+
+#[test]
+fn nixl_soak_four_prefill_peers_two_decode_ranks_under_load() {
+    soak::nixl_soak_four_prefill_peers_two_decode_ranks_under_load();
 }
 
 /// Without the library (the workspace run of scripts/test.sh, whose `LD_LIBRARY_PATH` lacks

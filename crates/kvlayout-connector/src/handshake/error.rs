@@ -254,4 +254,19 @@ pub enum HandshakeError {
         /// Length registered.
         region_len: u64,
     },
+    /// A peer seen before connects again with a different layout, TP rank or size, model
+    /// heads or set of groups ([`KnownPeers`](crate::handshake::KnownPeers)).
+    #[error("peer {peer:?} reconnected with a changed {field} in group {group:?}: {before} before, {after} now")]
+    PeerChanged {
+        /// The peer's engine id.
+        peer: String,
+        /// The group (`*` for the set of groups).
+        group: String,
+        /// The first differing field, e.g. `layout.placement.order` or `tp_rank`.
+        field: String,
+        /// Its value at the first connect.
+        before: String,
+        /// Its value now.
+        after: String,
+    },
 }

@@ -41,10 +41,12 @@ use serde::{Deserialize, Serialize};
 
 pub mod compat;
 mod error;
+mod known;
 mod wire;
 
 pub use compat::check_compatible;
 pub use error::HandshakeError;
+pub use known::{Admission, KnownPeers};
 pub use wire::{HEADER_BYTES, MAGIC, VERSION};
 
 /// Bounds a receiver puts on a peer's metadata.

@@ -120,6 +120,14 @@ impl Peer {
         None
     }
 
+    /// Sends signal `sig` (`libc::SIGSTOP`, `libc::SIGKILL`) to the child.
+    pub(crate) fn signal(&self, sig: i32) {
+        let pid = self.child.id() as i32;
+        // SAFETY: `kill` takes a pid and a signal number and touches no memory of this
+        // process; the pid is that of a child this process spawned and has not reaped yet.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "signal {sig} to {pid}");
+    }
+
     /// Kills and reaps the child, joins the output reader; the output.
     pub(crate) fn finish(&mut self) -> String {
         let _ = self.child.kill();
@@ -135,6 +143,17 @@ impl Drop for Peer {
     fn drop(&mut self) {
         self.finish();
     }
+}
+
+/// This process's resident memory in KiB (`/proc/self/statm`; 0 where it is not readable).
+pub(crate) fn resident_kib() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4
 }
 
 /// Listens on an ephemeral port of 127.0.0.1.
