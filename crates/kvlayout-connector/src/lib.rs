@@ -88,7 +88,8 @@ pub use cost::{calibrate_memcpy, choose_by_cost, plan_by_cost, Cost, CostModel};
 pub use engine::{wait, EngineError, MemcpyEngine, TransferEngine};
 pub use executor::{execute, ExecuteError, Plan};
 pub use handshake::{
-    check_compatible, CacheGroup, HandshakeError, Limits, MemRegion, PeerMetadata,
+    check_compatible, Admission, CacheGroup, HandshakeError, KnownPeers, Limits, MemRegion,
+    PeerMetadata,
 };
 pub use kvlayout::ops::CopyRun;
 pub use memory::{MemKind, Region};
