@@ -19,7 +19,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
 
 use kvlayout::ops::{
-    check_same_model, copy_runs_into, merge_runs, run_bytes, CopyRun, Moves, OpError,
+    check_same_model, copy_run_set_into, copy_runs_into, merge_runs, run_bytes, CopyRun, Moves,
+    OpError, RunSet,
 };
 use kvlayout::{tp_head_range, KvCacheLayout};
 
@@ -263,7 +264,7 @@ fn first_written_twice(seqs: &[SeqBlocks], (bl, g): (u64, u64)) -> PlanError {
 }
 
 /// The local blocks `seqs` write (those holding their tokens), ascending, each once.
-fn local_blocks(seqs: &[SeqBlocks], block_size: u64) -> Vec<u64> {
+pub(crate) fn local_blocks(seqs: &[SeqBlocks], block_size: u64) -> Vec<u64> {
     let mut blocks: Vec<u64> = seqs
         .iter()
         .flat_map(|s| {
@@ -395,6 +396,61 @@ impl Pull<'_> {
         Ok(runs)
     }
 
+    /// This pull's block pairs of `seqs` into `into`, grouped by the sub-blocks' places.
+    fn groups(
+        &self,
+        into: &KvCacheLayout,
+        seqs: &[SeqBlocks],
+    ) -> Result<SubBlockGroups, PlanError> {
+        let remote = &self.remote.layout;
+        sub_block_pairs(
+            seqs,
+            self.sizes,
+            (remote.geometry().num_blocks, into.geometry().num_blocks),
+        )
+    }
+
+    /// The refusal of a pull past [`MAX_PLAN_UNITS`] or without a byte-run form.
+    fn too_large(&self) -> PlanError {
+        PlanError::TooLarge {
+            rank: self.remote.tp_rank,
+            reason: format!(
+                "more than {MAX_PLAN_UNITS} units, or no byte-run form between the layouts \
+                 (two different element splits of an x-split key)"
+            ),
+        }
+    }
+
+    /// [`Pull::runs_into`] as a [`RunSet`] (its memory reused): repeated per layer where one
+    /// sub-block group's runs repeat ([`copy_run_set_into`]), flat otherwise.
+    pub(crate) fn run_set_into(
+        &self,
+        into: &KvCacheLayout,
+        dst_head0: u64,
+        seqs: &[SeqBlocks],
+        out: &mut RunSet,
+    ) -> Result<(), PlanError> {
+        let mut groups = self.groups(into, seqs)?;
+        if groups.len() != 1 {
+            let mut runs = std::mem::take(&mut out.runs);
+            self.runs_into(into, dst_head0, seqs, &mut runs)?;
+            *out = RunSet::flat(runs);
+            return Ok(());
+        }
+        let ((j, jl), pairs) = groups.pop_first().expect("one group");
+        let g = self.sizes.2;
+        let (rv, lv) = (sub_view(&self.remote.layout, j, g)?, sub_view(into, jl, g)?);
+        let m = Moves {
+            pairs,
+            heads: self.heads.clone(),
+            dst_head0,
+        };
+        if !copy_run_set_into(&rv, &lv, &m, MAX_PLAN_UNITS, out) {
+            return Err(self.too_large());
+        }
+        Ok(())
+    }
+
     /// [`Pull::runs`] written into `runs` (cleared first; its memory reused).
     pub(crate) fn runs_into(
         &self,
@@ -404,14 +460,9 @@ impl Pull<'_> {
         runs: &mut Vec<CopyRun>,
     ) -> Result<(), PlanError> {
         runs.clear();
-        let (br, bl, g) = self.sizes;
-        let remote = &self.remote.layout;
-        let groups = sub_block_pairs(
-            seqs,
-            (br, bl, g),
-            (remote.geometry().num_blocks, into.geometry().num_blocks),
-        )?;
+        let groups = self.groups(into, seqs)?;
         let several = groups.len() > 1;
+        let (remote, g) = (&self.remote.layout, self.sizes.2);
         for ((j, jl), pairs) in groups {
             let (rv, lv) = (sub_view(remote, j, g)?, sub_view(into, jl, g)?);
             let m = Moves {
@@ -421,13 +472,7 @@ impl Pull<'_> {
             };
             let budget = MAX_PLAN_UNITS.saturating_sub(runs.len());
             if !copy_runs_into(&rv, &lv, &m, budget, runs) {
-                return Err(PlanError::TooLarge {
-                    rank: self.remote.tp_rank,
-                    reason: format!(
-                        "more than {MAX_PLAN_UNITS} units, or no byte-run form between the \
-                         layouts (two different element splits of an x-split key)"
-                    ),
-                });
+                return Err(self.too_large());
             }
         }
         if several {
