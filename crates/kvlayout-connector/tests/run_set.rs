@@ -1,4 +1,5 @@
-//! The memcpy engine executes a compact plan ([`RunSet`]) directly: every element lands
+//! The memcpy engine executes a compact plan ([`RunSet`]) directly, and so does `execute`
+//! (`Plan::Compact`): every element lands
 //! where the local layout puts it, compared through both layouts' address maps; a set whose
 //! last repetition leaves a buffer is refused before anything moves, naming the run.
 
@@ -8,7 +9,7 @@ use kvlayout::{Coord, KvCacheLayout};
 use kvlayout_connector::engine::{wait, EngineError, MemcpyEngine, TransferEngine};
 use kvlayout_connector::handshake::CacheGroup;
 use kvlayout_connector::plan::SeqBlocks;
-use kvlayout_connector::{plan_pull_compact, CopyRun, RunSet};
+use kvlayout_connector::{execute, plan_pull_compact, CopyRun, Plan, RunSet};
 
 fn group(layout: &KvCacheLayout) -> CacheGroup {
     CacheGroup {
@@ -85,6 +86,21 @@ fn the_memcpy_engine_copies_a_run_set_to_every_element_s_place() {
             }
         }
     }
+    // `execute` runs the compact plan the same way.
+    let mut via_execute = MemcpyEngine::new("run-set-execute", fill(&local, 2)).unwrap();
+    via_execute
+        .add_peer(src.name(), src.name().as_bytes(), &src.regions())
+        .unwrap();
+    let timeout = Duration::from_secs(5);
+    execute(
+        &mut via_execute,
+        Plan::Compact(&plan),
+        &[src.name()],
+        b"",
+        timeout,
+    )
+    .unwrap();
+    assert_eq!(via_execute.buffers().unwrap(), got);
     // A set one repetition too long leaves the remote buffer: refused, nothing moves.
     let before = dst.buffers().unwrap();
     let mut long = set.clone();
