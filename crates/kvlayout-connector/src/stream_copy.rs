@@ -11,8 +11,9 @@
 /// leave the caches before anyone reads them.
 pub const STREAM_MIN_TRANSFER_BYTES: u64 = 8 << 20;
 
-/// Bytes a run holds at least to be streamed (shorter runs copy through the cache).
-pub const STREAM_MIN_RUN_BYTES: usize = 256;
+/// Bytes a run holds at least to be streamed: shorter runs (rows, head slices of a token)
+/// land in lines scattered over many pages, where cached stores measured faster.
+pub const STREAM_MIN_RUN_BYTES: usize = 4096;
 
 /// Copies `len` bytes from `src` to `dst` with non-temporal stores where the target has them
 /// and the ranges do not overlap (`ptr::copy` otherwise). Call [`stream_fence`] before the
