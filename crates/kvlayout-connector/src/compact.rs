@@ -4,7 +4,7 @@
 //! list and 100k runs as a set. The memcpy engine copies a set directly
 //! ([`crate::TransferEngine::post_read_set`]); an engine that needs a flat list expands it
 //! ([`CompactPlan::expand`]). Owns the compact plan only; pairing heads and blocks is
-//! [`crate::plan`]'s.
+//! [`mod@crate::plan`]'s.
 
 use std::ops::Range;
 
