@@ -206,6 +206,21 @@ mod tests {
     }
 
     #[test]
+    fn a_plan_past_the_unit_budget_is_refused_like_copy_runs() {
+        let spec = "kv L=3 B=5 N=16 H=4 D=8 dtype=f16 order=NHD";
+        let a: KvCacheLayout = spec.parse().unwrap();
+        let m = BlockMove::Swap(&[(3, 0), (1, 2), (0, 4)])
+            .plan(Some(&a), &a)
+            .unwrap();
+        // 9 units (3 blocks x 3 layers): 8 refused, 9 taken.
+        let mut set = RunSet::default();
+        assert!(!copy_run_set_into(&a, &a, &m, 8, &mut set));
+        assert!(set.runs.is_empty() && copy_runs(&a, &a, &m, 8).is_none());
+        assert!(copy_run_set_into(&a, &a, &m, 9, &mut set));
+        assert_eq!(set.descriptors(), 9);
+    }
+
+    #[test]
     fn all_layers_per_block_stays_flat() {
         let spec = "kv L=3 B=4 N=16 H=1 D=8 dtype=f16 order=BLHNC";
         let (set, flat) = set_and_flat(spec, spec, &[(1, 1), (2, 2), (0, 3)]);
