@@ -11,10 +11,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use kvlayout::ops::{run_bytes, CopyRun};
+use kvlayout::ops::{run_bytes, CopyRun, RunSet};
 
 use crate::handshake::MemRegion;
 use crate::memory::{MemKind, Region};
+use crate::stream_copy::STREAM_MIN_TRANSFER_BYTES;
+
+mod memcpy_read;
 
 /// An engine's refusal or failure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -73,6 +76,16 @@ pub trait TransferEngine {
         runs: &[CopyRun],
         notify: &[u8],
     ) -> Result<Self::Pending, EngineError>;
+    /// Posts reading the runs of `set` ([`RunSet`]), as [`TransferEngine::post_read`] of its
+    /// expansion. By default it expands the set; the memcpy engine copies it directly.
+    fn post_read_set(
+        &mut self,
+        peer: &str,
+        set: &RunSet,
+        notify: &[u8],
+    ) -> Result<Self::Pending, EngineError> {
+        self.post_read(peer, &set.expand(), notify)
+    }
     /// Whether `pending` is complete; `Err` if it failed.
     fn poll(&mut self, pending: &mut Self::Pending) -> Result<bool, EngineError>;
     /// A copy of the local buffers, for a pass after the transfer (the post-receive operation
@@ -178,6 +191,7 @@ pub struct MemcpyEngine {
     local: Pool,
     inbox: Inbox,
     peers: HashMap<String, (Pool, Vec<u64>)>,
+    stream_min_bytes: u64,
 }
 
 impl MemcpyEngine {
@@ -211,6 +225,7 @@ impl MemcpyEngine {
             local,
             inbox,
             peers: HashMap::new(),
+            stream_min_bytes: STREAM_MIN_TRANSFER_BYTES,
         })
     }
 
@@ -237,6 +252,13 @@ impl MemcpyEngine {
         }
         let _unregister = Unregister(Arc::clone(&engine.local));
         Ok(f(&mut engine))
+    }
+
+    /// Streams the stores of a read past the caches ([`crate::stream_copy`]) when it moves
+    /// `min_bytes` or more ([`STREAM_MIN_TRANSFER_BYTES`] by default; `u64::MAX`: never).
+    /// Cached stores suit a reader on this CPU that touches the bytes right away.
+    pub fn set_stream_min_bytes(&mut self, min_bytes: u64) {
+        self.stream_min_bytes = min_bytes;
     }
 
     /// Replaces the local buffers' contents (each of the same length).
@@ -333,61 +355,19 @@ impl TransferEngine for MemcpyEngine {
         runs: &[CopyRun],
         notify: &[u8],
     ) -> Result<Copied, EngineError> {
-        let (pool, remote_lens) = self
-            .peers
-            .get(peer)
-            .ok_or_else(|| EngineError::UnknownPeer(peer.to_string()))?;
-        if Arc::ptr_eq(pool, &self.local) {
-            return Err(EngineError::Transport(
-                "an engine reading from itself".into(),
-            ));
-        }
-        // Two engines may read from each other: take the two locks in address order.
-        let (src, dst) = if Arc::as_ptr(pool) < Arc::as_ptr(&self.local) {
-            let src = pool.read().unwrap_or_else(PoisonError::into_inner);
-            (
-                src,
-                self.local.write().unwrap_or_else(PoisonError::into_inner),
-            )
-        } else {
-            let dst = self.local.write().unwrap_or_else(PoisonError::into_inner);
-            (pool.read().unwrap_or_else(PoisonError::into_inner), dst)
-        };
-        // The peer's registered lengths bound the runs, and so do its actual regions (none
-        // once it is dropped or its scope ended).
-        let bound: Vec<u64> = remote_lens
-            .iter()
-            .zip(src.iter())
-            .map(|(a, b)| (*a).min(b.len() as u64))
-            .collect();
-        if src.is_empty() && !remote_lens.is_empty() {
-            return Err(EngineError::Transport(format!(
-                "peer {peer:?} no longer registers its memory (dropped, or its scope ended)"
-            )));
-        }
-        if dst.is_empty() && !runs.is_empty() {
-            return Err(EngineError::Transport(format!(
-                "engine {:?} registers no memory (none was given, or its scope ended)",
-                self.name
-            )));
-        }
-        let local_lens: Vec<u64> = dst.iter().map(|b| b.len() as u64).collect();
-        check_runs(runs, peer, &bound, &local_lens)?;
-        for r in runs {
-            let (s, d, n) = (r.src_offset as usize, r.dst_offset as usize, r.len as usize);
-            dst[r.dst_buffer as usize].copy_from(d, &src[r.src_buffer as usize], s, n);
-        }
-        drop((src, dst));
-        let reg = registry().lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, inbox)) = reg.get(peer) {
-            inbox
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push((self.name.clone(), notify.to_vec()));
-        }
-        Ok(Copied {
-            bytes: run_bytes(runs),
-        })
+        self.copy_runs(peer, runs, (runs.iter().copied(), run_bytes(runs)), notify)
+    }
+
+    /// Checks the first and the last repetition of the set (offsets grow with the
+    /// repetition, so every run lies between them), then copies every run.
+    fn post_read_set(
+        &mut self,
+        peer: &str,
+        set: &RunSet,
+        notify: &[u8],
+    ) -> Result<Copied, EngineError> {
+        let ends: Vec<CopyRun> = set.extremes().collect();
+        self.copy_runs(peer, &ends, (set.iter(), set.bytes()), notify)
     }
 
     fn poll(&mut self, _: &mut Copied) -> Result<bool, EngineError> {

@@ -14,7 +14,9 @@ use std::fmt;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use kvlayout::ops::CopyRun;
+use kvlayout::ops::{CopyRun, RunSet};
+
+use crate::compact::{CompactPlan, CompactTransfer};
 
 use crate::engine::{wait, EngineError, TransferEngine};
 use crate::plan::{RankTransfer, TransferPlan};
@@ -24,6 +26,9 @@ use crate::staged::{PostReceive, ReceiveError, StagedPlan, StagedTransfer};
 pub enum Plan<'a> {
     /// Every byte into its place in the engine's local buffers, which hold the local cache.
     Direct(&'a TransferPlan),
+    /// The same, held compactly ([`CompactPlan`]): the engine reads each [`RunSet`] directly
+    /// ([`TransferEngine::post_read_set`]).
+    Compact(&'a CompactPlan),
     /// Each transfer into the engine's local buffers from [`StagedPlan::staging_buffer`] on,
     /// which hold the staging cache (at least [`StagedPlan::staging_extents`] long), then into
     /// the local cache by the post-receive operation.
@@ -83,23 +88,36 @@ pub struct ExecuteError {
     pub heads: Vec<Range<u64>>,
 }
 
+/// Runs of a read: a flat list or a [`RunSet`].
+enum LegRuns<'p> {
+    Flat(&'p [CopyRun]),
+    Set(&'p RunSet),
+}
+
 /// One remote rank's read: its runs and the local heads they fill.
 struct Leg<'p> {
     rank: u64,
-    runs: &'p [CopyRun],
+    runs: LegRuns<'p>,
     heads: Range<u64>,
 }
 
 impl<'p> Leg<'p> {
     /// The read of a direct plan's transfer.
     fn direct(t: &'p RankTransfer) -> Self {
-        let (rank, runs, heads) = (t.remote_rank, &t.runs, t.local_heads());
+        let (rank, runs, heads) = (t.remote_rank, LegRuns::Flat(&t.runs), t.local_heads());
+        Leg { rank, runs, heads }
+    }
+
+    /// The read of a compact plan's transfer.
+    fn compact(t: &'p CompactTransfer) -> Self {
+        let heads = t.local_head0..t.local_head0 + (t.remote_heads.end - t.remote_heads.start);
+        let (rank, runs) = (t.remote_rank, LegRuns::Set(&t.runs));
         Leg { rank, runs, heads }
     }
 
     /// The read of a staged plan's transfer (into the staging cache).
     fn staged(t: &'p StagedTransfer) -> Self {
-        let (rank, runs, heads) = (t.remote_rank, &t.runs, t.local_heads.clone());
+        let (rank, runs, heads) = (t.remote_rank, LegRuns::Flat(&t.runs), t.local_heads.clone());
         Leg { rank, runs, heads }
     }
 }
@@ -142,6 +160,10 @@ pub fn execute<E: TransferEngine>(
     let (legs, blocks): (Vec<Leg>, Vec<u64>) = match plan {
         Plan::Direct(p) => (
             p.transfers.iter().map(Leg::direct).collect(),
+            p.local_blocks.clone(),
+        ),
+        Plan::Compact(p) => (
+            p.transfers.iter().map(Leg::compact).collect(),
             p.local_blocks.clone(),
         ),
         Plan::Staged(p, _) => (
@@ -221,7 +243,11 @@ fn read<E: TransferEngine>(
         .map_err(|c| (0, c))?;
     let mut posted = Vec::with_capacity(legs.len());
     for (leg, from) in legs.iter().zip(names) {
-        let pending = engine.post_read(from, leg.runs, notify).map_err(|error| {
+        let post = match leg.runs {
+            LegRuns::Flat(runs) => engine.post_read(from, runs, notify),
+            LegRuns::Set(set) => engine.post_read_set(from, set, notify),
+        };
+        let pending = post.map_err(|error| {
             let rank = leg.rank;
             (0, Cause::Engine { rank, error })
         })?;

@@ -8,8 +8,9 @@
 //!   runs on a peer's.
 //! - [`mod@plan`]: the planner. From the local group, the remote groups and a block mapping, byte
 //!   runs per remote rank, merged into maximal runs contiguous on both sides, every byte into
-//!   its place. [`staged`]: a plan through a staging cache and a post-receive
-//!   `scatter_blocks` on a backend, when the orders differ.
+//!   its place; [`compact`] holds the same plan as runs repeated per layer. [`staged`]: a
+//!   plan through a staging cache and a post-receive `scatter_blocks` on a backend, when the
+//!   orders differ.
 //! - [`engine`]: the engines that move runs ([`MemcpyEngine`]: in-process memcpy), and
 //!   [`nixl`]: the NIXL engine, between processes and machines (over UCX; the library is
 //!   loaded at run time, and its absence is an error, not an abort). Both register memory
@@ -72,6 +73,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod compact;
 pub mod cost;
 pub mod engine;
 pub mod executor;
@@ -83,7 +85,10 @@ pub mod nixl;
 pub mod plan;
 pub mod pull;
 pub mod staged;
+#[allow(unsafe_code)]
+pub mod stream_copy;
 
+pub use compact::{plan_pull_compact, plan_pull_compact_into, CompactPlan, CompactTransfer};
 pub use cost::{calibrate_memcpy, choose_by_cost, plan_by_cost, Cost, CostModel};
 pub use engine::{wait, EngineError, MemcpyEngine, TransferEngine};
 pub use executor::{execute, ExecuteError, Plan};
@@ -91,7 +96,7 @@ pub use handshake::{
     check_compatible, Admission, CacheGroup, HandshakeError, KnownPeers, Limits, MemRegion,
     PeerMetadata,
 };
-pub use kvlayout::ops::CopyRun;
+pub use kvlayout::ops::{CopyRun, RunSet};
 pub use memory::{MemKind, Region};
 pub use nixl::{NixlEngine, NixlOptions};
 pub use plan::{plan_pull, plan_pull_into, PlanError, SeqBlocks, TransferPlan};

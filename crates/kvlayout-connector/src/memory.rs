@@ -172,6 +172,28 @@ impl<'m> Region<'m> {
         // could produce.
         unsafe { std::ptr::copy(src.ptr().add(src_offset), self.ptr().add(dst_offset), len) };
     }
+
+    /// [`Region::copy_from`] with stores that bypass the caches
+    /// ([`crate::stream_copy::copy_streaming`]); [`crate::stream_copy::stream_fence`] orders
+    /// them before the bytes are read elsewhere.
+    pub(crate) fn stream_from(
+        &self,
+        dst_offset: usize,
+        src: &Region<'_>,
+        src_offset: usize,
+        len: usize,
+    ) {
+        debug_assert!(dst_offset + len <= self.len && src_offset + len <= src.len);
+        // SAFETY: both ranges are inside their regions (checked by the caller), valid host
+        // memory while both live, reached through raw pointers only; overlap is handled.
+        unsafe {
+            crate::stream_copy::copy_streaming(
+                self.ptr().add(dst_offset),
+                src.ptr().add(src_offset),
+                len,
+            )
+        };
+    }
 }
 
 impl Drop for Region<'_> {

@@ -15,15 +15,17 @@
 //! Each side is a handshake [`CacheGroup`]: its layout, the model's KV heads, its TP rank and
 //! size. The planner does not read regions. [`crate::execute`] runs a [`TransferPlan`].
 
-use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
 
-use kvlayout::ops::{
-    check_same_model, copy_runs_into, merge_runs, run_bytes, CopyRun, Moves, OpError,
-};
+use kvlayout::ops::{check_same_model, run_bytes, CopyRun, OpError};
 use kvlayout::{tp_head_range, KvCacheLayout};
 
 use crate::handshake::CacheGroup;
+
+mod pull_runs;
+mod sub_blocks;
+
+use sub_blocks::{sub_block_pairs, sub_view, SubBlockGroups};
 
 /// Units (before merging) a plan may enumerate per remote rank: 64 Mi, a few GB of plan.
 pub const MAX_PLAN_UNITS: usize = 64 << 20;
@@ -177,93 +179,8 @@ fn check_compatible(local: &KvCacheLayout, remote: &KvCacheLayout) -> Result<(),
     Ok(())
 }
 
-/// Token slots `j*g..(j+1)*g` of every block of `layout`, as a layout of `g`-token blocks
-/// (the layout itself when that is the whole block).
-fn sub_view(layout: &KvCacheLayout, j: u64, g: u64) -> Result<KvCacheLayout, PlanError> {
-    if j == 0 && g == layout.geometry().block_size {
-        return Ok(layout.clone());
-    }
-    layout.slot_range(j * g..(j + 1) * g).map_err(|e| {
-        PlanError::BlockSize(format!(
-            "tokens {}..{} of {}-token blocks: {e}",
-            j * g,
-            (j + 1) * g,
-            layout.geometry().block_size
-        ))
-    })
-}
-
-/// `(j, j') -> [(remote block, local block)]`.
-type SubBlockGroups = BTreeMap<(u64, u64), Vec<(u64, u64)>>;
-
-/// Block pairs at `g` tokens per sub-block, grouped by the sub-blocks' places `(j, j')` in
-/// their blocks: `(j, j') -> [(remote block, local block)]`. Validated: blocks in range,
-/// enough blocks for the tokens, no local sub-block written twice.
-fn sub_block_pairs(
-    seqs: &[SeqBlocks],
-    (br, bl, g): (u64, u64, u64),
-    (nr, nl): (u64, u64),
-) -> Result<SubBlockGroups, PlanError> {
-    let mut pairs = SubBlockGroups::new();
-    // Every local sub-block written, in order; a duplicate is looked for after the loop (a
-    // sort is cheaper than hashing each, and the error's slow path finds the first).
-    let mut written: Vec<(u64, u64)> = Vec::new();
-    for (seq, s) in seqs.iter().enumerate() {
-        let fail = |reason: String| PlanError::Mapping { seq, reason };
-        for (what, blocks, size, limit) in
-            [("remote", &s.remote, br, nr), ("local", &s.local, bl, nl)]
-        {
-            let need = s.tokens.div_ceil(size);
-            if (blocks.len() as u64) < need {
-                return Err(fail(format!(
-                    "{} {what} blocks for {} tokens of {size}-token blocks (needs {need})",
-                    blocks.len(),
-                    s.tokens
-                )));
-            }
-            if let Some(&b) = blocks.iter().find(|&&b| b >= limit) {
-                return Err(fail(format!("{what} block {b} not below {limit}")));
-            }
-        }
-        for c in 0..s.tokens.div_ceil(g) {
-            let t = c * g;
-            let (remote, j) = (s.remote[(t / br) as usize], (t % br) / g);
-            let (local, jl) = (s.local[(t / bl) as usize], (t % bl) / g);
-            written.push((local, jl));
-            pairs.entry((j, jl)).or_default().push((remote, local));
-        }
-    }
-    written.sort_unstable();
-    if written.windows(2).any(|w| w[0] == w[1]) {
-        return Err(first_written_twice(seqs, (bl, g)));
-    }
-    Ok(pairs)
-}
-
-/// The error for the first local sub-block that `seqs` write twice (one is known to exist):
-/// its sequence, its first token and its local block.
-fn first_written_twice(seqs: &[SeqBlocks], (bl, g): (u64, u64)) -> PlanError {
-    let mut seen = HashSet::new();
-    for (seq, s) in seqs.iter().enumerate() {
-        for c in 0..s.tokens.div_ceil(g) {
-            let t = c * g;
-            let (local, jl) = (s.local[(t / bl) as usize], (t % bl) / g);
-            if !seen.insert((local, jl)) {
-                return PlanError::Mapping {
-                    seq,
-                    reason: format!("tokens {t}.. go to local block {local} twice"),
-                };
-            }
-        }
-    }
-    PlanError::Mapping {
-        seq: 0,
-        reason: "a local block is written twice".into(),
-    }
-}
-
 /// The local blocks `seqs` write (those holding their tokens), ascending, each once.
-fn local_blocks(seqs: &[SeqBlocks], block_size: u64) -> Vec<u64> {
+pub(crate) fn local_blocks(seqs: &[SeqBlocks], block_size: u64) -> Vec<u64> {
     let mut blocks: Vec<u64> = seqs
         .iter()
         .flat_map(|s| {
@@ -380,60 +297,6 @@ impl Pull<'_> {
     /// The local head of `heads().start`.
     pub(crate) fn local_head0(&self) -> u64 {
         self.dst_head0
-    }
-
-    /// The merged runs moving this pull's heads of `seqs` into `into` (a rank's cache or a
-    /// staging cache), the first head landing on head `dst_head0` of `into`.
-    pub(crate) fn runs(
-        &self,
-        into: &KvCacheLayout,
-        dst_head0: u64,
-        seqs: &[SeqBlocks],
-    ) -> Result<Vec<CopyRun>, PlanError> {
-        let mut runs = Vec::new();
-        self.runs_into(into, dst_head0, seqs, &mut runs)?;
-        Ok(runs)
-    }
-
-    /// [`Pull::runs`] written into `runs` (cleared first; its memory reused).
-    pub(crate) fn runs_into(
-        &self,
-        into: &KvCacheLayout,
-        dst_head0: u64,
-        seqs: &[SeqBlocks],
-        runs: &mut Vec<CopyRun>,
-    ) -> Result<(), PlanError> {
-        runs.clear();
-        let (br, bl, g) = self.sizes;
-        let remote = &self.remote.layout;
-        let groups = sub_block_pairs(
-            seqs,
-            (br, bl, g),
-            (remote.geometry().num_blocks, into.geometry().num_blocks),
-        )?;
-        let several = groups.len() > 1;
-        for ((j, jl), pairs) in groups {
-            let (rv, lv) = (sub_view(remote, j, g)?, sub_view(into, jl, g)?);
-            let m = Moves {
-                pairs,
-                heads: self.heads.clone(),
-                dst_head0,
-            };
-            let budget = MAX_PLAN_UNITS.saturating_sub(runs.len());
-            if !copy_runs_into(&rv, &lv, &m, budget, runs) {
-                return Err(PlanError::TooLarge {
-                    rank: self.remote.tp_rank,
-                    reason: format!(
-                        "more than {MAX_PLAN_UNITS} units, or no byte-run form between the \
-                         layouts (two different element splits of an x-split key)"
-                    ),
-                });
-            }
-        }
-        if several {
-            *runs = merge_runs(std::mem::take(runs));
-        }
-        Ok(())
     }
 }
 

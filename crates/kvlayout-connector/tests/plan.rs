@@ -2,8 +2,9 @@
 //! and 4 both ways, TP 1 to 8 on each side (replication past the KV heads), K/V, inline
 //! scales and MLA. Executing a plan on random remote bytes reproduces, for every element of
 //! every moved token, layer and local head, the remote element's bytes, compared through the
-//! two layouts' address maps; runs stay inside the buffers, destinations never overlap, and
-//! the bytes moved are the logical payload.
+//! two layouts' address maps; runs stay inside the buffers, destinations never overlap, the
+//! bytes moved are the logical payload, runs are maximal (scattered and consecutive block
+//! ids), and the compact plan expands to the flat one.
 
 use kvlayout::ops::{Backend, BufferShape};
 use kvlayout::tp_head_range;
@@ -11,6 +12,7 @@ use kvlayout::{Coord, KvCacheLayout};
 use kvlayout_connector::handshake::CacheGroup;
 use kvlayout_connector::plan::{plan_pull, PlanError, SeqBlocks, TransferPlan};
 use kvlayout_connector::staged::{plan_pull_staged, receive};
+use kvlayout_connector::{plan_pull_compact, CompactPlan};
 use kvlayout_cpu::Host;
 use proptest::prelude::*;
 
@@ -80,6 +82,9 @@ struct Case {
     pad_local: bool,
     tokens: (u64, u64),
     shuffle: u64,
+    /// Block ids in order on both sides (the local ones shifted by `shuffle & 1`), so that
+    /// runs of consecutive blocks merge; scattered otherwise.
+    consecutive: bool,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -99,12 +104,12 @@ fn case() -> impl Strategy<Value = Case> {
         prop::sample::select(vec![4u64, 8, 16]),
         prop::sample::select(ORDERS.to_vec()),
         prop::sample::select(ORDERS.to_vec()),
-        any::<(bool, bool)>(),
+        any::<(bool, bool, bool)>(),
         (1u64..40, 1u64..40),
         any::<u64>(),
     )
         .prop_map(
-            |(content, h, tr, tl, rank, nr, nl, or, ol, (pr, pl), tokens, shuffle)| {
+            |(content, h, tr, tl, rank, nr, nl, or, ol, (pr, pl, consecutive), tokens, shuffle)| {
                 let total_heads = if content.starts_with("mla") { 1 } else { h };
                 Case {
                     content,
@@ -120,6 +125,7 @@ fn case() -> impl Strategy<Value = Case> {
                     pad_local: pl,
                     tokens,
                     shuffle,
+                    consecutive,
                 }
             },
         )
@@ -147,6 +153,28 @@ fn apply(
             );
             local[r.dst_buffer as usize][d..d + len]
                 .copy_from_slice(&src[r.src_buffer as usize][s..s + len]);
+        }
+    }
+    Ok(())
+}
+
+/// Each transfer's runs are sorted by source and no run continues the next on both sides
+/// (sources never overlap, so two runs that could merge are neighbours in source order).
+fn check_maximal(plan: &TransferPlan) -> Result<(), TestCaseError> {
+    for t in &plan.transfers {
+        for w in t.runs.windows(2) {
+            let (a, b) = (&w[0], &w[1]);
+            prop_assert!(
+                (a.src_buffer, a.src_offset + a.len) <= (b.src_buffer, b.src_offset),
+                "runs not in source order: {:?} {:?}",
+                a,
+                b
+            );
+            let mergeable = a.src_buffer == b.src_buffer
+                && a.dst_buffer == b.dst_buffer
+                && a.src_offset + a.len == b.src_offset
+                && a.dst_offset + a.len == b.dst_offset;
+            prop_assert!(!mergeable, "runs not merged: {:?} {:?}", a, b);
         }
     }
     Ok(())
@@ -194,16 +222,19 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
         .collect();
     let local = side(&local_layout, c.total_heads, c.tp_local, c.local_rank);
     let (t0, t1) = c.tokens;
-    let rb = scattered(
+    let (nr, nl) = (
         t0.div_ceil(c.n_remote) + t1.div_ceil(c.n_remote),
-        nbr,
-        c.shuffle,
-    );
-    let lb = scattered(
         t0.div_ceil(c.n_local) + t1.div_ceil(c.n_local),
-        nbl,
-        c.shuffle >> 3,
     );
+    let (rb, lb) = if c.consecutive {
+        let shift = c.shuffle & 1;
+        ((0..nr).collect(), (shift..nl + shift).collect())
+    } else {
+        (
+            scattered(nr, nbr, c.shuffle),
+            scattered(nl, nbl, c.shuffle >> 3),
+        )
+    };
     let (r0, r1) = rb.split_at(t0.div_ceil(c.n_remote) as usize);
     let (l0, l1) = lb.split_at(t0.div_ceil(c.n_local) as usize);
     let seqs = vec![
@@ -227,6 +258,13 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
         .collect();
     let mut local_bytes = fill(&local_layout, 99);
     apply(&plan, &remote_bytes, &mut local_bytes)?;
+    check_maximal(&plan)?;
+    // The compact plan holds the same runs.
+    let compact = plan_pull_compact(&local, &remotes, &seqs)
+        .map_err(|e| TestCaseError::fail(format!("compact {c:?}: {e}")))?;
+    prop_assert_eq!(compact.descriptors(), plan.descriptors() as u64);
+    prop_assert_eq!(compact.bytes(), plan.bytes());
+    prop_assert_eq!(&compact.expand(), &plan);
     // No destination byte written twice.
     let mut dst: Vec<_> = plan
         .transfers
@@ -525,4 +563,76 @@ fn mamba_states_move_whole_blocks_and_gather_heads() {
             .unwrap();
     let e = plan_pull(&side(&conv, 1, 2, 0), &[side(&conv, 1, 1, 0)], &seqs).unwrap_err();
     assert!(e.to_string().contains("channels"), "{e}");
+}
+
+/// Two blocks, one head, block ids consecutive on both sides (remote 0, 1 to local 1, 2):
+/// the plan's runs for `order`, checked element by element and for maximality, and its
+/// compact form.
+fn two_consecutive_blocks(order: &str) -> (TransferPlan, CompactPlan) {
+    let spec = |b| -> KvCacheLayout {
+        format!("kv L=3 B={b} N=16 H=1 D=8 dtype=f16 order={order}")
+            .parse()
+            .unwrap()
+    };
+    let (remote, local) = (spec(2), spec(3));
+    let seqs = [SeqBlocks {
+        remote: vec![0, 1],
+        local: vec![1, 2],
+        tokens: 32,
+    }];
+    let (l, r) = (side(&local, 1, 1, 0), [side(&remote, 1, 1, 0)]);
+    let plan = plan_pull(&l, &r, &seqs).unwrap();
+    let remote_bytes = vec![fill(&remote, 3)];
+    let mut local_bytes = fill(&local, 4);
+    apply(&plan, &remote_bytes, &mut local_bytes).unwrap();
+    check_maximal(&plan).unwrap();
+    for (rb, lb) in [(0u64, 1u64), (1, 2)] {
+        for layer in 0..3 {
+            for slot in 0..16 {
+                for f in local.stored_fields() {
+                    for dim in 0..f.width {
+                        let c = |block| Coord {
+                            layer,
+                            block,
+                            head: 0,
+                            slot,
+                            field: f.field,
+                            dim,
+                        };
+                        assert_eq!(
+                            elem(&local_bytes, &local, &c(lb)),
+                            elem(&remote_bytes[0], &remote, &c(rb))
+                        );
+                    }
+                }
+            }
+        }
+    }
+    let compact = plan_pull_compact(&l, &r, &seqs).unwrap();
+    assert_eq!(compact.expand(), plan);
+    (plan, compact)
+}
+
+#[test]
+fn consecutive_blocks_merge_across_blocks_and_layers() {
+    // K|V rows of one head, 16 slots, 8 + 8 f16: 512 bytes per block and layer.
+    let page = 16 * 16 * 2;
+    // All layers per block: blocks 0, 1 are one run of both blocks' layers on each side.
+    let (plan, compact) = two_consecutive_blocks("BLHNC");
+    assert_eq!(plan.descriptors(), 1);
+    assert_eq!(plan.transfers[0].runs[0].len, 2 * 3 * page);
+    assert_eq!(compact.runs_held(), 1);
+    // One page per layer: the two blocks merge within each layer; the layers do not touch
+    // (block 0 of the next layer lies between them on the local side, which has 3 blocks),
+    // so the compact plan holds one run repeated per layer.
+    let (plan, compact) = two_consecutive_blocks("NHD");
+    assert_eq!(plan.descriptors(), 3);
+    assert!(plan.transfers[0].runs.iter().all(|r| r.len == 2 * page));
+    assert_eq!(
+        (compact.runs_held(), compact.transfers[0].runs.repeat),
+        (1, 3)
+    );
+    // Head-major pages with one head are the same bytes as NHD: the same runs.
+    let (hnd, _) = two_consecutive_blocks("HND");
+    assert_eq!(hnd.descriptors(), 3);
 }

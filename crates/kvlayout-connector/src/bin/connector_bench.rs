@@ -13,18 +13,20 @@
 #![forbid(unsafe_code)]
 
 #[path = "shared/mod.rs"]
+#[allow(dead_code)] // `with_runs` is nixl_bench's
 mod shared;
 use shared::scattered;
+#[path = "shared/engine_ratio.rs"]
+mod engine_ratio;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kvlayout::ops::CopyRun;
 use kvlayout::{KvCacheLayout, PRESETS};
-use kvlayout_connector::engine::{MemcpyEngine, TransferEngine};
 use kvlayout_connector::handshake::CacheGroup;
 use kvlayout_connector::plan::{plan_pull, plan_pull_into, SeqBlocks, TransferPlan};
 use kvlayout_connector::staged::plan_pull_staged;
-use kvlayout_connector::{execute, Plan};
+use kvlayout_connector::{plan_pull_compact, plan_pull_compact_into, CompactPlan};
 
 fn layout(spec: &str) -> KvCacheLayout {
     spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"))
@@ -141,34 +143,59 @@ fn main() {
             local_blocks: Vec::new(),
         };
         let into = best_ms(|| plan_pull_into(&g, remotes, &seqs, &mut reused));
-        match (fresh, into) {
-            (Ok(fresh), Ok(into)) => {
+        let set = best_ms(|| plan_pull_compact(&g, remotes, &seqs).map(drop));
+        let mut compact = CompactPlan::default();
+        let set_into = best_ms(|| plan_pull_compact_into(&g, remotes, &seqs, &mut compact));
+        match (fresh, into, set, set_into) {
+            (Ok(fresh), Ok(into), Ok(set), Ok(set_into)) => {
                 let n = reused.descriptors();
                 let (write_fresh, write_warm) = write_floor(n);
                 println!(
-                    "  {order:6}: {fresh:7.1} ms fresh, {into:7.1} ms into; {n} descriptors \
+                    "  {order:6}: flat {fresh:7.1} ms fresh, {into:7.1} ms into; {n} descriptors \
                      ({:.1} per block); writing {n} runs takes {write_fresh:.1} ms into fresh \
                      memory, {write_warm:.1} ms into mapped memory",
                     n as f64 / blocks as f64
-                )
+                );
+                println!(
+                    "  {order:6}: run set {set:7.1} ms fresh, {set_into:7.1} ms into; {} \
+                     descriptors as {} runs held x {} repetitions; expanded equal to the flat \
+                     plan: {}",
+                    compact.descriptors(),
+                    compact.runs_held(),
+                    compact.transfers.first().map_or(0, |t| t.runs.repeat),
+                    compact.expand() == reused
+                );
             }
-            (Err(e), _) | (_, Err(e)) => println!("  {order:6}: refused: {e}"),
+            (Err(e), ..) | (_, Err(e), ..) | (.., Err(e), _) | (.., Err(e)) => {
+                println!("  {order:6}: refused: {e}")
+            }
         }
     }
-    println!("memcpy engine: planned transfer vs one contiguous region of the same bytes, target >= 0.8:");
+    println!(
+        "memcpy engine: planned transfer vs one region of the same bytes through the same \
+         engine, rounds alternating, best of 7 each (targets: NHD->NHD, HND TP1->2 >= 0.8; \
+         NHD->HND the better path >= 0.6; NHD TP1->2 >= 0.5):"
+    );
     for (what, r, l, tp_l, staged) in [
         ("NHD -> NHD", nhd, nhd, 1, false),
-        ("NHD -> HND", nhd, hnd, 1, false),
+        ("NHD -> HND direct", nhd, hnd, 1, false),
         ("NHD -> HND staged (the wire only)", nhd, hnd, 1, true),
         ("HND TP1 -> TP2", hnd, hnd4, 2, false),
+        ("NHD TP1 -> TP2", nhd, nhd4, 2, false),
     ] {
-        match engine_ratio(r, l, tp_l, staged) {
-            Ok((planned, one, bytes)) => println!(
-                "  {what}: {:.1} MB, planned {:.2} GB/s, one region {:.2} GB/s, ratio {:.2}",
-                bytes as f64 / 1e6,
-                planned,
-                one,
-                planned / one
+        match engine_ratio::engine_ratio(r, l, tp_l, staged) {
+            Ok(f) => println!(
+                "  {what}: {:.1} MB, {} descriptors; planned {:.2} GB/s streamed, {:.2} cached; \
+                 one region {:.2} streamed, {:.2} memmove; ratio {:.2} (streamed vs streamed), \
+                 {:.2} (best vs best)",
+                f.bytes as f64 / 1e6,
+                f.descriptors,
+                f.planned,
+                f.planned_cached,
+                f.one,
+                f.one_cached,
+                f.planned / f.one,
+                f.planned.max(f.planned_cached) / f.one.max(f.one_cached)
             ),
             Err(e) => println!("  {what}: {e}"),
         }
@@ -215,72 +242,4 @@ fn write_floor(n: usize) -> (f64, f64) {
     })
     .unwrap_or(f64::NAN);
     (fresh, warm)
-}
-
-/// GB/s of pulling 256 scattered blocks from `remote` into `local` (TP `tp_l`, rank 0) over the
-/// memcpy engine (the wire part alone into the staging cache when `staged`), and of one run of
-/// the same bytes; best of 5 each, both through [`execute`].
-fn engine_ratio(
-    remote: &str,
-    local: &str,
-    tp_l: u64,
-    staged: bool,
-) -> Result<(f64, f64, u64), String> {
-    let (r, l) = (layout(remote), layout(local));
-    let blocks = 256u64;
-    let seqs = [SeqBlocks {
-        remote: scattered(blocks, r.geometry().num_blocks, 11),
-        local: scattered(blocks, l.geometry().num_blocks, 13),
-        tokens: blocks * 16,
-    }];
-    let (remotes, mine) = ([group(&r, 8, 1, 0)], group(&l, 8, tp_l, 0));
-    let (plan, into) = if staged {
-        let p = plan_pull_staged(&mine, &remotes, &seqs).map_err(|e| e.to_string())?;
-        let t = p.transfers.first().ok_or("no transfer")?;
-        (t.wire(), t.staging.clone())
-    } else {
-        let p = plan_pull(&mine, &remotes, &seqs).map_err(|e| e.to_string())?;
-        (p, l)
-    };
-    let ones = |x: &KvCacheLayout| {
-        x.extents()
-            .iter()
-            .map(|e| vec![1u8; e.end as usize])
-            .collect()
-    };
-    let tag = format!("{local} {staged}");
-    let src =
-        MemcpyEngine::new(&format!("bench-src-{tag}"), ones(&r)).map_err(|e| e.to_string())?;
-    let mut dst =
-        MemcpyEngine::new(&format!("bench-dst-{tag}"), ones(&into)).map_err(|e| e.to_string())?;
-    dst.add_peer(src.name(), src.name().as_bytes(), &src.regions())
-        .map_err(|e| e.to_string())?;
-    let bytes = plan.bytes();
-    let one = CopyRun {
-        src_offset: 0,
-        dst_offset: 0,
-        len: bytes,
-        src_buffer: 0,
-        dst_buffer: 0,
-    };
-    let one = shared::with_runs(&plan, vec![one])?;
-    let mut best = |p: &TransferPlan| -> Result<f64, String> {
-        let mut t = f64::MAX;
-        for _ in 0..5 {
-            let start = Instant::now();
-            execute(
-                &mut dst,
-                Plan::Direct(p),
-                &[src.name()],
-                b"",
-                Duration::from_secs(60),
-            )
-            .map_err(|e| e.to_string())?;
-            t = t.min(start.elapsed().as_secs_f64());
-        }
-        Ok(bytes as f64 / t / 1e9)
-    };
-    let planned = best(&plan)?;
-    let single = best(&one)?;
-    Ok((planned, single, bytes))
 }

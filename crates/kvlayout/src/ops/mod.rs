@@ -16,6 +16,7 @@
 //! - [`dynamic`]: [`AnyBackend`], any backend held as one type (a backend chosen at run
 //!   time).
 //! - [`runs`]: the same moves as byte copies merged into maximal runs ([`copy_runs`]).
+//! - [`run_set`]: those runs held compactly, a list repeated at a stride ([`RunSet`]).
 
 pub mod args;
 pub mod backend;
@@ -23,6 +24,7 @@ pub mod check;
 pub mod dynamic;
 pub mod error;
 pub mod moves;
+pub mod run_set;
 pub mod runs;
 
 pub use args::*;
@@ -31,4 +33,5 @@ pub use check::*;
 pub use dynamic::*;
 pub use error::*;
 pub use moves::*;
+pub use run_set::*;
 pub use runs::*;

@@ -40,7 +40,7 @@ pub struct CopyRun {
 
 impl CopyRun {
     /// Whether `next` continues this run on both sides.
-    fn continued_by(&self, next: &CopyRun) -> bool {
+    pub(crate) fn continued_by(&self, next: &CopyRun) -> bool {
         self.src_buffer == next.src_buffer
             && self.dst_buffer == next.dst_buffer
             && self.src_offset + self.len == next.src_offset
@@ -92,7 +92,7 @@ fn push_merged(runs: &mut Vec<CopyRun>, u: CopyRun) {
 /// (largest stride) first, appended to `runs`. `false` when a unit comes out of order (or past
 /// `max` units), with `runs` partly appended to (its last run may have grown); the caller
 /// then truncates and sorts.
-fn runs_in_source_order(
+pub(crate) fn runs_in_source_order(
     plan: &MovePlan,
     pairs: &[(u64, u64)],
     max: usize,
