@@ -28,9 +28,11 @@
 mod engine;
 mod hello;
 mod memory;
+mod prepared;
 mod transfer;
 
 pub use hello::{blocks_written, Hello};
+pub use prepared::{NixlPath, PrepareSide, PreparedCount};
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
@@ -156,6 +158,7 @@ pub struct NixlPending {
     kind: XferKind,
     peer: String,
     runs: Vec<CopyRun>,
+    path: NixlPath,
 }
 
 impl std::fmt::Debug for NixlPending {
@@ -165,6 +168,7 @@ impl std::fmt::Debug for NixlPending {
             .field("peer", &self.peer)
             .field("runs", &self.runs.len())
             .field("bytes", &self.bytes())
+            .field("path", &self.path)
             .field("posted", &self.req.is_some())
             .field("outcome", &self.outcome)
             .finish()
@@ -187,6 +191,11 @@ impl NixlPending {
     /// undefined ([`blocks_written`] names the blocks).
     pub fn runs(&self) -> &[CopyRun] {
         &self.runs
+    }
+
+    /// How the transfer was made: from prepared lists or from fresh descriptor lists.
+    pub fn path(&self) -> &NixlPath {
+        &self.path
     }
 
     /// Bytes posted.
@@ -219,8 +228,10 @@ pub struct NixlEngine {
     /// Each peer's regions, by buffer.
     peers: HashMap<String, Vec<MemRegion>>,
     in_flight: Arc<AtomicUsize>,
-    // Field order is drop order: registrations (deregistered), then the agent (destroyed once
+    // Field order is drop order: prepared lists (released), registrations (deregistered), then the agent (destroyed once
     // no request holds it), then the memory (freed once no pending transfer holds it).
+    /// Each peer's prepared lists, one per pairing of layouts ([`NixlEngine::prepare_peer`]).
+    prepared: HashMap<String, Vec<prepared::Prepared>>,
     _regs: Vec<RegistrationHandle>,
     backend: Backend,
     agent: Agent,
