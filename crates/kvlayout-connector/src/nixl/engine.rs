@@ -127,6 +127,17 @@ impl NixlEngine {
         self.post(XferKind::Write, peer, runs, notify, true)
     }
 
+    /// Posts reading `runs` like [`crate::engine::TransferEngine::post_read`], from fresh
+    /// descriptor lists even where prepared ones would serve: to compare the two paths.
+    pub fn post_read_listed(
+        &mut self,
+        peer: &str,
+        runs: &[CopyRun],
+        notify: &[u8],
+    ) -> Result<NixlPending, EngineError> {
+        self.post(XferKind::Read, peer, runs, notify, false)
+    }
+
     /// Releases `pending` and returns the runs whose destination is now undefined: none if it
     /// had completed, all of them otherwise. NIXL has no abort: bytes already handed to the
     /// transport may still land after this returns (the memory stays allocated until the

@@ -25,12 +25,14 @@
 //! - With UCX's `cma` transport (processes on one host) a post copies synchronously, so
 //!   [`TransferEngine::post_read`] may return a transfer that is already complete.
 
+mod calibrate;
 mod engine;
 mod hello;
 mod memory;
 mod prepared;
 mod transfer;
 
+pub use calibrate::{calibrate_nixl, choose_by_nixl_cost, NixlCalibration};
 pub use hello::{blocks_written, Hello};
 pub use prepared::{NixlPath, PrepareSide, PreparedCount};
 
