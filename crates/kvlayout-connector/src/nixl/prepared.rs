@@ -92,7 +92,7 @@ impl Entries {
         let mut ranges = Vec::new();
         for block in 0..g.num_blocks {
             let layer_ranges: Vec<Range<u64>> = if per_block {
-                vec![0..g.num_layers]
+                std::iter::once(0..g.num_layers).collect()
             } else {
                 (0..g.num_layers).map(|l| l..l + 1).collect()
             };
@@ -487,4 +487,81 @@ fn descriptor_list(
         list.add_desc(addr, len, device);
     }
     Ok(list)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The entries and the mapping of runs onto them, without the NIXL library.
+    use super::*;
+
+    fn side(layout: &KvCacheLayout, first_buffer: u32, heads: Range<u64>) -> PrepareSide<'_> {
+        PrepareSide {
+            layout,
+            first_buffer,
+            heads,
+        }
+    }
+
+    /// Each entry is the byte range `block_regions` gives; a head slice of a head-major page
+    /// is one entry per (block, layer); the first buffer shifts every entry.
+    #[test]
+    fn entries_are_the_layouts_block_regions() {
+        let l: KvCacheLayout = "kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=HND"
+            .parse()
+            .unwrap();
+        let e = Entries::of(&side(&l, 2, 2..4), false).unwrap();
+        assert_eq!(e.ranges.len(), 3 * 2);
+        for b in 0..3 {
+            for layer in 0..2 {
+                let want = l.block_regions(b, layer..layer + 1, 2..4).unwrap();
+                assert_eq!(want.len(), 1);
+                let want = ByteRange {
+                    buffer: 2 + want[0].buffer,
+                    ..want[0]
+                };
+                assert!(e.ranges.contains(&want), "{want:?} missing");
+            }
+        }
+        assert!(e.ranges.windows(2).all(|w| w[0] < w[1]), "sorted, distinct");
+    }
+
+    /// A token-major page's head slice is one range per token: refused, naming the count.
+    #[test]
+    fn a_token_major_head_slice_is_refused_with_its_range_count() {
+        let l: KvCacheLayout = "kv L=2 B=3 N=16 H=4 D=8 dtype=f16 order=NHD"
+            .parse()
+            .unwrap();
+        let why = Entries::of(&side(&l, 0, 0..2), false).unwrap_err();
+        assert!(
+            why.contains("16 ranges") && why.contains("at most 4"),
+            "{why}"
+        );
+        assert!(!Entries::blocks_contiguous(&side(&l, 0, 0..4)));
+    }
+
+    /// A run covering consecutive entries maps onto their indices; one that starts or ends
+    /// inside an entry, or crosses a gap, does not.
+    #[test]
+    fn runs_tile_whole_entries_only() {
+        let r = |offset, len| ByteRange {
+            buffer: 0,
+            offset,
+            len,
+        };
+        let e = Entries {
+            ranges: vec![r(0, 64), r(64, 64), r(256, 64), r(320, 32)],
+        };
+        let mut out = Vec::new();
+        assert!(e.tile(0, 0, 128, &mut out));
+        assert_eq!(out, vec![(0, 64), (1, 64)]);
+        out.clear();
+        assert!(e.tile(0, 256, 96, &mut out));
+        assert_eq!(out, vec![(2, 64), (3, 32)]);
+        for (offset, len) in [(0, 32), (32, 32), (0, 192), (64, 256), (320, 64)] {
+            out.clear();
+            assert!(!e.tile(0, offset, len, &mut out), "{offset}+{len}");
+        }
+        out.clear();
+        assert!(!e.tile(1, 0, 64, &mut out), "another buffer");
+    }
 }
