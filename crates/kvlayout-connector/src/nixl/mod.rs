@@ -1,7 +1,8 @@
 //! The NIXL engine: KV blocks between processes (and machines) over NIXL's UCX backend, from
 //! host or device memory. This module owns [`NixlEngine`] (one NIXL agent, its UCX backend and
-//! the cache regions it registered, one per buffer: its own or its caller's), the descriptor lists it builds from a
-//! plan's runs, asynchronous READ ([`TransferEngine::post_read`]) and WRITE
+//! the cache regions it registered, one per buffer: its own or its caller's), the descriptor
+//! lists it builds from a plan's runs or prepares once per peer (`prepared`: transfers made
+//! from indices, [`NixlPath`]), its constants for the cost model (`calibrate`), asynchronous READ ([`TransferEngine::post_read`]) and WRITE
 //! ([`NixlEngine::post_write`]) with a notification to the peer, completion by polling
 //! ([`crate::engine::wait`] bounds it with a timeout), cancellation ([`NixlEngine::cancel`]),
 //! and the mapping of NIXL's failures into [`EngineError`]. It also owns [`Hello`], the
@@ -230,8 +231,9 @@ pub struct NixlEngine {
     /// Each peer's regions, by buffer.
     peers: HashMap<String, Vec<MemRegion>>,
     in_flight: Arc<AtomicUsize>,
-    // Field order is drop order: prepared lists (released), registrations (deregistered), then the agent (destroyed once
-    // no request holds it), then the memory (freed once no pending transfer holds it).
+    // Field order is drop order: prepared lists (released), registrations (deregistered),
+    // then the agent (destroyed once no request holds it), then the memory (freed once no
+    // pending transfer holds it).
     /// Each peer's prepared lists, one per pairing of layouts ([`NixlEngine::prepare_peer`]).
     prepared: HashMap<String, Vec<prepared::Prepared>>,
     _regs: Vec<RegistrationHandle>,

@@ -44,8 +44,9 @@ impl TransferEngine for NixlEngine {
     }
 
     /// Loads the peer's NIXL metadata (which must name agent `name`; loading it again
-    /// replaces it, and releases the lists prepared for it) and keeps its regions. NIXL parses the metadata in C++; this engine checks
-    /// the name it yields and the regions' arithmetic.
+    /// replaces it, and releases the lists prepared for it) and keeps its regions. NIXL
+    /// parses the metadata in C++; this engine checks the name it yields and the regions'
+    /// arithmetic.
     fn add_peer(
         &mut self,
         name: &str,
