@@ -51,6 +51,27 @@ fn assert_moved(
     remote_head0: u64,
     local: (&KvCacheLayout, &[Vec<u8>]),
 ) {
+    assert_same(remote, remote_head0, local);
+    let at = |l: &KvCacheLayout, c: Coord| {
+        let loc = l.offset(&c).unwrap();
+        (loc.buffer as usize, loc.offset as usize)
+    };
+    for field in [Field::K, Field::V] {
+        let (b, o) = at(local.0, Coord::new(field, 0, 0, 0, 0, 0));
+        assert_eq!(
+            local.1[b][o..o + ELEM],
+            [0, 0],
+            "block 0 was not to be written"
+        );
+    }
+}
+
+/// The elements of [`assert_moved`], without the untouched block.
+fn assert_same(
+    remote: (&KvCacheLayout, &[Vec<u8>]),
+    remote_head0: u64,
+    local: (&KvCacheLayout, &[Vec<u8>]),
+) {
     let g = local.0.geometry();
     let at = |l: &KvCacheLayout, c: Coord| {
         let loc = l.offset(&c).unwrap();
@@ -84,14 +105,6 @@ fn assert_moved(
         }
     }
     assert!(compared > 0);
-    for field in [Field::K, Field::V] {
-        let (b, o) = at(local.0, Coord::new(field, 0, 0, 0, 0, 0));
-        assert_eq!(
-            local.1[b][o..o + ELEM],
-            [0, 0],
-            "block 0 was not to be written"
-        );
-    }
 }
 
 fn seqs(tokens: u64) -> Vec<SeqBlocks> {
@@ -111,7 +124,7 @@ fn read(decode: &mut NixlEngine, peer: &str, runs: &[CopyRun]) -> NixlPath {
 }
 
 /// Same layout (NHD, TP 1 to 1): per (block, layer) pages, made from indices; HND TP 1 to 2
-/// (rank 1, heads 2..4): a head slice of each page, made from indices.
+/// (rank 1, heads 2..4): a head slice of each page, made from indices; READs and WRITEs.
 pub(crate) fn nixl_prepared_path_moves_every_element_where_both_layouts_put_it() {
     if !nixl_ready() {
         return;
@@ -156,6 +169,28 @@ pub(crate) fn nixl_prepared_path_moves_every_element_where_both_layouts_put_it()
         );
         let got = decode.buffers().unwrap();
         assert_moved((&r, &prefill.buffers().unwrap()), rank * 2, (&l, &got));
+        // A WRITE of the same runs back (local to remote) from other bytes: prepared too, and
+        // the remote blocks now hold the local elements.
+        decode.set_buffers(&pattern(&l, 11)).unwrap();
+        let back: Vec<CopyRun> = runs
+            .iter()
+            .map(|r| CopyRun {
+                src_buffer: r.dst_buffer,
+                src_offset: r.dst_offset,
+                dst_buffer: r.src_buffer,
+                dst_offset: r.src_offset,
+                len: r.len,
+            })
+            .collect();
+        let mut pending = decode.post_write(&peer, &back, b"back").unwrap();
+        assert!(
+            matches!(pending.path(), NixlPath::Prepared { .. }),
+            "{:?}",
+            pending.path()
+        );
+        wait(&mut decode, &mut pending, XFER_TIMEOUT).unwrap();
+        let mine = decode.buffers().unwrap();
+        assert_same((&r, &prefill.buffers().unwrap()), rank * 2, (&l, &mine));
         report(&format!(
             "nixl prepared {tag}: {} runs as {used} entries of {entries} prepared",
             runs.len()
