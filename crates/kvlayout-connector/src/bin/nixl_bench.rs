@@ -9,7 +9,8 @@
 //! also timed from fresh lists. Before the cases, [`calibrate_nixl`] measures the engine's
 //! constants; the post-receive scatter is timed as the memcpy engine moving the staging
 //! cache into the local blocks in this process (this binary has no CPU backend: it is a
-//! dev-dependency).
+//! dev-dependency). `NIXL_BENCH_PROGRESS_DELAY_US` sets both agents' progress-thread pause
+//! (NIXL's default, 0, yields in a loop and keeps a core busy per agent).
 //!
 //! Not a test: figures depend on the machine and on UCX's transport (`cma` by default between
 //! processes of one host; `UCX_TLS=tcp` for the network path), which it names.
@@ -31,7 +32,8 @@ use kvlayout::KvCacheLayout;
 use kvlayout_connector::engine::{wait, MemcpyEngine, TransferEngine};
 use kvlayout_connector::handshake::{CacheGroup, Limits, MemRegion, PeerMetadata};
 use kvlayout_connector::nixl::{
-    self, calibrate_nixl, choose_by_nixl_cost, Hello, NixlEngine, NixlPath, PrepareSide,
+    self, calibrate_nixl, choose_by_nixl_cost, Hello, NixlEngine, NixlOptions, NixlPath,
+    PrepareSide,
 };
 use kvlayout_connector::plan::{plan_pull, SeqBlocks, TransferPlan};
 use kvlayout_connector::pull::PullPlan;
@@ -57,6 +59,16 @@ const CASES: [(&str, &str, &str, u64, bool); 5] = [
 const BLOCKS: u64 = 256;
 const HEADS: u64 = 8;
 const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The agents' options: NIXL's defaults, or a progress thread pausing
+/// `NIXL_BENCH_PROGRESS_DELAY_US` microseconds between rounds (the child inherits it).
+fn options() -> NixlOptions {
+    let delay = std::env::var("NIXL_BENCH_PROGRESS_DELAY_US").ok();
+    NixlOptions {
+        progress_delay_us: delay.and_then(|d| d.parse().ok()).unwrap_or(0),
+        ..NixlOptions::default()
+    }
+}
 
 fn layout(spec: &str) -> Res<KvCacheLayout> {
     Ok(spec.parse()?)
@@ -119,7 +131,7 @@ fn peer(port: u16, spec: &str) -> Res<()> {
         std::process::exit(9);
     });
     let p = layout(spec)?;
-    let engine = NixlEngine::new("nixl-bench-prefill", pattern(&p))?;
+    let engine = NixlEngine::with_options("nixl-bench-prefill", pattern(&p), &options())?;
     let hello = Hello {
         peer: PeerMetadata {
             engine_id: engine.name().into(),
@@ -264,7 +276,8 @@ fn run_case(
         (plan_pull(&mine, remotes, &seqs)?, d.clone(), None)
     };
     let planning = t.elapsed();
-    let mut engine = NixlEngine::new(&format!("nixl-bench-decode-{case}"), zeros(&target))?;
+    let agent = format!("nixl-bench-decode-{case}");
+    let mut engine = NixlEngine::with_options(&agent, zeros(&target), &options())?;
     let peer = hello.peer.engine_id.as_str();
     engine.add_peer(peer, &hello.agent_metadata, &remote.regions)?;
     let t = Instant::now();
