@@ -30,6 +30,7 @@ mod calibrate;
 mod engine;
 mod hello;
 mod memory;
+mod prepare;
 mod prepared;
 mod transfer;
 
