@@ -8,7 +8,9 @@
 //!   metadata is refused. Memory the caller owns (a pointer and a length) is registered in
 //!   place, for a direct pull and for a staged one whose staging area follows the cache in
 //!   the same engine; a CUDA cache's device memory where a GPU is present (else
-//!   `skipped: nixl device memory: no CUDA device`).
+//!   `skipped: nixl device memory: no CUDA device`). Prepared descriptor lists: a plan of whole
+//!   entries is made from indices and lands where both layouts put each element, one that is
+//!   not falls back to fresh lists and says why, and the lists go with the peer.
 //! - Two processes on loopback: this binary re-runs itself as the prefill peer (the variable
 //!   `KVLAYOUT_NIXL_ROLE` makes the same test act as the child); the handshake and the agent
 //!   metadata travel over TCP on 127.0.0.1. The decode side pulls with `execute` (rank 0
@@ -31,6 +33,8 @@ mod common;
 mod memory;
 #[path = "nixl/one_process.rs"]
 mod one_process;
+#[path = "nixl/prepared.rs"]
+mod prepared;
 #[path = "nixl/process.rs"]
 mod process;
 #[path = "shared/scenario.rs"]
@@ -78,6 +82,21 @@ fn nixl_runs_outside_registered_memory_are_refused_before_posting() {
 #[test]
 fn nixl_hostile_agent_metadata_is_refused() {
     one_process::nixl_hostile_agent_metadata_is_refused();
+}
+
+#[test]
+fn nixl_prepared_path_moves_every_element_where_both_layouts_put_it() {
+    prepared::nixl_prepared_path_moves_every_element_where_both_layouts_put_it();
+}
+
+#[test]
+fn nixl_runs_not_expressible_as_entries_fall_back_and_say_so() {
+    prepared::nixl_runs_not_expressible_as_entries_fall_back_and_say_so();
+}
+
+#[test]
+fn nixl_prepared_lists_are_released_with_the_peer() {
+    prepared::nixl_prepared_lists_are_released_with_the_peer();
 }
 
 #[test]

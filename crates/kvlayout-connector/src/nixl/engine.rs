@@ -10,10 +10,13 @@ use nixl_sys::{Agent, AgentConfig, OptArgs, ThreadSync, XferDescList, XferOp, Xf
 
 use crate::engine::{check_runs, EngineError};
 
+use crate::handshake::MemRegion;
 use crate::memory::{MemKind, Region};
 
 use super::memory::{mem_type, HostMemory, InFlight};
-use super::{available, nixl_error, NixlEngine, NixlOptions, NixlPending, XferKind, BACKEND};
+use super::{
+    available, nixl_error, NixlEngine, NixlOptions, NixlPath, NixlPending, XferKind, BACKEND,
+};
 
 impl NixlEngine {
     /// An engine named `name` (its NIXL agent name, unique among the peers) owning `buffers`
@@ -79,6 +82,7 @@ impl NixlEngine {
         Ok(NixlEngine {
             name: name.to_string(),
             peers: HashMap::new(),
+            prepared: HashMap::new(),
             in_flight: Arc::new(AtomicUsize::new(0)),
             _regs: regs,
             backend,
@@ -120,7 +124,18 @@ impl NixlEngine {
         runs: &[CopyRun],
         notify: &[u8],
     ) -> Result<NixlPending, EngineError> {
-        self.post(XferKind::Write, peer, runs, notify)
+        self.post(XferKind::Write, peer, runs, notify, true)
+    }
+
+    /// Posts reading `runs` like [`crate::engine::TransferEngine::post_read`], from fresh
+    /// descriptor lists even where prepared ones would serve: to compare the two paths.
+    pub fn post_read_listed(
+        &mut self,
+        peer: &str,
+        runs: &[CopyRun],
+        notify: &[u8],
+    ) -> Result<NixlPending, EngineError> {
+        self.post(XferKind::Read, peer, runs, notify, false)
     }
 
     /// Releases `pending` and returns the runs whose destination is now undefined: none if it
@@ -144,9 +159,11 @@ impl NixlEngine {
         }
     }
 
-    /// Forgets peer `name`: its metadata is invalidated (its connection closed) and its regions
-    /// dropped. Needed after a peer died, before it can be added again.
+    /// Forgets peer `name`: its prepared lists are released, its metadata is invalidated (its
+    /// connection closed) and its regions dropped. Needed after a peer died, before it can be
+    /// added again.
     pub fn remove_peer(&mut self, name: &str) -> Result<(), EngineError> {
+        self.prepared.remove(name);
         if self.peers.remove(name).is_none() {
             return Err(EngineError::UnknownPeer(name.to_string()));
         }
@@ -161,6 +178,7 @@ impl NixlEngine {
         peer: &str,
         runs: &[CopyRun],
         notify: &[u8],
+        allow_prepared: bool,
     ) -> Result<NixlPending, EngineError> {
         let regions = self
             .peers
@@ -224,37 +242,7 @@ impl NixlEngine {
                 r.map_or(MemKind::Host, |id| MemKind::Device { id })
             }),
         )?;
-        let dlist = |kind| XferDescList::new(mem_type(kind)).map_err(|e| nixl_error("dlist", e));
-        let (mut local, mut remote) = (dlist(local_kind)?, dlist(remote_kind)?);
-        let device = |kind| match kind {
-            MemKind::Host => 0,
-            MemKind::Device { id } => id,
-        };
-        let (local_dev, remote_dev) = (device(local_kind), device(remote_kind));
-        let mut descriptors = 0usize;
-        for &(lb, lo, rb, ro, len) in sides.iter().filter(|s| s.4 > 0) {
-            // Inside both registered regions (checked above), so the buffers exist and the
-            // sums do not overflow; still computed checked, as an address must also fit this
-            // machine's usize.
-            let l = self.memory.buffers.get(lb as usize);
-            let l = l.and_then(|b| b.addr().checked_add(lo));
-            let r = regions
-                .get(rb as usize)
-                .and_then(|g| g.base.checked_add(ro));
-            let (Some(l), Some(r), Ok(n)) = (
-                l.and_then(|a| usize::try_from(a).ok()),
-                r.and_then(|a| usize::try_from(a).ok()),
-                usize::try_from(len),
-            ) else {
-                return Err(EngineError::Transport(format!(
-                    "nixl: run of {len} bytes at remote buffer {rb} offset {ro} has no address \
-                     on this machine"
-                )));
-            };
-            local.add_desc(l, n, local_dev);
-            remote.add_desc(r, n, remote_dev);
-            descriptors += 1;
-        }
+        let descriptors = sides.iter().filter(|s| s.4 > 0).count();
         let memory = Arc::clone(&self.memory);
         let mut pending = NixlPending {
             req: None,
@@ -264,6 +252,10 @@ impl NixlEngine {
             kind,
             peer: peer.to_string(),
             runs: runs.to_vec(),
+            path: NixlPath::Listed {
+                descriptors: 0,
+                why: "nothing to move".into(),
+            },
         };
         if descriptors == 0 {
             // Nothing to move: the notification alone.
@@ -282,10 +274,29 @@ impl NixlEngine {
             XferKind::Read => XferOp::Read,
             XferKind::Write => XferOp::Write,
         };
-        let req = self
-            .agent
-            .create_xfer_req(op, &local, &remote, peer, Some(&opt))
-            .map_err(|e| nixl_error("create_xfer_req", e))?;
+        let prepared = if allow_prepared {
+            self.prepared_indices(peer, &sides)
+        } else {
+            Err("the prepared path is not allowed for this transfer".into())
+        };
+        let req = match prepared {
+            Ok((p, local, remote)) => {
+                pending.path = NixlPath::Prepared {
+                    entries: local.len(),
+                };
+                self.agent
+                    .make_xfer_req(op, &p.local.0, &local, &p.remote.0, &remote, Some(&opt))
+                    .map_err(|e| nixl_error("make_xfer_req", e))?
+            }
+            Err(why) => {
+                pending.path = NixlPath::Listed { descriptors, why };
+                let (local, remote) =
+                    self.descriptor_lists(peer, regions, &sides, local_kind, remote_kind)?;
+                self.agent
+                    .create_xfer_req(op, &local, &remote, peer, Some(&opt))
+                    .map_err(|e| nixl_error("create_xfer_req", e))?
+            }
+        };
         pending.in_flight = Some(InFlight::new(&self.in_flight));
         let posted = self.agent.post_xfer_req(&req, None);
         pending.req = Some(req);
@@ -302,6 +313,48 @@ impl NixlEngine {
             }
         }
         Ok(pending)
+    }
+
+    /// Fresh local and remote descriptor lists of `sides` (runs already checked against both
+    /// sides' registered lengths), one descriptor per run of bytes.
+    fn descriptor_lists(
+        &self,
+        peer: &str,
+        regions: &[MemRegion],
+        sides: &[(u32, u64, u32, u64, u64)],
+        local_kind: MemKind,
+        remote_kind: MemKind,
+    ) -> Result<(XferDescList<'static>, XferDescList<'static>), EngineError> {
+        let dlist = |kind| XferDescList::new(mem_type(kind)).map_err(|e| nixl_error("dlist", e));
+        let (mut local, mut remote) = (dlist(local_kind)?, dlist(remote_kind)?);
+        let device = |kind| match kind {
+            MemKind::Host => 0,
+            MemKind::Device { id } => id,
+        };
+        let (local_dev, remote_dev) = (device(local_kind), device(remote_kind));
+        for &(lb, lo, rb, ro, len) in sides.iter().filter(|s| s.4 > 0) {
+            // Inside both registered regions (checked before), so the buffers exist and the
+            // sums do not overflow; still computed checked, as an address must also fit this
+            // machine's usize.
+            let l = self.memory.buffers.get(lb as usize);
+            let l = l.and_then(|b| b.addr().checked_add(lo));
+            let r = regions
+                .get(rb as usize)
+                .and_then(|g| g.base.checked_add(ro));
+            let (Some(l), Some(r), Ok(n)) = (
+                l.and_then(|a| usize::try_from(a).ok()),
+                r.and_then(|a| usize::try_from(a).ok()),
+                usize::try_from(len),
+            ) else {
+                return Err(EngineError::Transport(format!(
+                    "nixl: run of {len} bytes at remote buffer {rb} offset {ro} of {peer:?} has \
+                     no address on this machine"
+                )));
+            };
+            local.add_desc(l, n, local_dev);
+            remote.add_desc(r, n, remote_dev);
+        }
+        Ok((local, remote))
     }
 }
 

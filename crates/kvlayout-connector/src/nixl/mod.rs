@@ -1,7 +1,8 @@
 //! The NIXL engine: KV blocks between processes (and machines) over NIXL's UCX backend, from
 //! host or device memory. This module owns [`NixlEngine`] (one NIXL agent, its UCX backend and
-//! the cache regions it registered, one per buffer: its own or its caller's), the descriptor lists it builds from a
-//! plan's runs, asynchronous READ ([`TransferEngine::post_read`]) and WRITE
+//! the cache regions it registered, one per buffer: its own or its caller's), the descriptor
+//! lists it builds from a plan's runs or prepares once per peer (`prepared`: transfers made
+//! from indices, [`NixlPath`]), its constants for the cost model (`calibrate`), asynchronous READ ([`TransferEngine::post_read`]) and WRITE
 //! ([`NixlEngine::post_write`]) with a notification to the peer, completion by polling
 //! ([`crate::engine::wait`] bounds it with a timeout), cancellation ([`NixlEngine::cancel`]),
 //! and the mapping of NIXL's failures into [`EngineError`]. It also owns [`Hello`], the
@@ -25,12 +26,17 @@
 //! - With UCX's `cma` transport (processes on one host) a post copies synchronously, so
 //!   [`TransferEngine::post_read`] may return a transfer that is already complete.
 
+mod calibrate;
 mod engine;
 mod hello;
 mod memory;
+mod prepare;
+mod prepared;
 mod transfer;
 
+pub use calibrate::{calibrate_nixl, choose_by_nixl_cost, NixlCalibration};
 pub use hello::{blocks_written, Hello};
+pub use prepared::{NixlPath, PrepareSide, PreparedCount};
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
@@ -156,6 +162,7 @@ pub struct NixlPending {
     kind: XferKind,
     peer: String,
     runs: Vec<CopyRun>,
+    path: NixlPath,
 }
 
 impl std::fmt::Debug for NixlPending {
@@ -165,6 +172,7 @@ impl std::fmt::Debug for NixlPending {
             .field("peer", &self.peer)
             .field("runs", &self.runs.len())
             .field("bytes", &self.bytes())
+            .field("path", &self.path)
             .field("posted", &self.req.is_some())
             .field("outcome", &self.outcome)
             .finish()
@@ -187,6 +195,11 @@ impl NixlPending {
     /// undefined ([`blocks_written`] names the blocks).
     pub fn runs(&self) -> &[CopyRun] {
         &self.runs
+    }
+
+    /// How the transfer was made: from prepared lists or from fresh descriptor lists.
+    pub fn path(&self) -> &NixlPath {
+        &self.path
     }
 
     /// Bytes posted.
@@ -219,8 +232,11 @@ pub struct NixlEngine {
     /// Each peer's regions, by buffer.
     peers: HashMap<String, Vec<MemRegion>>,
     in_flight: Arc<AtomicUsize>,
-    // Field order is drop order: registrations (deregistered), then the agent (destroyed once
-    // no request holds it), then the memory (freed once no pending transfer holds it).
+    // Field order is drop order: prepared lists (released), registrations (deregistered),
+    // then the agent (destroyed once no request holds it), then the memory (freed once no
+    // pending transfer holds it).
+    /// Each peer's prepared lists, one per pairing of layouts ([`NixlEngine::prepare_peer`]).
+    prepared: HashMap<String, Vec<prepared::Prepared>>,
     _regs: Vec<RegistrationHandle>,
     backend: Backend,
     agent: Agent,

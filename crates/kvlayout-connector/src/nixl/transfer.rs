@@ -44,8 +44,9 @@ impl TransferEngine for NixlEngine {
     }
 
     /// Loads the peer's NIXL metadata (which must name agent `name`; loading it again
-    /// replaces it) and keeps its regions. NIXL parses the metadata in C++; this engine checks
-    /// the name it yields and the regions' arithmetic.
+    /// replaces it, and releases the lists prepared for it) and keeps its regions. NIXL
+    /// parses the metadata in C++; this engine checks the name it yields and the regions'
+    /// arithmetic.
     fn add_peer(
         &mut self,
         name: &str,
@@ -67,6 +68,8 @@ impl TransferEngine for NixlEngine {
                 r.len, r.base
             )));
         }
+        // Lists prepared against the metadata this replaces are released first.
+        self.prepared.remove(name);
         // nixl-sys unwraps the agent name as UTF-8: a hostile name would panic; caught here.
         let loaded = catch_unwind(AssertUnwindSafe(|| self.agent.load_remote_md(metadata)))
             .map_err(|_| {
@@ -98,7 +101,7 @@ impl TransferEngine for NixlEngine {
         runs: &[CopyRun],
         notify: &[u8],
     ) -> Result<NixlPending, EngineError> {
-        self.post(XferKind::Read, peer, runs, notify)
+        self.post(XferKind::Read, peer, runs, notify, true)
     }
 
     fn poll(&mut self, pending: &mut NixlPending) -> Result<bool, EngineError> {
