@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 use kvlayout_connector::engine::{wait, TransferEngine};
 use kvlayout_connector::handshake::{check_compatible, Admission, CacheGroup, KnownPeers};
-use kvlayout_connector::nixl::{blocks_written, Hello, NixlEngine, NixlPending};
+use kvlayout_connector::nixl::{
+    blocks_written, Hello, NixlEngine, NixlPath, NixlPending, PreparedCount,
+};
 use kvlayout_connector::plan::{plan_pull, SeqBlocks, TransferPlan};
 use kvlayout_connector::{execute, Plan};
 
@@ -54,6 +56,9 @@ struct Tally {
     elements: u64,
     affected: u64,
     max_in_flight: usize,
+    /// Transfers made from prepared lists, and built from fresh descriptor lists.
+    prepared_posts: u64,
+    listed_posts: u64,
     /// Time from a round's first plan to its last completion, the kill round aside.
     pulling: Duration,
 }
@@ -134,10 +139,24 @@ pub(crate) fn nixl_soak_four_prefill_peers_two_decode_ranks_under_load() {
                 .iter()
                 .for_each(|g| check_compatible(&local, g).unwrap());
         }
+        // Descriptor lists prepared once per remote rank sharing heads with this rank; a
+        // pairing NIXL gains nothing from (a head slice of token-major pages) stays listed.
+        for (groups, names) in &remotes {
+            for (g, name) in groups.iter().zip(names) {
+                let (lh, rh) = (local.head_range().unwrap(), g.head_range().unwrap());
+                if lh.start.max(rh.start) < lh.end.min(rh.end) {
+                    if let Err(why) = e.prepare_groups(name, &local, g, 0) {
+                        report(&format!("nixl soak: rank {rank} from {name} listed: {why}"));
+                    }
+                }
+            }
+        }
         engines.push(e);
         locals.push(local);
     }
     let setup = started.elapsed();
+    let mut prepared: Vec<PreparedCount> = engines.iter().map(|e| e.prepared()).collect();
+    assert!(prepared.iter().all(|c| c.handles > 0), "{prepared:?}");
 
     let mut rng = Rng(0x5eed_0031);
     let mut alive: Vec<usize> = (0..INSTANCES as usize).collect();
@@ -173,7 +192,12 @@ pub(crate) fn nixl_soak_four_prefill_peers_two_decode_ranks_under_load() {
                 for t in &plan.transfers {
                     let peer = remotes[instance].1[t.remote_rank as usize];
                     let note = format!("r{}-s{slot}", tally.rounds);
-                    pending.push(engine.post_read(peer, &t.runs, note.as_bytes()).unwrap());
+                    let p = engine.post_read(peer, &t.runs, note.as_bytes()).unwrap();
+                    match p.path() {
+                        NixlPath::Prepared { .. } => tally.prepared_posts += 1,
+                        NixlPath::Listed { .. } => tally.listed_posts += 1,
+                    }
+                    pending.push(p);
                 }
                 posted.push(Posted {
                     rank,
@@ -214,6 +238,7 @@ pub(crate) fn nixl_soak_four_prefill_peers_two_decode_ranks_under_load() {
         for (rank, e) in engines.iter().enumerate() {
             assert_eq!(e.in_flight(), 0, "round {}", tally.rounds);
             assert_eq!(e.regions().len(), d.num_buffers(), "round {}", tally.rounds);
+            assert_eq!(e.prepared(), prepared[rank], "round {}", tally.rounds);
             let received = e.buffers().unwrap();
             for (p, _) in posted
                 .iter()
@@ -267,6 +292,16 @@ pub(crate) fn nixl_soak_four_prefill_peers_two_decode_ranks_under_load() {
                 &mut known,
             );
             alive.retain(|&i| i != VICTIM);
+            // Removing the peer released its lists.
+            for (rank, e) in engines.iter().enumerate() {
+                let now = e.prepared();
+                assert!(
+                    now.handles < prepared[rank].handles,
+                    "{now:?}, {:?}",
+                    prepared[rank]
+                );
+                prepared[rank] = now;
+            }
             killed_after = Some(at.elapsed());
         }
     }
@@ -300,7 +335,8 @@ pub(crate) fn nixl_soak_four_prefill_peers_two_decode_ranks_under_load() {
         "nixl soak: 4 prefill peers (NHD/16, HND/16, TP 2 NHD/32 padded), 2 decode ranks \
          (NHD/16): {} pulls verified ({} elements, {:.1} MiB) in {} rounds of {} requests x 2 \
          ranks over {wall:.1} s: {:.0} pulls/s, {:.1} MiB/s; planning, posting and waiting took \
-         {:.1} s of it: {:.0} pulls/s, {:.1} MiB/s there; up to {} transfers in flight; \
+         {:.1} s of it: {:.0} pulls/s, {:.1} MiB/s there; {} transfers from prepared lists, {} listed; \
+         prepared lists steady ({:?} at the end); up to {} transfers in flight; \
          {notes} notifications taken by the peers; peer killed midway: {} pulls reported their \
          blocks, the round done {:?} after the kill; resident memory {} MiB after round 2, {} \
          MiB at the end; setup {setup:?}",
@@ -314,6 +350,9 @@ pub(crate) fn nixl_soak_four_prefill_peers_two_decode_ranks_under_load() {
         tally.pulling.as_secs_f64(),
         tally.pulls as f64 / tally.pulling.as_secs_f64(),
         tally.bytes as f64 / (1 << 20) as f64 / tally.pulling.as_secs_f64(),
+        tally.prepared_posts,
+        tally.listed_posts,
+        prepared,
         tally.max_in_flight,
         tally.affected,
         killed_after.unwrap(),
