@@ -24,6 +24,8 @@
 //!   bytes of the sectors requested, of the cache traffic, or of all traffic when a kernel
 //!   does not touch the cache).
 
+use kvlayout_device::kernels::Kernel;
+
 use crate::traffic::{LaunchTraffic, TrafficKind, SECTOR_BYTES};
 
 /// What the model needs of a GPU. Figures from the vendors' datasheets and programming or
@@ -116,6 +118,22 @@ impl Default for Assumptions {
         Assumptions {
             registers_per_thread: 64,
             max_requests_in_flight_per_warp: 4.0,
+        }
+    }
+}
+
+impl Assumptions {
+    /// The stated estimate for one of the project's kernels: 64 registers for `paged_decode`
+    /// (a tile's 8 dot products and 8 accumulators per thread besides the addressing), 32 for
+    /// the reduce, `write_kv` and the movers; 4 requests in flight per warp for all.
+    pub fn for_kernel(kernel: Kernel) -> Self {
+        let registers_per_thread = match kernel {
+            Kernel::PagedDecode => 64,
+            Kernel::PagedDecodeReduce | Kernel::WriteKv | Kernel::MoveBlocks => 32,
+        };
+        Assumptions {
+            registers_per_thread,
+            ..Assumptions::default()
         }
     }
 }
