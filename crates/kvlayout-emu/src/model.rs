@@ -194,8 +194,8 @@ pub fn resident_blocks(
         Limit::Threads,
     );
     let regs = u64::from(threads) * u64::from(registers_per_thread);
-    if regs > 0 {
-        cap(u64::from(device.registers_per_sm) / regs, Limit::Registers);
+    if let Some(n) = u64::from(device.registers_per_sm).checked_div(regs) {
+        cap(n, Limit::Registers);
     }
     if shared > 0 {
         let per_block = shared + u64::from(device.shared_reserved_per_block);
