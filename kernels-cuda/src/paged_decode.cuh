@@ -145,7 +145,7 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
         for (int j = 0; j < g; j++) {
             float *r = rows + j * row_step;
             if (p.partials)
-                kvl_st(r + 2 + d, acc[j]);
+                kvl_st(r + (2 + d), acc[j]);
             else
                 kvl_st(r + d, acc[j] / head_stats[2 * j + 1]);
         }
