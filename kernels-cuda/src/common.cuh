@@ -32,7 +32,10 @@
  * kvl_at_c (an element the caller loads), kvl_copy_unit (movers); kvl_addr / kvl_addr_c give a
  * checked address without recording, for callers that pass it to kvl_copy_unit. Everything
  * else (activations, outputs, partials, block table, slot mapping, pairs): kvl_act, kvl_ld,
- * kvl_st. On a GPU the recording compiles away and the accessors are plain loads and stores.
+ * kvl_st. A kernel that makes an access itself (a 16-byte vector load) states it on the same
+ * line with KVL_CACHE_LOAD / KVL_CACHE_STORE (checked and recorded) or KVL_GLOBAL_LOAD /
+ * KVL_GLOBAL_STORE (recorded). On a GPU the recording compiles away and the accessors are
+ * plain loads and stores.
  */
 #if defined(KVL_EMU)
 typedef uint64_t kvl_site_t;
@@ -52,12 +55,31 @@ template <class T, class U> KVL_DEVICE void kvl_st_at(T *p, U x, kvl_site_t site
 }
 #define kvl_ld(p) kvl_ld_at((p), KVL_SITE)
 #define kvl_st(p, x) kvl_st_at((p), (x), KVL_SITE)
+/* An access of n bytes at p that the caller makes itself (a vector load or store), on the
+ * same line, once per lane and access: cache ones are checked against the launch's buffers,
+ * all are recorded. */
+#define KVL_CACHE_LOAD(p, n)                                                                   \
+    do {                                                                                       \
+        KVL_CHECK_ACCESS(p, n);                                                                \
+        KVL_RECORD(p, n, KVL_TRAFFIC_CACHE_LOAD, KVL_SITE);                                    \
+    } while (0)
+#define KVL_CACHE_STORE(p, n)                                                                  \
+    do {                                                                                       \
+        KVL_CHECK_ACCESS(p, n);                                                                \
+        KVL_RECORD(p, n, KVL_TRAFFIC_CACHE_STORE, KVL_SITE);                                   \
+    } while (0)
+#define KVL_GLOBAL_LOAD(p, n) KVL_RECORD(p, n, KVL_TRAFFIC_OTHER_LOAD, KVL_SITE)
+#define KVL_GLOBAL_STORE(p, n) KVL_RECORD(p, n, KVL_TRAFFIC_OTHER_STORE, KVL_SITE)
 #else
 typedef int kvl_site_t;
 #define KVL_SITE 0
 #define KVL_RECORD(p, n, kind, site) ((void)(site))
 #define kvl_ld(p) (*(p))
 #define kvl_st(p, x) ((void)(*(p) = (x)))
+#define KVL_CACHE_LOAD(p, n) ((void)0)
+#define KVL_CACHE_STORE(p, n) ((void)0)
+#define KVL_GLOBAL_LOAD(p, n) ((void)0)
+#define KVL_GLOBAL_STORE(p, n) ((void)0)
 #endif
 
 /* Element i of a dense activation tensor (f32, f16 or bf16) as f32. */

@@ -8,8 +8,13 @@
  *   4 broadcast: every thread loads float 0  5 unit-stride store of float t
  *   6 four 4-byte copies of float t + 256 i (i = 0..3), no rendezvous between them
  *   7 the same with a kvl_sync after each    8 unit stride shifted by 4 bytes: float t + 1
+ *   9 a 16-byte load of bytes [16t, 16t + 16) made by the kernel, stated with KVL_CACHE_LOAD
  */
 #define KVL_PROBE_HALF (64 * 1024)
+
+typedef struct kvl_probe16 {
+    uint64_t lo, hi;
+} kvl_probe16;
 
 KVL_KERNEL kvl_traffic_probe(int pattern, unsigned char *buf)
 {
@@ -33,6 +38,12 @@ KVL_KERNEL kvl_traffic_probe(int pattern, unsigned char *buf)
         }
         break;
     case 8: (void)kvl_ld(a + t + 1); break;
+    case 9: {
+        const kvl_probe16 *q = (const kvl_probe16 *)(buf + 16 * t);
+        KVL_CACHE_LOAD(q, 16); const kvl_probe16 x = *q;
+        kvl_st(a + KVL_PROBE_HALF / 4 + t, (float)(x.lo & 1));
+        break;
+    }
     default: kvl_trap();
     }
 }

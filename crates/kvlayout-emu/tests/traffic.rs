@@ -155,6 +155,20 @@ fn misaligned_unit_stride() {
     );
 }
 
+/// A 16-byte load the kernel makes itself, stated with `KVL_CACHE_LOAD`: as the copy's loads;
+/// each lane then stores one float (unit stride, 64 KiB on).
+#[test]
+fn stated_vector_load() {
+    let w32 = TrafficReport {
+        cache_loads: kind([2, 64, 1024, 1024, 32, 8, 32, 8]),
+        other_stores: kind([2, 64, 256, 256, 8, 2, 8, 2]),
+        load_epochs: 2,
+        blocks: 1,
+        ..TrafficReport::default()
+    };
+    assert_eq!(probe(32, 9), w32);
+}
+
 /// Without `with_traffic` nothing is recorded; an unknown pattern traps.
 #[test]
 fn off_by_default_and_unknown_pattern() {
