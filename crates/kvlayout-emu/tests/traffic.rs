@@ -185,6 +185,56 @@ fn off_by_default_and_unknown_pattern() {
     assert!(err.0.contains("trapped"), "{err}");
 }
 
+/// The traffic report tool records one sequence and scales: two sequences of the same length
+/// on other blocks make exactly twice the counts of one, distinct sectors included.
+#[test]
+fn decode_counts_scale_with_the_batch() {
+    let be = DeviceBackend::new(EmuDevice::new(32).unwrap().with_traffic());
+    let l: KvCacheLayout = "kv B=8 N=16 H=2 D=32 dtype=bf16 order=HND".parse().unwrap();
+    let cache = be.alloc_cache(&l, &BufferShape::exact(&l)).unwrap();
+    let run = |table: &[i32], lens: &[u32]| {
+        let n = lens.len() * 4 * 32;
+        let query = be
+            .upload_tensor(&HostTensor::from_f32(DType::Bf16, &vec![0.5; n]).unwrap())
+            .unwrap();
+        let mut out = be.alloc_tensor(DType::F32, n).unwrap();
+        let args = DecodeArgs {
+            layer: 0,
+            query: &query,
+            block_table: table,
+            blocks_per_seq: 2,
+            seq_lens: lens,
+            params: DecodeParams {
+                num_q_heads: 4,
+                scale: 0.25,
+                sliding_window: None,
+                soft_cap: None,
+            },
+        };
+        be.wait(be.paged_decode(&cache, &args, &mut out).unwrap())
+            .unwrap();
+        be.device().take_traffic()[0].report
+    };
+    let one = run(&[0, 1], &[30]);
+    let two = run(&[0, 1, 2, 3], &[30, 30]);
+    for (a, b) in one.kinds().into_iter().zip(two.kinds()) {
+        assert_eq!(
+            [
+                2 * a.requests,
+                2 * a.bytes,
+                2 * a.useful_bytes,
+                2 * a.sectors
+            ],
+            [b.requests, b.bytes, b.useful_bytes, b.sectors]
+        );
+    }
+    assert_eq!(2 * one.load_epochs, two.load_epochs);
+    assert_eq!(
+        2 * one.cache_loads.unique_sectors,
+        two.cache_loads.unique_sectors
+    );
+}
+
 /// GQA 2 (one tile per KV head), NHD f16, B=3 H=3: the decode loads each attended token's K
 /// and V rows of every KV head once: lens 20 + 5 tokens x 3 heads x (8 + 8) elements x 2
 /// bytes. No cache store; the outputs are 2 sequences x 6 heads x 8 floats.
