@@ -134,6 +134,7 @@ struct GpuThread {
     int xmask = 0;
     int pred = 0;             // kvl_ballot: predicate deposited, mask received
     kvl_lane_mask_t bres = 0;
+    uint32_t rendezvous = 0;  // barriers and warp ops it has passed (traffic recording's epochs)
 };
 
 struct Warp {
@@ -483,6 +484,7 @@ inline void sync_at(const char *file, int line)
     Engine &e = *f.eng;
     f.file = file;
     f.line = line;
+    f.rendezvous++;
     if (e.at_sync == 0) {
         e.sync_first = f.tid;
     } else {
@@ -517,6 +519,7 @@ inline void warp_op(Op op, const char *file, int line)
     Fiber *lanes = &e.fibers[f.tid - f.tid % kWarp];
     f.file = file;
     f.line = line;
+    f.rendezvous++;
     if (w.returned) {
         uint32_t i = 0;
         while (lanes[i].state != State::Done)

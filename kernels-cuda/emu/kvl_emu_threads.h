@@ -197,6 +197,7 @@ inline void sync_at(const char *file, int line)
         std::lock_guard<std::mutex> g(wl.m);
         w.file = file;
         w.line = line;
+        w.rendezvous++;
         w.state = State::AtSync;
         const Warp &wp = e.warps[wi];
         if (wp.arrived) { // lanes of its warp wait at a warp op it cannot reach before they go on
@@ -243,6 +244,7 @@ inline void warp_op(Worker &w, Op op, const char *file, int line)
         std::lock_guard<std::mutex> g(wl.m);
         w.file = file;
         w.line = line;
+        w.rendezvous++;
         if (wp.returned || wl.at_sync) { // a lane that will not come
             uint32_t i = 0;
             while (lanes[i].state != State::Done && lanes[i].state != State::AtSync)

@@ -11,15 +11,6 @@
 #include "kvl_kernels.h"
 #include "kvl_plant.cuh"
 
-/* Element i of a dense activation tensor (f32, f16 or bf16) as f32. */
-KVL_DEVICE float kvl_act(const void *t, int dtype, int64_t i)
-{
-    if (dtype == KVL_DTYPE_F32)
-        return ((const float *)t)[i];
-    uint16_t bits = ((const uint16_t *)t)[i];
-    return dtype == KVL_DTYPE_F16 ? kvl_f16_to_f32(bits) : kvl_bf16_to_f32(bits);
-}
-
 /*
  * The emulator checks every cache access against the buffers of the launch (an access
  * outside them ends the launch with an error); on a GPU the check is compiled out.
@@ -34,43 +25,147 @@ KVL_DEVICE float kvl_act(const void *t, int dtype, int64_t i)
 #define KVL_CHECK_ACCESS(p, n) ((void)0)
 #endif
 
-/* Address of element (layer, block, head, slot, dim) of a field, in its buffer. */
-KVL_DEVICE unsigned char *kvl_at(unsigned char *const *buffers, const kvl_field_args *a,
-                                 int64_t layer, int64_t block, int64_t head, int64_t slot,
-                                 int64_t dim)
+/*
+ * Traffic recording (emulator, when a launch records; kvl_emu_traffic.h): every global load
+ * and store goes through an accessor that names its call site, so the emulator can group the
+ * lanes' accesses into warp requests. Cache memory: kvl_at (an element the caller stores),
+ * kvl_at_c (an element the caller loads), kvl_copy_unit (movers); kvl_addr / kvl_addr_c give a
+ * checked address without recording, for callers that pass it to kvl_copy_unit. Everything
+ * else (activations, outputs, partials, block table, slot mapping, pairs): kvl_act, kvl_ld,
+ * kvl_st. A kernel that makes an access itself (a 16-byte vector load) states it on the same
+ * line with KVL_CACHE_LOAD / KVL_CACHE_STORE (checked and recorded) or KVL_GLOBAL_LOAD /
+ * KVL_GLOBAL_STORE (recorded). On a GPU the recording compiles away and the accessors are
+ * plain loads and stores.
+ */
+#if defined(KVL_EMU)
+typedef uint64_t kvl_site_t;
+#define KVL_SITE (::std::integral_constant<uint64_t, kvl_emu_site(__FILE__, __LINE__)>::value)
+#define KVL_RECORD(p, n, kind, site) kvl_emu_record((const void *)(p), (int64_t)(n), (kind), (site))
+/* *p (a global other than the cache), recorded as a load. */
+template <class T> KVL_DEVICE T kvl_ld_at(const T *p, kvl_site_t site)
+{
+    KVL_RECORD(p, sizeof(T), KVL_TRAFFIC_OTHER_LOAD, site);
+    return *p;
+}
+/* *p = x (a global other than the cache), recorded as a store. */
+template <class T, class U> KVL_DEVICE void kvl_st_at(T *p, U x, kvl_site_t site)
+{
+    KVL_RECORD(p, sizeof(T), KVL_TRAFFIC_OTHER_STORE, site);
+    *p = (T)x;
+}
+#define kvl_ld(p) kvl_ld_at((p), KVL_SITE)
+#define kvl_st(p, x) kvl_st_at((p), (x), KVL_SITE)
+/* An access of n bytes at p that the caller makes itself (a vector load or store), on the
+ * same line, once per lane and access: cache ones are checked against the launch's buffers,
+ * all are recorded. */
+#define KVL_CACHE_LOAD(p, n)                                                                   \
+    do {                                                                                       \
+        KVL_CHECK_ACCESS(p, n);                                                                \
+        KVL_RECORD(p, n, KVL_TRAFFIC_CACHE_LOAD, KVL_SITE);                                    \
+    } while (0)
+#define KVL_CACHE_STORE(p, n)                                                                  \
+    do {                                                                                       \
+        KVL_CHECK_ACCESS(p, n);                                                                \
+        KVL_RECORD(p, n, KVL_TRAFFIC_CACHE_STORE, KVL_SITE);                                   \
+    } while (0)
+#define KVL_GLOBAL_LOAD(p, n) KVL_RECORD(p, n, KVL_TRAFFIC_OTHER_LOAD, KVL_SITE)
+#define KVL_GLOBAL_STORE(p, n) KVL_RECORD(p, n, KVL_TRAFFIC_OTHER_STORE, KVL_SITE)
+#else
+typedef int kvl_site_t;
+#define KVL_SITE 0
+#define KVL_RECORD(p, n, kind, site) ((void)(site))
+#define kvl_ld(p) (*(p))
+#define kvl_st(p, x) ((void)(*(p) = (x)))
+#define KVL_CACHE_LOAD(p, n) ((void)0)
+#define KVL_CACHE_STORE(p, n) ((void)0)
+#define KVL_GLOBAL_LOAD(p, n) ((void)0)
+#define KVL_GLOBAL_STORE(p, n) ((void)0)
+#endif
+
+/* Element i of a dense activation tensor (f32, f16 or bf16) as f32. */
+KVL_DEVICE float kvl_act_at(const void *t, int dtype, int64_t i, kvl_site_t site)
+{
+    if (dtype == KVL_DTYPE_F32) {
+        KVL_RECORD((const float *)t + i, 4, KVL_TRAFFIC_OTHER_LOAD, site);
+        return ((const float *)t)[i];
+    }
+    KVL_RECORD((const uint16_t *)t + i, 2, KVL_TRAFFIC_OTHER_LOAD, site);
+    uint16_t bits = ((const uint16_t *)t)[i];
+    return dtype == KVL_DTYPE_F16 ? kvl_f16_to_f32(bits) : kvl_bf16_to_f32(bits);
+}
+#define kvl_act(t, dtype, i) kvl_act_at((t), (dtype), (i), KVL_SITE)
+
+/* Address of element (layer, block, head, slot, dim) of a field, in its buffer (checked by
+ * the emulator, not recorded). */
+KVL_DEVICE unsigned char *kvl_addr(unsigned char *const *buffers, const kvl_field_args *a,
+                                   int64_t layer, int64_t block, int64_t head, int64_t slot,
+                                   int64_t dim)
 {
     unsigned char *p = buffers[a->buffer] + KVL_OFFSET(a, layer, block, head, slot, dim);
     KVL_CHECK_ACCESS(p, a->elem_bytes);
     return p;
 }
 
-KVL_DEVICE const unsigned char *kvl_at_c(const unsigned char *const *buffers,
-                                         const kvl_field_args *a, int64_t layer, int64_t block,
-                                         int64_t head, int64_t slot, int64_t dim)
+KVL_DEVICE const unsigned char *kvl_addr_c(const unsigned char *const *buffers,
+                                           const kvl_field_args *a, int64_t layer,
+                                           int64_t block, int64_t head, int64_t slot,
+                                           int64_t dim)
 {
     const unsigned char *p = buffers[a->buffer] + KVL_OFFSET(a, layer, block, head, slot, dim);
     KVL_CHECK_ACCESS(p, a->elem_bytes);
     return p;
 }
 
+/* The address of an element the caller stores (recorded as a cache store of its size). */
+KVL_DEVICE unsigned char *kvl_at_site(unsigned char *const *buffers, const kvl_field_args *a,
+                                      int64_t layer, int64_t block, int64_t head, int64_t slot,
+                                      int64_t dim, kvl_site_t site)
+{
+    unsigned char *p = kvl_addr(buffers, a, layer, block, head, slot, dim);
+    KVL_RECORD(p, a->elem_bytes, KVL_TRAFFIC_CACHE_STORE, site);
+    return p;
+}
+
+/* The address of an element the caller loads (recorded as a cache load of its size). */
+KVL_DEVICE const unsigned char *kvl_at_c_site(const unsigned char *const *buffers,
+                                              const kvl_field_args *a, int64_t layer,
+                                              int64_t block, int64_t head, int64_t slot,
+                                              int64_t dim, kvl_site_t site)
+{
+    const unsigned char *p = kvl_addr_c(buffers, a, layer, block, head, slot, dim);
+    KVL_RECORD(p, a->elem_bytes, KVL_TRAFFIC_CACHE_LOAD, site);
+    return p;
+}
+
+#define kvl_at(buffers, a, layer, block, head, slot, dim)                                      \
+    kvl_at_site((buffers), (a), (layer), (block), (head), (slot), (dim), KVL_SITE)
+#define kvl_at_c(buffers, a, layer, block, head, slot, dim)                                    \
+    kvl_at_c_site((buffers), (a), (layer), (block), (head), (slot), (dim), KVL_SITE)
+
 /*
- * Sixteen bytes moved as one vector access (`ld.v2.u64` / `st.v2.u64` in PTX,
+ * Sixteen bytes moved as one vector access (`ld.global.v4.u32` / `st.global.v4.u32` in PTX,
  * `global_load_dwordx4` on AMDGPU): the address must be a multiple of 16, which the Rust side
  * checks from the descriptor and the buffer addresses before it chooses a 16-byte path.
+ * `kvl_load16` / `kvl_store16` are cache accesses, checked and recorded at the caller's site.
  */
 typedef uint32_t kvl_u128 __attribute__((vector_size(16)));
 
-KVL_DEVICE kvl_u128 kvl_load16(const unsigned char *p)
+KVL_DEVICE kvl_u128 kvl_load16_at(const unsigned char *p, kvl_site_t site)
 {
     KVL_CHECK_ACCESS(p, 16);
+    KVL_RECORD(p, 16, KVL_TRAFFIC_CACHE_LOAD, site);
     return *(const kvl_u128 *)p;
 }
 
-KVL_DEVICE void kvl_store16(unsigned char *p, kvl_u128 x)
+KVL_DEVICE void kvl_store16_at(unsigned char *p, kvl_u128 x, kvl_site_t site)
 {
     KVL_CHECK_ACCESS(p, 16);
+    KVL_RECORD(p, 16, KVL_TRAFFIC_CACHE_STORE, site);
     *(kvl_u128 *)p = x;
 }
+
+#define kvl_load16(p) kvl_load16_at((p), KVL_SITE)
+#define kvl_store16(p, x) kvl_store16_at((p), (x), KVL_SITE)
 
 /* The larger of two floats; a NaN loses to a number (as Rust's f32::max). */
 KVL_DEVICE float kvl_maxf(float a, float b)

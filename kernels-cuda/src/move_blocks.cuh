@@ -13,11 +13,15 @@
 
 #include "common.cuh"
 
-/* Copies `n` bytes (1, 2, 4, 8 or 16), both addresses aligned to `n`. */
-KVL_DEVICE void kvl_copy_unit(unsigned char *dst, const unsigned char *src, int n)
+/* Copies `n` bytes (1, 2, 4, 8 or 16), both addresses aligned to `n` (a recorded cache load
+ * and store). */
+KVL_DEVICE void kvl_copy_unit_at(unsigned char *dst, const unsigned char *src, int n,
+                                 kvl_site_t site)
 {
     KVL_CHECK_ACCESS(src, n);
     KVL_CHECK_ACCESS(dst, n);
+    KVL_RECORD(src, n, KVL_TRAFFIC_CACHE_LOAD, site);
+    KVL_RECORD(dst, n, KVL_TRAFFIC_CACHE_STORE, site);
     switch (n) {
     case 16: *(kvl_u128 *)dst = *(const kvl_u128 *)src; break;
     case 8: *(uint64_t *)dst = *(const uint64_t *)src; break;
@@ -26,12 +30,13 @@ KVL_DEVICE void kvl_copy_unit(unsigned char *dst, const unsigned char *src, int 
     default: *dst = *src; break;
     }
 }
+#define kvl_copy_unit(dst, src, n) kvl_copy_unit_at((dst), (src), (n), KVL_SITE)
 
 KVL_KERNEL kvl_move_blocks(kvl_field_args src, kvl_field_args dst, kvl_move_params p)
 {
     kvl_plant_fields(&src, &dst);
-    const int64_t src_block = p.pairs[2 * kvl_block_x()];
-    const int64_t dst_block = p.pairs[2 * kvl_block_x() + 1];
+    const int64_t src_block = kvl_ld(p.pairs + 2 * kvl_block_x());
+    const int64_t dst_block = kvl_ld(p.pairs + 2 * kvl_block_x() + 1);
     const int64_t units = src.num_layers * p.heads;
     const int64_t unit = p.row_unit_bytes;
     for (int64_t lh = kvl_block_y(); lh < units; lh += kvl_blocks_y()) {
@@ -50,8 +55,8 @@ KVL_KERNEL kvl_move_blocks(kvl_field_args src, kvl_field_args dst, kvl_move_para
         } else {
             for (int64_t e = kvl_thread(); e < src.num_slots * src.width; e += kvl_threads()) {
                 const int64_t n = e / src.width, x = e % src.width;
-                kvl_copy_unit(kvl_at(p.dst_buffers, &dst, layer, dst_block, dh, n, x),
-                              kvl_at_c(p.src_buffers, &src, layer, src_block, h, n, x),
+                kvl_copy_unit(kvl_addr(p.dst_buffers, &dst, layer, dst_block, dh, n, x),
+                              kvl_addr_c(p.src_buffers, &src, layer, src_block, h, n, x),
                               src.elem_bytes);
             }
         }

@@ -42,7 +42,7 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
     const int64_t qh0 = kvh * p.group + (kvl_block_y() % tiles) * p.group_tile;
     const int64_t left = (kvh + 1) * p.group - qh0;
     const int g = (int)(left < p.group_tile ? left : p.group_tile); /* heads of this tile */
-    const int64_t len = p.seq_lens[seq];
+    const int64_t len = kvl_ld(p.seq_lens + seq);
     const int64_t start = (p.window >= 0 && len > p.window) ? len - p.window : 0;
     const int64_t t0 = start + part * p.partition_tokens;
     const int64_t t1 = t0 + p.partition_tokens < len ? t0 + p.partition_tokens : len;
@@ -56,7 +56,7 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
         for (int j = 0; j < g; j++) {
             float *r = rows + j * row_step;
             for (int64_t d = kvl_thread(); d < stride; d += kvl_threads())
-                r[d] = p.partials && d == 0 ? KVL_NEG_INF : 0.0f;
+                kvl_st(r + d, p.partials && d == 0 ? KVL_NEG_INF : 0.0f);
         }
         return;
     }
@@ -73,7 +73,8 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
     KVL_CHECK_ACCESS(table + t0 / bs, sizeof(int32_t));
     KVL_CHECK_ACCESS(table + (t1 - 1) / bs, sizeof(int32_t));
     for (int64_t i = kvl_warp(); i < n; i += kvl_warps()) {
-        const int64_t t = t0 + i, block = table[t / bs], slot = kvl_slot_of_token(&k, t % bs);
+        const int64_t t = t0 + i, block = kvl_ld(table + t / bs);
+        const int64_t slot = kvl_slot_of_token(&k, t % bs);
         float dot[KVL_MAX_GROUP_TILE];
         for (int j = 0; j < KVL_MAX_GROUP_TILE; j++)
             dot[j] = 0.0f;
@@ -113,7 +114,7 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
             sum += e;
             float s = v.scale;
             if (p.inline_scales) {
-                const int64_t t = t0 + i, block = table[t / bs];
+                const int64_t t = t0 + i, block = kvl_ld(table + t / bs);
                 const int64_t slot = kvl_slot_of_token(&v, t % bs);
                 s *= kvl_load_elem(kvl_at_c(p.buffers, &v_scale, p.layer, block, kvh, slot, 0),
                                    KVL_DTYPE_F32);
@@ -133,7 +134,8 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
         for (int j = 0; j < KVL_MAX_GROUP_TILE; j++)
             acc[j] = 0.0f;
         for (int64_t i = 0; i < n; i++) {
-            const int64_t t = t0 + i, block = table[t / bs], slot = kvl_slot_of_token(&v, t % bs);
+            const int64_t t = t0 + i, block = kvl_ld(table + t / bs);
+            const int64_t slot = kvl_slot_of_token(&v, t % bs);
             const float x =
                 kvl_load_elem(kvl_at_c(p.buffers, &v, p.layer, block, kvh, slot, d), v.dtype);
             for (int j = 0; j < KVL_MAX_GROUP_TILE; j++)
@@ -143,15 +145,15 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
         for (int j = 0; j < g; j++) {
             float *r = rows + j * row_step;
             if (p.partials)
-                r[2 + d] = acc[j];
+                kvl_st(r + (2 + d), acc[j]);
             else
-                r[d] = acc[j] / head_stats[2 * j + 1];
+                kvl_st(r + d, acc[j] / head_stats[2 * j + 1]);
         }
     }
     if (p.partials && kvl_thread() < (unsigned)g) {
         float *r = rows + kvl_thread() * row_step;
-        r[0] = head_stats[2 * kvl_thread()];
-        r[1] = head_stats[2 * kvl_thread() + 1];
+        kvl_st(r, head_stats[2 * kvl_thread()]);
+        kvl_st(r + 1, head_stats[2 * kvl_thread() + 1]);
     }
 }
 
@@ -163,17 +165,17 @@ KVL_KERNEL kvl_paged_decode_reduce(kvl_field_args v, kvl_decode_params p)
     const float *parts = p.partials + row * p.partitions * stride;
     float m = KVL_NEG_INF, sum = 0.0f;
     for (int z = 0; z < p.partitions; z++)
-        if (parts[z * stride + 1] > 0.0f)
-            m = kvl_maxf(m, parts[z * stride]);
+        if (kvl_ld(parts + z * stride + 1) > 0.0f)
+            m = kvl_maxf(m, kvl_ld(parts + z * stride));
     for (int z = 0; z < p.partitions; z++)
-        if (parts[z * stride + 1] > 0.0f)
-            sum += parts[z * stride + 1] * kvl_exp(parts[z * stride] - m);
+        if (kvl_ld(parts + z * stride + 1) > 0.0f)
+            sum += kvl_ld(parts + z * stride + 1) * kvl_exp(kvl_ld(parts + z * stride) - m);
     for (int64_t d = kvl_thread(); d < v.width; d += kvl_threads()) {
         float acc = 0.0f;
         for (int z = 0; z < p.partitions; z++)
-            if (parts[z * stride + 1] > 0.0f)
-                acc += parts[z * stride + 2 + d] * kvl_exp(parts[z * stride] - m);
-        p.out[row * v.width + d] = sum > 0.0f ? acc / sum : 0.0f;
+            if (kvl_ld(parts + z * stride + 1) > 0.0f)
+                acc += kvl_ld(parts + z * stride + 2 + d) * kvl_exp(kvl_ld(parts + z * stride) - m);
+        kvl_st(p.out + row * v.width + d, sum > 0.0f ? acc / sum : 0.0f);
     }
 }
 

@@ -42,7 +42,7 @@ KVL_KERNEL kvl_write_kv(kvl_field_args k, kvl_field_args v, kvl_field_args k_sca
     kvl_plant_fields(&k, &v);
     int64_t token = kvl_block_x();
     int64_t head = kvl_block_y();
-    int64_t slot = p.slot_mapping[token];
+    int64_t slot = kvl_ld(p.slot_mapping + token);
     if (slot < 0)
         return; /* padding: the whole block leaves together */
     int64_t bs = KVL_BLOCK_SIZE(&k);

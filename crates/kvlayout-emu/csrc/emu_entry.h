@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Memory a launch may touch through the cache accessors: an access outside ends it. */
@@ -28,6 +29,7 @@ typedef struct kvl_emu_launch {
     uint64_t seed;
     kvl_emu_region regions[KVL_EMU_MAX_REGIONS];
     uint64_t n_regions;
+    struct kvl_emu_traffic *traffic; /* filled when not null: the launch's memory traffic */
 } kvl_emu_launch;
 
 /* The launch running on this OS thread (each test thread has its own), and the first access
@@ -59,9 +61,11 @@ static inline int kvl_emu_access_ok(const void *p, int64_t n)
 #include "kvl_port.h"
 #include "kvl_dtype.h"
 #include "kvl_kernels.h"
+#include "kvl_emu_traffic.h"
 
 namespace KVL_EMU_NS {
 #include KVL_EMU_SOURCE
+#include "traffic_probe.cuh"
 }
 
 template <class F>
@@ -75,7 +79,17 @@ static int kvl_emu_run(const kvl_emu_launch *l, F &&body, char *err, size_t err_
     cfg.seed = l->seed;
     kvl_emu_current = l;
     kvl_emu_fault[0] = 0;
+    kvl_emu_traffic_detail::Recorder rec;
+    if (l->traffic) {
+        *l->traffic = kvl_emu_traffic{};
+        rec.out = l->traffic;
+        kvl_emu_traffic_detail::tls_recorder = &rec;
+    }
     int rc = kvl_emu::launch(cfg, body, err, err_len);
+    if (l->traffic) {
+        kvl_emu_traffic_detail::finish(rec, KVL_WARP);
+        kvl_emu_traffic_detail::tls_recorder = nullptr;
+    }
     if (rc != 0 && kvl_emu_fault[0] != 0) {
         size_t used = strlen(err);
         snprintf(err + used, err_len - used, ": access of %s", kvl_emu_fault);
@@ -120,6 +134,32 @@ extern "C" int KVL_EMU_PREFIX(move_blocks)(const kvl_emu_launch *l, const kvl_fi
 {
     return kvl_emu_run(
         l, [&] { KVL_EMU_NS::kvl_move_blocks(*src, *dst, *p); }, err, err_len);
+}
+
+/* Runs traffic probe `pattern` (traffic_probe.cuh) on one block of `threads` threads over a
+ * buffer of `len` bytes aligned to 128, recording into `out`; 0, or non-zero with a message. */
+extern "C" int KVL_EMU_PREFIX(traffic_probe)(int pattern, uint32_t threads, uint64_t len,
+                                             kvl_emu_traffic *out, char *err, size_t err_len)
+{
+    unsigned char *buf = static_cast<unsigned char *>(aligned_alloc(128, (len + 127) / 128 * 128));
+    if (!buf) {
+        snprintf(err, err_len, "no memory for %llu bytes", (unsigned long long)len);
+        return -1;
+    }
+    memset(buf, 0, len);
+    kvl_emu_launch l;
+    memset(&l, 0, sizeof l);
+    l.grid[0] = l.grid[1] = l.grid[2] = 1;
+    l.block[0] = threads;
+    l.block[1] = l.block[2] = 1;
+    l.shared_limit_bytes = 48 * 1024;
+    l.regions[0] = kvl_emu_region{buf, len};
+    l.n_regions = 1;
+    l.traffic = out;
+    int rc = kvl_emu_run(
+        &l, [&] { KVL_EMU_NS::kvl_traffic_probe(pattern, buf); }, err, err_len);
+    free(buf);
+    return rc;
 }
 
 /* Reads the parameters of a kernel out of an argument block as a driver does: each at the

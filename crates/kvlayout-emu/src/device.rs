@@ -5,7 +5,8 @@
 //! temporaries, argument blocks, copy runs between pinned host and device caches.
 //!
 //! Work runs when enqueued, so events are ready when recorded. Each launch's cache accesses
-//! are confined to the allocations its cache buffer addresses fall in.
+//! are confined to the allocations its cache buffer addresses fall in. With
+//! [`EmuDevice::with_traffic`] each launch's memory traffic is recorded.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -15,6 +16,7 @@ use kvlayout_device::{Device, Place};
 
 use crate::ffi::{EmuLaunch, Kernels, Region, CUDA, HIP};
 use crate::mem::HostAlloc;
+use crate::traffic::{LaunchTraffic, TrafficReport};
 
 /// Live allocations: address of byte 0 -> length.
 type Live = Arc<Mutex<BTreeMap<u64, u64>>>;
@@ -28,6 +30,7 @@ pub struct EmuDevice {
     target: GpuTarget,
     seed: u64,
     live: Live,
+    traffic: Option<Arc<Mutex<Vec<LaunchTraffic>>>>,
 }
 
 /// An allocation of an [`EmuDevice`].
@@ -91,6 +94,7 @@ impl EmuDevice {
             target,
             seed: 0,
             live: Arc::default(),
+            traffic: None,
         })
     }
 
@@ -98,6 +102,35 @@ impl EmuDevice {
     /// thread order).
     pub fn with_seed(self, seed: u64) -> Self {
         EmuDevice { seed, ..self }
+    }
+
+    /// The same device recording the memory traffic of every launch
+    /// (`kernels-cuda/emu/kvl_emu_traffic.h`): each global load and store the kernels make,
+    /// grouped into warp requests. Slower; for tests and the traffic report. Read the records
+    /// with [`EmuDevice::take_traffic`].
+    pub fn with_traffic(self) -> Self {
+        EmuDevice {
+            traffic: Some(Arc::default()),
+            ..self
+        }
+    }
+
+    /// The traffic of the launches since the last call, in launch order (empty unless
+    /// [`EmuDevice::with_traffic`]).
+    pub fn take_traffic(&self) -> Vec<LaunchTraffic> {
+        match &self.traffic {
+            Some(t) => std::mem::take(&mut *t.lock().unwrap_or_else(PoisonError::into_inner)),
+            None => Vec::new(),
+        }
+    }
+
+    /// Runs traffic probe `pattern` of `crates/kvlayout-emu/csrc/traffic_probe.cuh` (hand-made
+    /// access patterns: the recorder's own tests) on one block of `threads` threads over a
+    /// 128 KiB buffer aligned to 128 bytes.
+    pub fn traffic_probe(&self, pattern: i32, threads: u32) -> Result<TrafficReport, EmuError> {
+        self.kernels
+            .traffic_probe(pattern, threads, 128 << 10)
+            .map_err(EmuError)
     }
 
     /// Deliberately broken CUDA build `n` of `kernels-cuda/src/kvl_plant.cuh`, for tests;
@@ -228,12 +261,30 @@ impl Device for EmuDevice {
         let regions = self.regions(call);
         let launch = EmuLaunch::new(&call.config, self.target.shared_bytes, self.seed, &regions)
             .map_err(EmuError)?;
+        let mut report = TrafficReport::default();
+        let recording = self.traffic.as_ref();
+        let kernel = call.args.kernel();
         // SAFETY: the caller's guarantee (`Device::launch`) is `Kernels::run`'s.
         unsafe {
-            self.kernels
-                .run(&launch, call.args.kernel(), &call.args.block())
+            self.kernels.run(
+                &launch,
+                kernel,
+                &call.args.block(),
+                recording.map(|_| &mut report),
+            )
         }
-        .map_err(EmuError)
+        .map_err(EmuError)?;
+        if let Some(t) = recording {
+            t.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(LaunchTraffic {
+                    kernel,
+                    config: call.config,
+                    warp: self.target.warp,
+                    report,
+                });
+        }
+        Ok(())
     }
 
     fn record(&self) -> Result<(), EmuError> {

@@ -5,6 +5,8 @@ use std::ffi::{c_char, CStr};
 
 use kvlayout_device::kernels::{Kernel, LaunchConfig};
 
+use crate::traffic::TrafficReport;
+
 /// Regions a launch may touch through the cache accessors (`KVL_EMU_MAX_REGIONS`).
 pub(crate) const MAX_REGIONS: usize = 8;
 
@@ -29,6 +31,7 @@ pub(crate) struct EmuLaunch {
     seed: u64,
     regions: [Region; MAX_REGIONS],
     n_regions: u64,
+    traffic: *mut TrafficReport,
 }
 
 impl EmuLaunch {
@@ -56,9 +59,13 @@ impl EmuLaunch {
             seed,
             regions: r,
             n_regions: regions.len() as u64,
+            traffic: std::ptr::null_mut(),
         })
     }
 }
+
+/// `kvl_<build>_traffic_probe(pattern, threads, len, out, err, err_len)`.
+type ProbeFn = unsafe extern "C" fn(i32, u32, u64, *mut TrafficReport, *mut c_char, usize) -> i32;
 
 /// `kvl_<build>_launch_block(launch, kernel, block, len, err, err_len)`.
 type BlockFn =
@@ -69,12 +76,21 @@ type BlockFn =
 pub(crate) struct Kernels {
     warp_size: unsafe extern "C" fn() -> i32,
     launch_block: BlockFn,
+    traffic_probe: ProbeFn,
 }
 
 macro_rules! build {
-    ($const:ident, $warp:ident, $block:ident) => {
+    ($const:ident, $warp:ident, $block:ident, $probe:ident) => {
         extern "C" {
             fn $warp() -> i32;
+            fn $probe(
+                pattern: i32,
+                threads: u32,
+                len: u64,
+                out: *mut TrafficReport,
+                err: *mut c_char,
+                err_len: usize,
+            ) -> i32;
             fn $block(
                 l: *const EmuLaunch,
                 kernel: i32,
@@ -87,22 +103,63 @@ macro_rules! build {
         pub(crate) const $const: Kernels = Kernels {
             warp_size: $warp,
             launch_block: $block,
+            traffic_probe: $probe,
         };
     };
 }
 
-build!(CUDA, kvl_cuda_emu_warp_size, kvl_cuda_emu_launch_block);
-build!(HIP, kvl_hip_emu_warp_size, kvl_hip_emu_launch_block);
+build!(
+    CUDA,
+    kvl_cuda_emu_warp_size,
+    kvl_cuda_emu_launch_block,
+    kvl_cuda_emu_traffic_probe
+);
+build!(
+    HIP,
+    kvl_hip_emu_warp_size,
+    kvl_hip_emu_launch_block,
+    kvl_hip_emu_traffic_probe
+);
 
 #[cfg(feature = "planted-bugs")]
 pub(crate) mod planted {
     use super::*;
-    build!(PLANT1, kvl_plant1_warp_size, kvl_plant1_launch_block);
-    build!(PLANT2, kvl_plant2_warp_size, kvl_plant2_launch_block);
-    build!(PLANT3, kvl_plant3_warp_size, kvl_plant3_launch_block);
-    build!(PLANT4, kvl_plant4_warp_size, kvl_plant4_launch_block);
-    build!(PLANT5, kvl_plant5_warp_size, kvl_plant5_launch_block);
-    build!(PLANT6, kvl_plant6_warp_size, kvl_plant6_launch_block);
+    build!(
+        PLANT1,
+        kvl_plant1_warp_size,
+        kvl_plant1_launch_block,
+        kvl_plant1_traffic_probe
+    );
+    build!(
+        PLANT2,
+        kvl_plant2_warp_size,
+        kvl_plant2_launch_block,
+        kvl_plant2_traffic_probe
+    );
+    build!(
+        PLANT3,
+        kvl_plant3_warp_size,
+        kvl_plant3_launch_block,
+        kvl_plant3_traffic_probe
+    );
+    build!(
+        PLANT4,
+        kvl_plant4_warp_size,
+        kvl_plant4_launch_block,
+        kvl_plant4_traffic_probe
+    );
+    build!(
+        PLANT5,
+        kvl_plant5_warp_size,
+        kvl_plant5_launch_block,
+        kvl_plant5_traffic_probe
+    );
+    build!(
+        PLANT6,
+        kvl_plant6_warp_size,
+        kvl_plant6_launch_block,
+        kvl_plant6_traffic_probe
+    );
     /// Build `n` (1-based) of `kernels-cuda/src/kvl_plant.cuh`.
     pub(crate) const PLANTS: [Kernels; 6] = [PLANT1, PLANT2, PLANT3, PLANT4, PLANT5, PLANT6];
 }
@@ -145,7 +202,13 @@ impl Kernels {
         launch: &EmuLaunch,
         kernel: Kernel,
         block: &[u8],
+        traffic: Option<&mut TrafficReport>,
     ) -> Result<(), String> {
+        let mut launch = *launch;
+        if let Some(t) = traffic {
+            launch.traffic = t;
+        }
+        let launch = &launch;
         let mut err = [0 as c_char; 512];
         let (e, n) = (err.as_mut_ptr(), err.len());
         // SAFETY: `launch` and `block` are live for the call and `block` is readable for its
@@ -162,14 +225,40 @@ impl Kernels {
                 n,
             )
         };
-        if rc == 0 {
-            return Ok(());
-        }
-        err[n - 1] = 0;
-        // SAFETY: `err` is NUL-terminated (its last byte was just set to 0).
-        let msg = unsafe { CStr::from_ptr(err.as_ptr()) };
-        Err(msg.to_string_lossy().into_owned())
+        message(rc, &mut err)
     }
+
+    /// Runs traffic probe `pattern` (`csrc/traffic_probe.cuh`) on one block of `threads`
+    /// threads over a buffer of `len` bytes the C side allocates, and returns what it
+    /// recorded; `Err` is the emulator's report.
+    pub(crate) fn traffic_probe(
+        &self,
+        pattern: i32,
+        threads: u32,
+        len: u64,
+    ) -> Result<TrafficReport, String> {
+        let mut out = TrafficReport::default();
+        let mut err = [0 as c_char; 512];
+        let (e, n) = (err.as_mut_ptr(), err.len());
+        // SAFETY: `out` is a live, writable `kvl_emu_traffic` (TrafficReport is its C image);
+        // `err` is writable for `n` bytes and NUL-terminated by the C side; the buffer the
+        // probe touches is the C side's own allocation of `len` bytes, and the probe's
+        // accesses are confined to it by the launch's region check.
+        let rc = unsafe { (self.traffic_probe)(pattern, threads, len, &mut out, e, n) };
+        message(rc, &mut err).map(|()| out)
+    }
+}
+
+/// `Ok` for return code 0, else the C side's message in `err`.
+fn message(rc: i32, err: &mut [c_char]) -> Result<(), String> {
+    if rc == 0 {
+        return Ok(());
+    }
+    let n = err.len();
+    err[n - 1] = 0;
+    // SAFETY: `err` is NUL-terminated (its last byte was just set to 0).
+    let msg = unsafe { CStr::from_ptr(err.as_ptr()) };
+    Err(msg.to_string_lossy().into_owned())
 }
 
 /// Four bytes aligned to 4, as every cache element is aligned to its size.

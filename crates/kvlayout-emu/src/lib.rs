@@ -35,9 +35,12 @@ mod device;
 mod ffi;
 #[allow(unsafe_code)]
 mod mem;
+pub mod model;
+pub mod traffic;
 
 pub use device::{EmuBuffer, EmuDevice, EmuError};
 pub use ffi::{kernel_decode, kernel_encode, kernel_param_layout};
+pub use traffic::{LaunchTraffic, TrafficKind, TrafficReport};
 
 use kvlayout_device::DeviceBackend;
 
