@@ -58,7 +58,17 @@ KVL_DEVICE const unsigned char *kvl_at_c(const unsigned char *const *buffers,
  * `global_load_dwordx4` on AMDGPU): the address must be a multiple of 16, which the Rust side
  * checks from the descriptor and the buffer addresses before it chooses a 16-byte path.
  */
+#if defined(__CUDACC_RTC__)
+/* NVRTC has no vector_size: a 16-aligned struct of four words, loaded as one vector. */
+struct alignas(16) kvl_u128_words {
+    uint32_t w[4];
+};
+typedef struct kvl_u128_words kvl_u128;
+#define KVL_U128_WORD(v, i) ((v).w[i])
+#else
 typedef uint32_t kvl_u128 __attribute__((vector_size(16)));
+#define KVL_U128_WORD(v, i) ((v)[i]) /* word i (0..3) of a kvl_u128 */
+#endif
 
 KVL_DEVICE kvl_u128 kvl_load16(const unsigned char *p)
 {

@@ -51,7 +51,9 @@ KVL_DEVICE kvl_u128 kvl_row_load16(const unsigned char *p)
 /* Sixteen zero bytes. */
 KVL_DEVICE kvl_u128 kvl_zero16(void)
 {
-    const kvl_u128 z = {0u, 0u, 0u, 0u};
+    kvl_u128 z;
+    for (int i = 0; i < 4; i++)
+        KVL_U128_WORD(z, i) = 0u;
     return z;
 }
 
@@ -61,19 +63,19 @@ KVL_DEVICE void kvl_unpack16(kvl_u128 raw, int dtype, float *x)
     switch (dtype) {
     case KVL_DTYPE_F32:
         for (int i = 0; i < 4; i++)
-            x[i] = kvl_bits_as_f32(raw[i]);
+            x[i] = kvl_bits_as_f32(KVL_U128_WORD(raw, i));
         break;
     case KVL_DTYPE_F16:
         for (int i = 0; i < 8; i++)
-            x[i] = kvl_f16_to_f32((uint16_t)(raw[i / 2] >> (16 * (i % 2))));
+            x[i] = kvl_f16_to_f32((uint16_t)(KVL_U128_WORD(raw, i / 2) >> (16 * (i % 2))));
         break;
     case KVL_DTYPE_BF16:
         for (int i = 0; i < 8; i++)
-            x[i] = kvl_bf16_to_f32((uint16_t)(raw[i / 2] >> (16 * (i % 2))));
+            x[i] = kvl_bf16_to_f32((uint16_t)(KVL_U128_WORD(raw, i / 2) >> (16 * (i % 2))));
         break;
     default:
         for (int i = 0; i < 16; i++) {
-            const unsigned char b = (unsigned char)(raw[i / 4] >> (8 * (i % 4)));
+            const unsigned char b = (unsigned char)(KVL_U128_WORD(raw, i / 4) >> (8 * (i % 4)));
             x[i] = kvl_load_elem(&b, dtype);
         }
         break;
