@@ -10,6 +10,20 @@
 
 #include "common.cuh"
 
+/*
+ * Global accesses a body makes itself: checked against the launch's buffers by the emulator
+ * (and recorded where the emulator records traffic and common.cuh names these).
+ */
+#ifndef KVL_CACHE_LOAD
+#define KVL_CACHE_LOAD(p, n) KVL_CHECK_ACCESS(p, n)
+#endif
+#ifndef kvl_ld
+#define kvl_ld(p) (*(p))
+#endif
+#ifndef kvl_st
+#define kvl_st(p, x) ((void)(*(p) = (x)))
+#endif
+
 /* Most elements in one 16-byte vector (1-byte elements). */
 #define KVL_VEC_ELEMS 16
 
@@ -27,17 +41,9 @@ KVL_DEVICE int64_t kvl_in_row(const kvl_field_args *a, int64_t dim)
     return kvl_offset(a, 0, 0, 0, 0, dim) - kvl_offset(a, 0, 0, 0, 0, 0);
 }
 
-/* Element `dim` of a row as f32. */
-KVL_DEVICE float kvl_row_elem(const unsigned char *row, const kvl_field_args *a, int64_t dim)
-{
-    const unsigned char *p = row + kvl_in_row(a, dim);
-    KVL_CHECK_ACCESS(p, a->elem_bytes);
-    return kvl_load_elem(p, a->dtype);
-}
-
 /*
  * The 16 bytes at `p`, a multiple of 16 (a GPU faults on a misaligned vector load; the
- * emulator ends the launch instead).
+ * emulator ends the launch instead). The caller checks the access (KVL_CACHE_LOAD).
  */
 KVL_DEVICE kvl_u128 kvl_row_load16(const unsigned char *p)
 {
@@ -45,7 +51,7 @@ KVL_DEVICE kvl_u128 kvl_row_load16(const unsigned char *p)
     if (((uint64_t)(uintptr_t)p & 15u) != 0)
         kvl_trap();
 #endif
-    return kvl_load16(p);
+    return *(const kvl_u128 *)p;
 }
 
 /* Sixteen zero bytes. */

@@ -53,7 +53,7 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
     const int64_t qh0 = kvh * p.group + (kvl_block_y() % tiles) * p.group_tile;
     const int64_t left = (kvh + 1) * p.group - qh0;
     const int g = (int)(left < p.group_tile ? left : p.group_tile); /* heads of this tile */
-    const int64_t len = p.seq_lens[seq];
+    const int64_t len = kvl_ld(p.seq_lens + seq);
     const int64_t start = (p.window >= 0 && len > p.window) ? len - p.window : 0;
     const int64_t t0 = start + part * p.partition_tokens;
     const int64_t t1 = t0 + p.partition_tokens < len ? t0 + p.partition_tokens : len;
@@ -67,7 +67,7 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
         for (int j = 0; j < g; j++) {
             float *r = rows + j * row_step;
             for (int64_t d = kvl_thread(); d < stride; d += kvl_threads())
-                r[d] = p.partials && d == 0 ? KVL_NEG_INF : 0.0f;
+                kvl_st(r + d, p.partials && d == 0 ? KVL_NEG_INF : 0.0f);
         }
         return;
     }
@@ -98,15 +98,21 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
             const int64_t i = i0 + u * per_warp + sub, t = t0 + i;
             for (int j = 0; j < KVL_MAX_GROUP_TILE; j++)
                 dot[u][j] = 0.0f;
-            row[u] = i < n ? kvl_row_base(p.buffers, &k, p.layer, table[t / bs], kvh,
+            row[u] = i < n ? kvl_row_base(p.buffers, &k, p.layer, kvl_ld(table + t / bs), kvh,
                                           kvl_slot_of_token(&k, t % bs))
                            : 0;
         }
         if (p.k_vec_bytes) {
             for (int64_t c = li; c < kvecs; c += lanes) {
                 kvl_u128 raw[KVL_DECODE_UNROLL];
-                for (int u = 0; u < KVL_DECODE_UNROLL; u++)
-                    raw[u] = row[u] ? kvl_row_load16(row[u] + c * 16) : kvl_zero16();
+                for (int u = 0; u < KVL_DECODE_UNROLL; u++) {
+                    raw[u] = kvl_zero16();
+                    if (row[u]) {
+                        const unsigned char *at = row[u] + c * 16;
+                        KVL_CACHE_LOAD(at, 16);
+                        raw[u] = kvl_row_load16(at);
+                    }
+                }
                 for (int u = 0; u < KVL_DECODE_UNROLL; u++) {
                     if (!row[u])
                         continue;
@@ -122,8 +128,14 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
         } else {
             for (int64_t d = li; d < kw; d += lanes) {
                 float x[KVL_DECODE_UNROLL];
-                for (int u = 0; u < KVL_DECODE_UNROLL; u++)
-                    x[u] = row[u] ? kvl_row_elem(row[u], &k, d) : 0.0f;
+                for (int u = 0; u < KVL_DECODE_UNROLL; u++) {
+                    x[u] = 0.0f;
+                    if (row[u]) {
+                        const unsigned char *at = row[u] + kvl_in_row(&k, d);
+                        KVL_CACHE_LOAD(at, k.elem_bytes);
+                        x[u] = kvl_load_elem(at, k.dtype);
+                    }
+                }
                 for (int u = 0; u < KVL_DECODE_UNROLL; u++)
                     for (int j = 0; j < KVL_MAX_GROUP_TILE; j++)
                         if (j < g)
@@ -136,10 +148,12 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
             const int64_t i = i0 + u * per_warp + sub, t = t0 + i;
             if (i < n && li == 0) {
                 float s = k.scale;
-                if (p.inline_scales)
-                    s *= kvl_load_elem(kvl_at_c(p.buffers, &k_scale, p.layer, table[t / bs], kvh,
-                                                kvl_slot_of_token(&k, t % bs), 0),
+                if (p.inline_scales) {
+                    const int64_t block = kvl_ld(table + t / bs);
+                    const int64_t slot = kvl_slot_of_token(&k, t % bs);
+                    s *= kvl_load_elem(kvl_at_c(p.buffers, &k_scale, p.layer, block, kvh, slot, 0),
                                        KVL_DTYPE_F32);
+                }
                 for (int j = 0; j < g; j++) {
                     float x = dot[u][j] * s * p.scale;
                     if (p.soft_capped)
@@ -164,7 +178,7 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
             sum += e;
             float s = v.scale;
             if (p.inline_scales) {
-                const int64_t t = t0 + i, block = table[t / bs];
+                const int64_t t = t0 + i, block = kvl_ld(table + t / bs);
                 const int64_t slot = kvl_slot_of_token(&v, t % bs);
                 s *= kvl_load_elem(kvl_at_c(p.buffers, &v_scale, p.layer, block, kvh, slot, 0),
                                    KVL_DTYPE_F32);
@@ -185,7 +199,7 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
         int64_t *bases = (int64_t *)(qs + ((p.group_tile * (qrow + tokens) + 1) / 2) * 2);
         for (int64_t i = kvl_thread(); i < n; i += kvl_threads()) {
             const int64_t t = t0 + i;
-            bases[i] = kvl_row_base(p.buffers, &v, p.layer, table[t / bs], kvh,
+            bases[i] = kvl_row_base(p.buffers, &v, p.layer, kvl_ld(table + t / bs), kvh,
                                     kvl_slot_of_token(&v, t % bs)) -
                        p.buffers[v.buffer];
         }
@@ -197,7 +211,7 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
             const int64_t at = kvl_in_row(&v, d);
             for (int64_t i = kvl_lane(); i < n; i += KVL_WARP) {
                 const unsigned char *e = p.buffers[v.buffer] + bases[i] + at;
-                KVL_CHECK_ACCESS(e, v.elem_bytes);
+                KVL_CACHE_LOAD(e, v.elem_bytes);
                 const float x = kvl_load_elem(e, v.dtype);
                 for (int j = 0; j < KVL_MAX_GROUP_TILE; j++)
                     if (j < g)
@@ -232,12 +246,16 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
                     one[u] = 0.0f;
                     if (i >= n)
                         break;
-                    const unsigned char *row = kvl_row_base(
-                        p.buffers, &v, p.layer, table[t / bs], kvh, kvl_slot_of_token(&v, t % bs));
+                    const unsigned char *row =
+                        kvl_row_base(p.buffers, &v, p.layer, kvl_ld(table + t / bs), kvh,
+                                     kvl_slot_of_token(&v, t % bs));
+                    const unsigned char *at =
+                        row + (p.v_vec_bytes ? c * 16 : kvl_in_row(&v, c));
+                    KVL_CACHE_LOAD(at, p.v_vec_bytes ? 16 : v.elem_bytes);
                     if (p.v_vec_bytes)
-                        raw[u] = kvl_row_load16(row + c * 16);
+                        raw[u] = kvl_row_load16(at);
                     else
-                        one[u] = kvl_row_elem(row, &v, c);
+                        one[u] = kvl_load_elem(at, v.dtype);
                 }
                 for (int u = 0; u < KVL_DECODE_UNROLL; u++) {
                     const int64_t i = i0 + u * token_lanes;
@@ -274,14 +292,14 @@ KVL_KERNEL kvl_paged_decode(kvl_field_args k, kvl_field_args v, kvl_field_args k
         const int64_t j = e / vw, d = e % vw;
         float *r = rows + j * row_step;
         if (p.partials)
-            r[2 + d] = sums[j * qrow + d];
+            kvl_st(r + (2 + d), sums[j * qrow + d]);
         else
-            r[d] = sums[j * qrow + d] / head_stats[2 * j + 1];
+            kvl_st(r + d, sums[j * qrow + d] / head_stats[2 * j + 1]);
     }
     if (p.partials && kvl_thread() < (unsigned)g) {
         float *r = rows + kvl_thread() * row_step;
-        r[0] = head_stats[2 * kvl_thread()];
-        r[1] = head_stats[2 * kvl_thread() + 1];
+        kvl_st(r, head_stats[2 * kvl_thread()]);
+        kvl_st(r + 1, head_stats[2 * kvl_thread() + 1]);
     }
 }
 
@@ -293,17 +311,17 @@ KVL_KERNEL kvl_paged_decode_reduce(kvl_field_args v, kvl_decode_params p)
     const float *parts = p.partials + row * p.partitions * stride;
     float m = KVL_NEG_INF, sum = 0.0f;
     for (int z = 0; z < p.partitions; z++)
-        if (parts[z * stride + 1] > 0.0f)
-            m = kvl_maxf(m, parts[z * stride]);
+        if (kvl_ld(parts + z * stride + 1) > 0.0f)
+            m = kvl_maxf(m, kvl_ld(parts + z * stride));
     for (int z = 0; z < p.partitions; z++)
-        if (parts[z * stride + 1] > 0.0f)
-            sum += parts[z * stride + 1] * kvl_exp(parts[z * stride] - m);
+        if (kvl_ld(parts + z * stride + 1) > 0.0f)
+            sum += kvl_ld(parts + z * stride + 1) * kvl_exp(kvl_ld(parts + z * stride) - m);
     for (int64_t d = kvl_thread(); d < v.width; d += kvl_threads()) {
         float acc = 0.0f;
         for (int z = 0; z < p.partitions; z++)
-            if (parts[z * stride + 1] > 0.0f)
-                acc += parts[z * stride + 2 + d] * kvl_exp(parts[z * stride] - m);
-        p.out[row * v.width + d] = sum > 0.0f ? acc / sum : 0.0f;
+            if (kvl_ld(parts + z * stride + 1) > 0.0f)
+                acc += kvl_ld(parts + z * stride + 2 + d) * kvl_exp(kvl_ld(parts + z * stride) - m);
+        kvl_st(p.out + row * v.width + d, sum > 0.0f ? acc / sum : 0.0f);
     }
 }
 
