@@ -63,6 +63,13 @@ typedef struct kvl_decode_params {
     float soft_cap;                 /* logits soft-cap c: l = c tanh(l / c) */
     int32_t soft_capped;            /* 1: apply soft_cap */
     int32_t group_tile;             /* query heads per block, 1..KVL_MAX_GROUP_TILE */
+    int32_t k_vec_bytes;            /* 16: key rows read as 16-byte vectors (one run of bytes,
+                                       every row start and the buffer 16-aligned); 0: elements */
+    int32_t v_vec_bytes;            /* the same for value rows */
+    int32_t k_token_lanes;          /* lanes per key row on the 16-byte path: a power of two
+                                       up to the warp width */
+    int32_t v_token_major;          /* 1: value tokens are contiguous for one element (legacy
+                                       [blocks, heads, D, N]): lanes over tokens */
     int32_t reserved;               /* zero */
 } kvl_decode_params;
 

@@ -148,7 +148,17 @@ KVL_DEVICE const unsigned char *kvl_at_c_site(const unsigned char *const *buffer
  * checks from the descriptor and the buffer addresses before it chooses a 16-byte path.
  * `kvl_load16` / `kvl_store16` are cache accesses, checked and recorded at the caller's site.
  */
+#if defined(__CUDACC_RTC__)
+/* NVRTC has no vector_size: a 16-aligned struct of four words, loaded as one vector. */
+struct alignas(16) kvl_u128_words {
+    uint32_t w[4];
+};
+typedef struct kvl_u128_words kvl_u128;
+#define KVL_U128_WORD(v, i) ((v).w[i])
+#else
 typedef uint32_t kvl_u128 __attribute__((vector_size(16)));
+#define KVL_U128_WORD(v, i) ((v)[i]) /* word i (0..3) of a kvl_u128 */
+#endif
 
 KVL_DEVICE kvl_u128 kvl_load16_at(const unsigned char *p, kvl_site_t site)
 {

@@ -35,7 +35,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use kvlayout_conformance::backend::{Backends, Host, ScalarReference};
-use kvlayout_conformance::cases::all_cases;
+use kvlayout_conformance::cases::{all_cases, Ops};
+use kvlayout_device::kernels::{decode_rows, GpuTarget};
 // The suite's checks live in the library (`kvlayout check` runs them too); the modules of
 // this test reach them as `crate::bytes`, `crate::run`, ... .
 use kvlayout_conformance::suite::{
@@ -160,6 +161,26 @@ fn the_table_covers_what_the_suite_promises() {
             "{dtype}"
         );
     }
+    // Every decode path the kernel branches on (buffers at 16-byte-aligned addresses):
+    // (k_vec_bytes, v_vec_bytes, v_token_major), and rows of whole vectors that must still go
+    // element by element because a base offset or a padded page is off the 16-byte grid.
+    let mut paths = BTreeSet::new();
+    let mut unaligned_whole_rows = 0;
+    for c in cases.iter().filter(|c| c.ops == Ops::All) {
+        let rows = decode_rows(&c.layout, [0, 0], &GpuTarget::CUDA).unwrap();
+        paths.insert((rows.k_vec_bytes, rows.v_vec_bytes, rows.v_token_major));
+        let k = c.layout.field_map(kvlayout::Field::K).unwrap();
+        if rows.k_vec_bytes == 0 && k.row_run().is_some_and(|r| r % 16 == 0) {
+            unaligned_whole_rows += 1;
+        }
+    }
+    for want in [(16, 16, false), (16, 0, false), (0, 0, false), (0, 0, true)] {
+        assert!(
+            paths.contains(&want),
+            "no case decodes by {want:?}: {paths:?}"
+        );
+    }
+    assert!(unaligned_whole_rows >= 2, "{unaligned_whole_rows}");
     let groups: BTreeSet<&str> = cases.iter().map(|c| c.group.as_str()).collect();
     assert!(
         groups.len() < cases.len(),

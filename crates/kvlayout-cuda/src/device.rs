@@ -22,6 +22,9 @@ pub struct DeviceInfo {
     pub kernels: KernelSource,
     /// PTX ISA version of those kernels.
     pub ptx_version: String,
+    /// Streaming multiprocessors (`CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`): the decode's
+    /// partitions are sized to fill them.
+    pub sm_count: u32,
 }
 
 /// One NVIDIA GPU through the CUDA driver: its primary context, a non-blocking stream and
@@ -58,7 +61,7 @@ impl CudaDevice {
             return Err(no_device(count, "ordinal past the last device".into()));
         }
         let ctx = driver::primary_context(ordinal)?;
-        let (name, capability, unified) = driver::device_properties(&ctx)?;
+        let (name, capability, unified, sm_count) = driver::device_properties(&ctx)?;
         if !unified {
             return Err(CudaError::NoUnifiedAddressing { device: name });
         }
@@ -73,6 +76,7 @@ impl CudaDevice {
                 capability,
                 kernels,
                 ptx_version,
+                sm_count,
             },
         })
     }
@@ -93,7 +97,7 @@ impl Device for CudaDevice {
     }
 
     fn target(&self) -> GpuTarget {
-        GpuTarget::CUDA
+        GpuTarget::CUDA.with_sm_count(self.info.sm_count)
     }
 
     fn alloc(&self, len: u64, misalign: u64, place: Place) -> Result<CudaBuffer, CudaError> {

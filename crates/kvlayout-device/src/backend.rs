@@ -413,7 +413,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
         let shape = check_decode(&cache.layout, d, out.len)?;
         let ca = self.addrs(cache)?;
         let target = self.device.target();
-        let Some(launch) = decode_plan(&target, &shape, d.seq_lens, &d.params)? else {
+        let Some(launch) = decode_plan(&target, &ca, &shape, d.seq_lens, &d.params)? else {
             return self.complete(Vec::new(), "paged_decode");
         };
         let table: Vec<u8> = d.block_table.iter().flat_map(|v| v.to_le_bytes()).collect();

@@ -7,9 +7,11 @@
 //! Pure: no unsafe, no I/O. Addresses in the parameter structs are device addresses as `u64`.
 
 pub mod calls;
+pub mod decode_paths;
 pub mod launch;
 pub mod params;
 
 pub use calls::*;
+pub use decode_paths::*;
 pub use launch::*;
 pub use params::*;

@@ -55,6 +55,10 @@ extern "C" long long kvl_emu_param_layout(int which, int member)
                     offsetof(kvl_decode_params, scale), offsetof(kvl_decode_params, soft_cap),
                     offsetof(kvl_decode_params, soft_capped),
                     offsetof(kvl_decode_params, group_tile),
+                    offsetof(kvl_decode_params, k_vec_bytes),
+                    offsetof(kvl_decode_params, v_vec_bytes),
+                    offsetof(kvl_decode_params, k_token_lanes),
+                    offsetof(kvl_decode_params, v_token_major),
                     offsetof(kvl_decode_params, reserved))
     default:
         KVL_OFFSETS(kvl_move_params, offsetof(kvl_move_params, src_buffers),

@@ -20,7 +20,8 @@ fn parameter_structs_match_the_header() {
         inline_scales);
     let decode = offsets!(DecodeKernelParams: query, block_table, seq_lens, buffers, out,
         partials, layer, blocks_per_seq, q_heads, group, window, partition_tokens, partitions,
-        act_dtype, inline_scales, scale, soft_cap, soft_capped, group_tile, reserved);
+        act_dtype, inline_scales, scale, soft_cap, soft_capped, group_tile, k_vec_bytes, v_vec_bytes, k_token_lanes, v_token_major,
+        reserved);
     let moves = offsets!(MoveParams: src_buffers, dst_buffers, pairs, n_pairs, head0, heads,
         dst_head0, row_unit_bytes, reserved);
     assert_eq!(kernel_param_layout(0), (size_of::<WriteParams>(), write));

@@ -278,7 +278,7 @@ fn real_calls(target: &GpuTarget) -> Vec<KernelCall> {
         params,
     };
     let shape = check_decode(&layout, &d, 4 * 8).expect("decode shape");
-    let launch = decode_plan(target, &shape, &seq_lens, &params)
+    let launch = decode_plan(target, &cache, &shape, &seq_lens, &params)
         .expect("decode plan")
         .expect("one sequence");
     let site = DecodeSite {

@@ -64,6 +64,8 @@ pub(super) const FAMILIES: &[Family] = &[
         "order=HND"]),
     fam("tiles", "kv L=1 B=12 N=16 H=4 D=72 Dv=40", &["f32", "bf16", "fp8_e4m3"], Ops::All,
         &["order=NHD", "order=HND", "tensor=separate-nhd"]),
+    fam("wide", "kv L=1 B=3 N=16 H=2 D=16", &["bf16", "fp8_e4m3"], Ops::All, &["order=NHD",
+        "order=HND", "order=NHD base=8", "order=HND page=2056"]),
     fam("tiles-vllm", "kv L=1 B=12 N=16 H=2 D=64", &["f16"], Ops::All, &["tensor=vllm-paged-v1",
         "order=NHD"]),
     fam("big", "kv L=1 B=128 N=16 H=8 D=64", &["f32"], Ops::Movers, &["order=NHD", "order=HND",

@@ -43,14 +43,16 @@ pub(crate) fn primary_context(ordinal: usize) -> Result<Arc<CudaContext>, CudaEr
     CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain (CudaContext::new)"))
 }
 
-/// Name, compute capability and unified addressing of the context's device.
+/// Name, compute capability, unified addressing and multiprocessor count of the context's
+/// device.
 pub(crate) fn device_properties(
     ctx: &CudaContext,
-) -> Result<(String, (i32, i32), bool), CudaError> {
+) -> Result<(String, (i32, i32), bool, u32), CudaError> {
     let attr = |a: CUdevice_attribute| ctx.attribute(a).map_err(driver("cuDeviceGetAttribute"));
     let major = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
     let minor = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
     let unified = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? != 0;
+    let sm_count = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
     let mut name = [0u8; 256];
     // SAFETY: the buffer holds `len` bytes; the driver writes a NUL-terminated name into it.
     unsafe {
@@ -61,7 +63,12 @@ pub(crate) fn device_properties(
     let name = CStr::from_bytes_until_nul(&name)
         .map(|c| c.to_string_lossy().into_owned())
         .unwrap_or_default();
-    Ok((name, (major, minor), unified))
+    Ok((
+        name,
+        (major, minor),
+        unified,
+        u32::try_from(sm_count).unwrap_or(0),
+    ))
 }
 
 /// Entry points in [`Kernel::ALL`] order.

@@ -13,6 +13,7 @@ use kvlayout::Field;
 use kvlayout::KvCacheLayout;
 use kvlayout::KvFieldArgs;
 
+use super::decode_paths::decode_rows;
 use super::launch::{
     move_launch, paged_decode_launch, row_unit_bytes, write_kv_launch, DecodeLaunch, GpuTarget,
     LaunchConfig,
@@ -282,16 +283,18 @@ pub fn max_attended(seq_lens: &[u32], params: &DecodeParams) -> u64 {
         .unwrap_or(0)
 }
 
-/// The launches of a validated `paged_decode` (see [`paged_decode_launch`]); `None` when
-/// there is no sequence. [`DecodeLaunch::partials_len`] says how much f32 scratch
-/// [`decode_calls`] needs.
+/// The launches of a validated `paged_decode` of `cache` (see [`paged_decode_launch`], with
+/// the row paths of [`decode_rows`]); `None` when there is no sequence.
+/// [`DecodeLaunch::partials_len`] says how much f32 scratch [`decode_calls`] needs.
 pub fn decode_plan(
     target: &GpuTarget,
+    cache: &CacheAddrs<'_>,
     shape: &DecodeShape,
     seq_lens: &[u32],
     params: &DecodeParams,
 ) -> Result<Option<DecodeLaunch>, OpError> {
-    paged_decode_launch(target, shape, max_attended(seq_lens, params))
+    let rows = decode_rows(cache.layout, cache.bases, target)?;
+    paged_decode_launch(target, shape, max_attended(seq_lens, params), &rows)
 }
 
 /// Device addresses of a decode's inputs, output and scratch.
@@ -359,6 +362,10 @@ pub fn decode_calls(
         soft_cap: p.soft_cap.unwrap_or(0.0),
         soft_capped: i32::from(p.soft_cap.is_some()),
         group_tile: launch.group_tile as i32,
+        k_vec_bytes: launch.rows.k_vec_bytes as i32,
+        v_vec_bytes: launch.rows.v_vec_bytes as i32,
+        k_token_lanes: launch.rows.k_token_lanes as i32,
+        v_token_major: i32::from(launch.rows.v_token_major),
         reserved: 0,
     };
     let mut calls = vec![KernelCall {
@@ -441,7 +448,7 @@ mod tests {
         );
         assert_eq!(
             arg_slots(Kernel::PagedDecodeReduce),
-            vec![(0, 144), (144, 136)]
+            vec![(0, 144), (144, 152)]
         );
         assert_eq!(
             arg_slots(Kernel::MoveBlocks),

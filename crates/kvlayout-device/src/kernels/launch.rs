@@ -5,6 +5,8 @@
 use kvlayout::ops::{DecodeShape, OpError, WriteShape};
 use kvlayout::FieldMap;
 
+use super::decode_paths::{decode_partition_tokens, DecodeRows};
+
 /// What a launch needs to know of the machine it runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GpuTarget {
@@ -14,27 +16,44 @@ pub struct GpuTarget {
     pub warp: u32,
     /// Shared memory a block may use without opting in, static and dynamic together.
     pub shared_bytes: u32,
+    /// Streaming multiprocessors (CUDA) or compute units (AMD): the decode splits sequences
+    /// into enough partitions to give each about two blocks.
+    pub sm_count: u32,
 }
 
 impl GpuTarget {
-    /// NVIDIA sm_80 / sm_90: warps of 32, 48 KiB of shared memory per block by default.
+    /// NVIDIA sm_80 / sm_90: warps of 32, 48 KiB of shared memory per block by default;
+    /// 132 SMs (H100 SXM and H200) unless the backend asks the device.
     pub const CUDA: GpuTarget = GpuTarget {
         name: "cuda",
         warp: 32,
         shared_bytes: 48 << 10,
+        sm_count: 132,
     };
-    /// AMD CDNA (gfx90a, gfx942): wavefronts of 64, 64 KiB of LDS per workgroup.
+    /// AMD CDNA (gfx90a, gfx942): wavefronts of 64, 64 KiB of LDS per workgroup; 304 compute
+    /// units (MI300X) unless the backend asks the device.
     pub const CDNA: GpuTarget = GpuTarget {
         name: "cdna",
         warp: 64,
         shared_bytes: 64 << 10,
+        sm_count: 304,
     };
-    /// AMD RDNA (gfx1100): wavefronts of 32, 64 KiB of LDS per workgroup.
+    /// AMD RDNA (gfx1100): wavefronts of 32, 64 KiB of LDS per workgroup; 96 compute units
+    /// (Radeon RX 7900 XTX) unless the backend asks the device.
     pub const RDNA: GpuTarget = GpuTarget {
         name: "rdna",
         warp: 32,
         shared_bytes: 64 << 10,
+        sm_count: 96,
     };
+
+    /// This target with the device's own multiprocessor count (0 keeps the default).
+    pub const fn with_sm_count(self, sm_count: u32) -> Self {
+        if sm_count == 0 {
+            return self;
+        }
+        GpuTarget { sm_count, ..self }
+    }
 }
 
 /// Three launch dimensions.
@@ -68,7 +87,8 @@ pub struct LaunchConfig {
     pub dyn_shared_bytes: u32,
 }
 
-/// Tokens one decode block attends to (a partition); longer contexts are split and reduced.
+/// Most tokens one decode block attends to (a partition); longer contexts are split and
+/// reduced.
 pub const PARTITION_TOKENS: u64 = 512;
 /// Threads of a decode block.
 pub const DECODE_THREADS: u32 = 128;
@@ -136,6 +156,8 @@ pub struct DecodeLaunch {
     pub partition_tokens: u64,
     /// Query heads of one KV head a block serves (each key and value read once for them).
     pub group_tile: u32,
+    /// How the kernel reads key and value rows.
+    pub rows: DecodeRows,
 }
 
 impl DecodeLaunch {
@@ -149,38 +171,51 @@ impl DecodeLaunch {
 }
 
 /// `paged_decode` of sequences attending to at most `max_attended` tokens (the window
-/// applied): a single pass up to [`PARTITION_TOKENS`], partitions and a reduction beyond;
-/// each block serves up to [`MAX_GROUP_TILE`] query heads of one KV head, fewer where their
-/// query rows and logits would not fit the target's shared memory. `None` when there is no
-/// sequence.
+/// applied), reading rows as `rows` says: partitions of [`decode_partition_tokens`] and a
+/// reduction when there is more than one; each block serves up to [`MAX_GROUP_TILE`] query
+/// heads of one KV head, fewer where their query rows and logits (and, for values read by
+/// token, one row offset per token) would not fit the target's shared memory. `None` when
+/// there is no sequence.
 pub fn paged_decode_launch(
     target: &GpuTarget,
     shape: &DecodeShape,
     max_attended: u64,
+    rows: &DecodeRows,
 ) -> Result<Option<DecodeLaunch>, OpError> {
     if shape.seqs == 0 || shape.q_heads == 0 {
         return Ok(None);
     }
-    let partitions = max_attended.div_ceil(PARTITION_TOKENS).max(1);
-    let tokens = max_attended.clamp(1, PARTITION_TOKENS);
-    let shared = |tile: u64| (4 * tile * (shape.qk_width as u64 + tokens)).next_multiple_of(16);
-    let fits =
-        |tile: u64| shared(tile) + u64::from(STATIC_SHARED_BYTES) <= u64::from(target.shared_bytes);
     let group = shape.group.max(1) as u64;
-    let Some(tile) = (1..=group.min(MAX_GROUP_TILE)).rev().find(|&t| fits(t)) else {
+    let kv_heads = (shape.q_heads / shape.group.max(1)) as u64;
+    let row = shape.qk_width.max(shape.v_width) as u64;
+    let bases = |tokens: u64| if rows.v_token_major { 8 * tokens } else { 0 };
+    let shared = |tile: u64, tokens: u64| {
+        ((4 * tile * (row + tokens)).next_multiple_of(8) + bases(tokens)).next_multiple_of(16)
+    };
+    let fits = |tile: u64, tokens: u64| {
+        shared(tile, tokens) + u64::from(STATIC_SHARED_BYTES) <= u64::from(target.shared_bytes)
+    };
+    // The tile is sized for the largest partition, so splitting never needs a smaller one.
+    let most = max_attended.clamp(1, PARTITION_TOKENS);
+    let tile = (1..=group.min(MAX_GROUP_TILE))
+        .rev()
+        .find(|&t| fits(t, most));
+    let blocks = (shape.seqs as u64) * kv_heads * group.div_ceil(tile.unwrap_or(1));
+    let tokens = decode_partition_tokens(target, blocks, max_attended);
+    let partitions = max_attended.div_ceil(tokens).max(1);
+    let Some(tile) = tile else {
         return Err(OpError::Unsupported {
             op: "paged_decode",
             reason: format!(
-                "{} bytes of shared memory per block (query row of {} and {tokens} logits) \
+                "{} bytes of shared memory per block (query row of {} and {most} logits) \
                  exceed the {} target's {}",
-                shared(1),
-                shape.qk_width,
+                shared(1, most),
+                row,
                 target.name,
                 target.shared_bytes
             ),
         });
     };
-    let kv_heads = (shape.q_heads / shape.group.max(1)) as u64;
     let seqs = grid_dim("sequences", shape.seqs as u64, MAX_GRID_X)?;
     let blocks_y = grid_dim(
         "KV heads x group tiles",
@@ -193,7 +228,7 @@ pub fn paged_decode_launch(
         main: LaunchConfig {
             grid: Dim3::new(seqs, blocks_y, parts),
             block: Dim3::new(DECODE_THREADS.max(target.warp), 1, 1),
-            dyn_shared_bytes: shared(tile) as u32,
+            dyn_shared_bytes: shared(tile, tokens) as u32,
         },
         reduce: (parts > 1).then_some(LaunchConfig {
             grid: Dim3::new(seqs, heads, 1),
@@ -203,6 +238,7 @@ pub fn paged_decode_launch(
         partitions: parts,
         partition_tokens: tokens,
         group_tile: tile as u32,
+        rows: *rows,
     }))
 }
 
@@ -241,18 +277,21 @@ pub fn row_unit_bytes(src: &FieldMap, dst: &FieldMap, src_base: u64, dst_base: u
     if !(src.row_contiguous() && dst.row_contiguous()) {
         return 0;
     }
-    let starts = |m: &FieldMap| {
-        let [layer, block, head, slot, _, _] = m.axes();
-        [layer, block, head, slot]
-            .into_iter()
-            .filter(|&(extent, _)| extent > 1)
-            .fold(m.strides.base_offset, |acc, (_, stride)| acc | stride)
-    };
-    let bits = src.row_bytes() | starts(src) | starts(dst) | src_base | dst_base;
+    let bits = src.row_bytes() | row_start_bits(src) | row_start_bits(dst) | src_base | dst_base;
     [16u32, 8, 4, 2, 1]
         .into_iter()
         .find(|&u| bits.is_multiple_of(u64::from(u)))
         .unwrap_or(1)
+}
+
+/// The base offset ORed with the stride of every axis that varies (layer, block, head,
+/// slot): a unit divides every row start of the field exactly when it divides this.
+pub(crate) fn row_start_bits(m: &FieldMap) -> u64 {
+    let [layer, block, head, slot, _, _] = m.axes();
+    [layer, block, head, slot]
+        .into_iter()
+        .filter(|&(extent, _)| extent > 1)
+        .fold(m.strides.base_offset, |acc, (_, stride)| acc | stride)
 }
 
 #[cfg(test)]
@@ -270,7 +309,10 @@ mod tests {
             qk_width: 128,
             v_width: 128,
         };
-        let one = paged_decode_launch(&GpuTarget::CUDA, &shape, 300)
+        let rows = DecodeRows::default();
+        // A device of 6 SMs wants 12 blocks: 3 sequences x 4 KV heads already are.
+        let six = GpuTarget::CUDA.with_sm_count(6);
+        let one = paged_decode_launch(&six, &shape, 300, &rows)
             .unwrap()
             .unwrap();
         assert_eq!((one.partitions, one.reduce), (1, None));
@@ -278,7 +320,8 @@ mod tests {
         assert_eq!((one.main.grid, one.group_tile), (Dim3::new(3, 4, 1), 2));
         assert_eq!(one.main.dyn_shared_bytes, 2 * 4 * (128 + 300));
         assert_eq!(one.partition_tokens, 300);
-        let long = paged_decode_launch(&GpuTarget::CDNA, &shape, 1025)
+        // 1025 tokens on 6 SMs: 512 at most per partition.
+        let long = paged_decode_launch(&GpuTarget::CDNA.with_sm_count(6), &shape, 1025, &rows)
             .unwrap()
             .unwrap();
         assert_eq!(
@@ -287,11 +330,14 @@ mod tests {
         );
         assert_eq!(long.main.block.x % 64, 0);
         assert_eq!(long.partials_len(&shape), 3 * 8 * 3 * 130);
-        assert!(
-            paged_decode_launch(&GpuTarget::CUDA, &DecodeShape { seqs: 0, ..shape }, 5)
-                .unwrap()
-                .is_none()
-        );
+        assert!(paged_decode_launch(
+            &GpuTarget::CUDA,
+            &DecodeShape { seqs: 0, ..shape },
+            5,
+            &rows
+        )
+        .unwrap()
+        .is_none());
     }
 
     #[test]
@@ -304,7 +350,8 @@ mod tests {
             qk_width: 576,
             v_width: 512,
         };
-        let l = paged_decode_launch(&GpuTarget::CUDA, &mla, 4096)
+        let rows = DecodeRows::default();
+        let l = paged_decode_launch(&GpuTarget::CUDA, &mla, 4096, &rows)
             .unwrap()
             .unwrap();
         // 8 heads x (576 + 512) floats = 34 KiB fit 48 KiB.
@@ -313,14 +360,16 @@ mod tests {
             shared_bytes: 16 << 10,
             ..GpuTarget::CUDA
         };
-        let l = paged_decode_launch(&small, &mla, 4096).unwrap().unwrap();
+        let l = paged_decode_launch(&small, &mla, 4096, &rows)
+            .unwrap()
+            .unwrap();
         assert_eq!((l.group_tile, l.main.grid.y), (3, 43));
         assert!(u64::from(l.main.dyn_shared_bytes) + 128 <= 16 << 10);
         let tiny = GpuTarget {
             shared_bytes: 4 << 10,
             ..GpuTarget::CUDA
         };
-        let err = paged_decode_launch(&tiny, &mla, 4096).unwrap_err();
+        let err = paged_decode_launch(&tiny, &mla, 4096, &rows).unwrap_err();
         assert!(
             err.to_string().contains("exceed the cuda target's 4096"),
             "{err}"

@@ -68,6 +68,17 @@ pub struct DecodeKernelParams {
     pub soft_capped: i32,
     /// Query heads per block, 1 to [`super::MAX_GROUP_TILE`].
     pub group_tile: i32,
+    /// 16: key rows read as 16-byte vectors; 0: element by element
+    /// ([`super::row_vec_bytes`]).
+    pub k_vec_bytes: i32,
+    /// The same for value rows.
+    pub v_vec_bytes: i32,
+    /// Lanes per key row on the 16-byte path: a power of two up to the warp width
+    /// ([`super::key_token_lanes`]).
+    pub k_token_lanes: i32,
+    /// 1: value tokens are contiguous for one element (legacy `[blocks, heads, D, N]`), so
+    /// lanes run over tokens ([`super::value_token_major`]).
+    pub v_token_major: i32,
     /// Zero.
     pub reserved: i32,
 }
@@ -124,7 +135,15 @@ impl DecodeKernelParams {
             ])
             .i32s(&[self.partitions, self.act_dtype, self.inline_scales])
             .f32s(&[self.scale, self.soft_cap])
-            .i32s(&[self.soft_capped, self.group_tile, self.reserved]);
+            .i32s(&[
+                self.soft_capped,
+                self.group_tile,
+                self.k_vec_bytes,
+                self.v_vec_bytes,
+                self.k_token_lanes,
+                self.v_token_major,
+                self.reserved,
+            ]);
     }
 }
 
@@ -148,7 +167,7 @@ mod tests {
     #[test]
     fn sizes_match_the_header_comments() {
         assert_eq!(size_of::<WriteParams>(), 56);
-        assert_eq!(size_of::<DecodeKernelParams>(), 136);
+        assert_eq!(size_of::<DecodeKernelParams>(), 152);
         assert_eq!(size_of::<MoveParams>(), 80);
     }
 
@@ -161,7 +180,7 @@ mod tests {
         };
         let d = DecodeKernelParams::default();
         assert_eq!(image(&|o| WriteParams::default().write_le(o)).len(), 56);
-        assert_eq!(image(&|o| d.write_le(o)).len(), 136);
+        assert_eq!(image(&|o| d.write_le(o)).len(), 152);
         assert_eq!(image(&|o| MoveParams::default().write_le(o)).len(), 80);
     }
 }
