@@ -112,6 +112,7 @@ struct Launch {
     uint32_t dyn_shared_bytes = 0;           // dynamic shared memory per block
     uint32_t shared_limit_bytes = 48 * 1024; // static + dynamic per block must fit
     uint64_t seed = 0;                       // 0: thread order; else seeded pseudo-random order
+    uint32_t run_grid_x = 0;                 // blocks at x >= it are skipped (0: none skipped)
 };
 
 namespace detail {
@@ -747,9 +748,11 @@ inline int run(const Launch &l, void (*body)(void *), void *obj, char *err, size
     e.body = body;
     e.body_obj = obj;
     if (validate(e, in_kernel()) && setup(e)) {
+        const uint32_t run_x =
+            l.run_grid_x != 0 && l.run_grid_x < l.grid.x ? l.run_grid_x : l.grid.x;
         for (uint32_t z = 0; z < l.grid.z && !e.failed; z++)
             for (uint32_t y = 0; y < l.grid.y && !e.failed; y++)
-                for (uint32_t x = 0; x < l.grid.x && !e.failed; x++) {
+                for (uint32_t x = 0; x < run_x && !e.failed; x++) {
                     e.block = Dim3{x, y, z};
                     if (!run_block(e)) {
                         size_t used = strlen(e.msg);

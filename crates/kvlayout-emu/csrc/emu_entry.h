@@ -30,6 +30,7 @@ typedef struct kvl_emu_launch {
     kvl_emu_region regions[KVL_EMU_MAX_REGIONS];
     uint64_t n_regions;
     struct kvl_emu_traffic *traffic; /* filled when not null: the launch's memory traffic */
+    uint64_t run_grid_x; /* blocks at x >= it are skipped (0: none); traffic sampling only */
 } kvl_emu_launch;
 
 /* The launch running on this OS thread (each test thread has its own), and the first access
@@ -77,6 +78,7 @@ static int kvl_emu_run(const kvl_emu_launch *l, F &&body, char *err, size_t err_
     cfg.dyn_shared_bytes = l->dyn_shared_bytes;
     cfg.shared_limit_bytes = l->shared_limit_bytes;
     cfg.seed = l->seed;
+    cfg.run_grid_x = (uint32_t)l->run_grid_x;
     kvl_emu_current = l;
     kvl_emu_fault[0] = 0;
     kvl_emu_traffic_detail::Recorder rec;

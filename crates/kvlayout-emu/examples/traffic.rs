@@ -5,9 +5,11 @@
 //! in flight per SM and the bandwidth model's expected fraction of HBM bandwidth on an H100
 //! SXM and an H200 (`kvlayout_emu::model`: a tool to steer by, not a measurement).
 //!
-//! The emulator records one sequence of each batch (the decode launch is the same for every
-//! sequence) and 64 block pairs of the movers; the counts are scaled to the full batch and the
-//! launch's grid to its full size, from which the model takes waves and blocks per SM.
+//! The decode is launched for the whole batch (its partitions depend on the batch size), and
+//! the emulator runs and records only the first sequence's blocks (`with_run_grid_x(1)`: the
+//! sequences are alike); the movers are recorded on 64 block pairs. The counts are scaled to
+//! the full batch and the movers' grid to its full size, from which the model takes waves and
+//! blocks per SM.
 //!
 //! `cargo run --release -p kvlayout-emu --example traffic`
 
@@ -64,8 +66,8 @@ fn add_kind(a: &TrafficKind, b: &TrafficKind) -> TrafficKind {
 }
 
 /// The launches of `kernel` in `all`, summed (they share one configuration), their counts
-/// and grid x multiplied by `by`.
-fn merged(all: &[LaunchTraffic], kernel: Kernel, by: u64) -> Option<LaunchTraffic> {
+/// multiplied by `by` and grid x by `grid_by`.
+fn merged(all: &[LaunchTraffic], kernel: Kernel, by: u64, grid_by: u64) -> Option<LaunchTraffic> {
     let mut it = all.iter().filter(|t| t.kernel == kernel);
     let mut t = *it.next()?;
     for o in it {
@@ -87,7 +89,7 @@ fn merged(all: &[LaunchTraffic], kernel: Kernel, by: u64) -> Option<LaunchTraffi
         blocks: r.blocks * by,
         ..r
     };
-    t.config.grid.x *= by as u32;
+    t.config.grid.x *= grid_by as u32;
     Some(t)
 }
 
@@ -95,22 +97,22 @@ fn bf16(values: usize) -> HostTensor {
     HostTensor::from_f32(DType::Bf16, &vec![0.25; values]).expect("bf16 activations")
 }
 
-/// `paged_decode` of one sequence of `len` tokens, scaled to `seqs`.
+/// `paged_decode` of `seqs` sequences of `len` tokens (all reading the same blocks), launched
+/// for the whole batch on `be` (which runs the first sequence's blocks only), scaled to `seqs`.
 fn decode(be: &Be, l: &KvCacheLayout, seqs: u64, len: u64) -> Vec<Op> {
     let cache = be.alloc_cache(l, &BufferShape::exact(l)).expect("cache");
-    let query = be
-        .upload_tensor(&bf16(Q_HEADS as usize * HEAD as usize))
-        .unwrap();
-    let mut out = be
-        .alloc_tensor(DType::F32, Q_HEADS as usize * HEAD as usize)
-        .unwrap();
-    let table: Vec<i32> = (0..(len / BLOCK_TOKENS) as i32).collect();
+    let rows = (seqs * Q_HEADS * HEAD) as usize;
+    let query = be.upload_tensor(&bf16(rows)).unwrap();
+    let mut out = be.alloc_tensor(DType::F32, rows).unwrap();
+    let per_seq = (len / BLOCK_TOKENS) as i32;
+    let table: Vec<i32> = (0..seqs as i32).flat_map(|_| 0..per_seq).collect();
+    let lens = vec![len as u32; seqs as usize];
     let args = DecodeArgs {
         layer: 0,
         query: &query,
         block_table: &table,
-        blocks_per_seq: table.len(),
-        seq_lens: &[len as u32],
+        blocks_per_seq: per_seq as usize,
+        seq_lens: &lens,
         params: DecodeParams {
             num_q_heads: Q_HEADS,
             scale: 1.0 / (HEAD as f32).sqrt(),
@@ -125,14 +127,14 @@ fn decode(be: &Be, l: &KvCacheLayout, seqs: u64, len: u64) -> Vec<Op> {
     let elem = l.dtype().size_bytes();
     let minimum = seqs * len * KV_HEADS * 2 * HEAD * elem;
     let mut ops = vec![];
-    if let Some(t) = merged(&all, Kernel::PagedDecode, seqs) {
+    if let Some(t) = merged(&all, Kernel::PagedDecode, seqs, 1) {
         ops.push(Op {
             kernel: Kernel::PagedDecode,
             traffic: t,
             minimum: Some(minimum),
         });
     }
-    if let Some(t) = merged(&all, Kernel::PagedDecodeReduce, seqs) {
+    if let Some(t) = merged(&all, Kernel::PagedDecodeReduce, seqs, 1) {
         ops.push(Op {
             kernel: Kernel::PagedDecodeReduce,
             traffic: t,
@@ -159,7 +161,7 @@ fn write(be: &Be, l: &KvCacheLayout, seqs: u64) -> Op {
     };
     be.device().take_traffic();
     be.wait(be.write_kv(&mut cache, &w).unwrap()).unwrap();
-    let t = merged(&be.device().take_traffic(), Kernel::WriteKv, 1).expect("a write launch");
+    let t = merged(&be.device().take_traffic(), Kernel::WriteKv, 1, 1).expect("a write launch");
     let minimum = seqs * KV_HEADS * 2 * HEAD * l.dtype().size_bytes();
     Op {
         kernel: Kernel::WriteKv,
@@ -175,7 +177,7 @@ fn copy(be: &Be, l: &KvCacheLayout, pairs: u64) -> Op {
     be.device().take_traffic();
     be.wait(be.copy_blocks(&mut cache, &list).unwrap()).unwrap();
     let by = pairs / MOVE_PAIRS;
-    let t = merged(&be.device().take_traffic(), Kernel::MoveBlocks, by).expect("move launches");
+    let t = merged(&be.device().take_traffic(), Kernel::MoveBlocks, by, by).expect("move launches");
     let minimum = pairs * BLOCK_TOKENS * KV_HEADS * 2 * HEAD * l.dtype().size_bytes();
     Op {
         kernel: Kernel::MoveBlocks,
@@ -222,15 +224,17 @@ fn row(op: &Op, layout: &str, batch: &str, devices: &[DeviceSpec]) -> String {
 
 fn main() {
     let devices = [H100_SXM, H200];
-    let be = DeviceBackend::new(
+    let device = || {
         EmuDevice::new(32)
             .expect("the warp-32 build")
-            .with_traffic(),
-    );
+            .with_traffic()
+    };
+    let sampled = DeviceBackend::new(device().with_run_grid_x(1));
+    let be = DeviceBackend::new(device());
     println!(
         "Llama-3-8B layer (8 KV heads, 32 query heads, D = 128), cuda-emu build (warps of 32)."
     );
-    println!("Recorded: one sequence per batch, 64 block pairs for the movers; counts scaled to the batch.");
+    println!("Recorded: the decode launched for the whole batch, its first sequence's blocks run; 64 block pairs for the movers; counts scaled to the batch.");
     println!("Model: {} and {} (kvlayout_emu::model; assumptions per kernel: Assumptions::for_kernel).\n", devices[0].name, devices[1].name);
     println!("| kernel | layout | batch | sector eff. | bytes / min | req. in flight / warp | B in flight / needed per SM (H100) | blocks x per SM | H100 | H200 |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
@@ -245,7 +249,7 @@ fn main() {
             let layout = format!("{label} {dtype}");
             for (seqs, len) in [(8u64, 1024u64), (32, 4096)] {
                 let batch = format!("{seqs} x {len}");
-                for op in decode(&be, &l, seqs, len) {
+                for op in decode(&sampled, &l, seqs, len) {
                     println!("{}", row(&op, &layout, &batch, &devices));
                 }
                 println!("{}", row(&write(&be, &l, seqs), &layout, &batch, &devices));

@@ -31,6 +31,8 @@ pub struct EmuDevice {
     seed: u64,
     live: Live,
     traffic: Option<Arc<Mutex<Vec<LaunchTraffic>>>>,
+    /// Blocks run per launch along grid x (0: all).
+    run_grid_x: u32,
 }
 
 /// An allocation of an [`EmuDevice`].
@@ -95,6 +97,7 @@ impl EmuDevice {
             seed: 0,
             live: Arc::default(),
             traffic: None,
+            run_grid_x: 0,
         })
     }
 
@@ -111,6 +114,16 @@ impl EmuDevice {
     pub fn with_traffic(self) -> Self {
         EmuDevice {
             traffic: Some(Arc::default()),
+            ..self
+        }
+    }
+
+    /// The same device running only the blocks whose x index is below `grid_x` (0: all) and
+    /// skipping the rest, whose outputs stay unwritten. For traffic reports of grids whose
+    /// blocks along x are alike (a decode's sequences): record the first ones and scale.
+    pub fn with_run_grid_x(self, grid_x: u32) -> Self {
+        EmuDevice {
+            run_grid_x: grid_x,
             ..self
         }
     }
@@ -259,8 +272,10 @@ impl Device for EmuDevice {
     #[allow(unsafe_code)]
     unsafe fn launch(&self, call: &KernelCall) -> Result<(), EmuError> {
         let regions = self.regions(call);
-        let launch = EmuLaunch::new(&call.config, self.target.shared_bytes, self.seed, &regions)
-            .map_err(EmuError)?;
+        let mut launch =
+            EmuLaunch::new(&call.config, self.target.shared_bytes, self.seed, &regions)
+                .map_err(EmuError)?;
+        launch.run_grid_x = u64::from(self.run_grid_x);
         let mut report = TrafficReport::default();
         let recording = self.traffic.as_ref();
         let kernel = call.args.kernel();

@@ -32,6 +32,8 @@ pub(crate) struct EmuLaunch {
     regions: [Region; MAX_REGIONS],
     n_regions: u64,
     traffic: *mut TrafficReport,
+    /// Blocks at x index at or past it are skipped (0: none): traffic sampling only.
+    pub(crate) run_grid_x: u64,
 }
 
 impl EmuLaunch {
@@ -60,6 +62,7 @@ impl EmuLaunch {
             regions: r,
             n_regions: regions.len() as u64,
             traffic: std::ptr::null_mut(),
+            run_grid_x: 0,
         })
     }
 }

@@ -16,8 +16,9 @@ pub const VEC_BYTES: u32 = 16;
 /// Partitions are whole multiples of this many tokens when a sequence is split to fill the
 /// device, and a sequence is split only when it has at least two of them.
 pub const PARTITION_GRANULE: u64 = 64;
-/// Decode blocks per multiprocessor the partitioning aims for (about two waves).
-pub const DECODE_BLOCKS_PER_SM: u64 = 2;
+/// Decode blocks per multiprocessor the partitioning aims for: enough bytes in flight to cover
+/// HBM latency on an H200 (the bandwidth model in `kvlayout-emu`), about one wave.
+pub const DECODE_BLOCKS_PER_SM: u64 = 8;
 
 /// The decode's row paths, carried in `kvl_decode_params`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
