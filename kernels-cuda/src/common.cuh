@@ -11,18 +11,9 @@
 #include "kvl_kernels.h"
 #include "kvl_plant.cuh"
 
-/* Element i of a dense activation tensor (f32, f16 or bf16) as f32. */
-KVL_DEVICE float kvl_act(const void *t, int dtype, int64_t i)
-{
-    if (dtype == KVL_DTYPE_F32)
-        return ((const float *)t)[i];
-    uint16_t bits = ((const uint16_t *)t)[i];
-    return dtype == KVL_DTYPE_F16 ? kvl_f16_to_f32(bits) : kvl_bf16_to_f32(bits);
-}
-
 /*
- * The emulator checks every cache access against the buffers of the launch (an access
- * outside them ends the launch with an error); on a GPU the check is compiled out.
+ * The emulator checks every cache and activation access against the buffers of the launch (an
+ * access outside them ends the launch with an error); on a GPU the check is compiled out.
  */
 #if defined(KVL_EMU)
 #define KVL_CHECK_ACCESS(p, n)                                                                 \
@@ -33,6 +24,18 @@ KVL_DEVICE float kvl_act(const void *t, int dtype, int64_t i)
 #else
 #define KVL_CHECK_ACCESS(p, n) ((void)0)
 #endif
+
+/* Element i of a dense activation tensor (f32, f16 or bf16) as f32. */
+KVL_DEVICE float kvl_act(const void *t, int dtype, int64_t i)
+{
+    if (dtype == KVL_DTYPE_F32) {
+        KVL_CHECK_ACCESS((const float *)t + i, 4);
+        return ((const float *)t)[i];
+    }
+    KVL_CHECK_ACCESS((const uint16_t *)t + i, 2);
+    uint16_t bits = ((const uint16_t *)t)[i];
+    return dtype == KVL_DTYPE_F16 ? kvl_f16_to_f32(bits) : kvl_bf16_to_f32(bits);
+}
 
 /* Address of element (layer, block, head, slot, dim) of a field, in its buffer. */
 KVL_DEVICE unsigned char *kvl_at(unsigned char *const *buffers, const kvl_field_args *a,
