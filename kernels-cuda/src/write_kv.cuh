@@ -5,7 +5,7 @@
  * is divided by the field's per-tensor scale; with inline scales, also by the row's own scale
  * amax / qmax, stored in the k_scale / v_scale field. The same arithmetic, in the same order,
  * as the CPU crate's encoders, so the bytes agree exactly. Rows that are one aligned run are
- * stored 16 bytes per lane (k_lane_bytes / v_lane_bytes), the rest one element per lane.
+ * stored 16 (or 8) bytes per lane (k_lane_bytes / v_lane_bytes), the rest one element per lane.
  */
 #ifndef KVL_WRITE_KV_CUH
 #define KVL_WRITE_KV_CUH
@@ -28,31 +28,50 @@ KVL_DEVICE uint32_t kvl_encode_bits(int dtype, float x)
 }
 
 /*
- * Elements first .. first + 16 / elem_bytes of activations `src`, divided by the tensor scale
- * and `q`, encoded as `f`'s dtype and packed into one 16-byte vector in registers. Inlined
- * with a constant `elem_bytes`, so the loop unrolls.
+ * Elements first .. first + lane_bytes / elem_bytes of activations `src`, divided by the
+ * tensor scale and `q`, encoded as `f`'s dtype and packed little-endian into `w` (lane_bytes /
+ * 4 words, in registers). Inlined with constant sizes, so the loop unrolls.
  */
-__attribute__((always_inline)) KVL_DEVICE kvl_u128 kvl_encode16(const kvl_field_args *f,
-                                                               const kvl_write_params *p,
-                                                               const void *src, int64_t first,
-                                                               float q, const int elem_bytes)
+__attribute__((always_inline)) KVL_DEVICE void kvl_encode_lane(const kvl_field_args *f,
+                                                              const kvl_write_params *p,
+                                                              const void *src, int64_t first,
+                                                              float q, const int elem_bytes,
+                                                              const int lane_bytes, uint32_t *w)
 {
-    uint32_t w[4] = {0, 0, 0, 0};
-    for (int i = 0; i < 16 / elem_bytes; i++) {
+    for (int i = 0; i < lane_bytes / 4; i++)
+        w[i] = 0;
+    for (int i = 0; i < lane_bytes / elem_bytes; i++) {
         float x = kvl_act(src, p->act_dtype, first + i) / f->scale;
         const int at = i * elem_bytes;
         w[at / 4] |= kvl_encode_bits(f->dtype, x / q) << (8 * (at % 4));
     }
-    kvl_u128 v = {w[0], w[1], w[2], w[3]};
-    return v;
 }
 
-/*
- * One row of `src` (f32 scaled by 1/tensor scale) into field `f` at (layer, block, head, slot).
- * `lane_bytes` 16 (the row is one run, its start and length multiples of 16: chosen in Rust):
- * each lane encodes the elements of 16 bytes of the row and stores them as one vector; 0: one
- * element per lane. The row's base is computed once; the bytes are the same either way.
- */
+/* Piece `c` of a row at `base`, `lane_bytes` (16 or 8) of encoded elements, as one store. */
+__attribute__((always_inline)) KVL_DEVICE void kvl_store_lane(unsigned char *base, int64_t c,
+                                                             const kvl_field_args *f,
+                                                             const kvl_write_params *p,
+                                                             const void *src, int64_t first,
+                                                             float q, const int lane_bytes)
+{
+    uint32_t w[4];
+    const int eb = f->elem_bytes;
+    if (eb == 4)
+        kvl_encode_lane(f, p, src, first, q, 4, lane_bytes, w);
+    else if (eb == 2)
+        kvl_encode_lane(f, p, src, first, q, 2, lane_bytes, w);
+    else
+        kvl_encode_lane(f, p, src, first, q, 1, lane_bytes, w);
+    unsigned char *at = base + c * lane_bytes;
+    if (lane_bytes == 16) {
+        kvl_u128 v = {w[0], w[1], w[2], w[3]};
+        kvl_store16(at, v);
+    } else {
+        KVL_CHECK_ACCESS(at, 8);
+        *(uint64_t *)at = (uint64_t)w[1] << 32 | w[0];
+    }
+}
+
 __attribute__((always_inline)) KVL_DEVICE void kvl_write_row(const kvl_field_args *f, const kvl_field_args *fscale,
                               const kvl_write_params *p, const void *src, int64_t row,
                               int64_t block, int64_t head, int64_t slot, int lane_bytes,
@@ -71,16 +90,15 @@ __attribute__((always_inline)) KVL_DEVICE void kvl_write_row(const kvl_field_arg
             kvl_store_elem(kvl_at(p->buffers, fscale, p->layer, block, head, slot, 0),
                            KVL_DTYPE_F32, q);
     }
-    if (lane_bytes == 16) {
+    if (lane_bytes > 0) {
         unsigned char *base = p->buffers[f->buffer] + KVL_OFFSET(f, p->layer, block, head, slot, 0);
-        const int eb = f->elem_bytes;
-        const int64_t pieces = width * eb / 16, first = row * width;
+        const int64_t per_lane = lane_bytes / f->elem_bytes;
+        const int64_t pieces = width / per_lane, first = row * width;
         for (int64_t c = kvl_thread(); c < pieces; c += kvl_threads()) {
-            const int64_t at = first + c * (16 / eb);
-            kvl_u128 v = eb == 4   ? kvl_encode16(f, p, src, at, q, 4)
-                         : eb == 2 ? kvl_encode16(f, p, src, at, q, 2)
-                                   : kvl_encode16(f, p, src, at, q, 1);
-            kvl_store16(base + c * 16, v);
+            if (lane_bytes == 16)
+                kvl_store_lane(base, c, f, p, src, first + c * per_lane, q, 16);
+            else
+                kvl_store_lane(base, c, f, p, src, first + c * per_lane, q, 8);
         }
         return;
     }

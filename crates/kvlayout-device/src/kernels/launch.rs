@@ -123,12 +123,13 @@ pub fn write_kv_launch(
     }))
 }
 
-/// Bytes each `write_kv` lane stores of a row of `field` in a buffer at `base`: 16 when a row
-/// is one run whose bytes and every start are multiples of 16 ([`row_unit_bytes`] of the
-/// field with itself), else 0 (one element per lane).
+/// Bytes each `write_kv` lane stores of a row of `field` in a buffer at `base`: 16 or 8 when a
+/// row is one run whose bytes and every start are multiples of it ([`row_unit_bytes`] of the
+/// field with itself; inline-scaled rows, a scale after each, are 8-aligned at best), else 0
+/// (one element per lane).
 pub fn write_lane_bytes(field: &FieldMap, base: u64) -> u32 {
     match row_unit_bytes(field, field, base, base) {
-        16 => 16,
+        u @ (16 | 8) => u,
         _ => 0,
     }
 }
@@ -385,10 +386,11 @@ mod tests {
             .unwrap();
         let lk = legacy.field_map(Field::K).unwrap();
         assert_eq!(row_unit_bytes(&lk, &lk, 0, 0), 0);
-        assert_eq!((write_lane_bytes(&k, 0), write_lane_bytes(&k, 8)), (16, 0));
+        assert_eq!((write_lane_bytes(&k, 0), write_lane_bytes(&k, 8)), (16, 8));
+        assert_eq!(write_lane_bytes(&k, 4), 0);
         assert_eq!(write_lane_bytes(&lk, 0), 0);
-        // D=4 f16 rows are 8 bytes: one element per lane.
-        let short: KvCacheLayout = "kv B=3 N=16 H=4 D=4 dtype=f16 order=NHD".parse().unwrap();
+        // D=2 f16 rows are 4 bytes: one element per lane.
+        let short: KvCacheLayout = "kv B=3 N=16 H=4 D=2 dtype=f16 order=NHD".parse().unwrap();
         assert_eq!(write_lane_bytes(&short.field_map(Field::K).unwrap(), 0), 0);
         assert_eq!((row_lanes(8, 2, 16), row_lanes(8, 2, 0)), (1, 8));
     }

@@ -23,8 +23,8 @@ pub struct WriteParams {
     pub act_dtype: i32,
     /// 1 when rows carry inline scales.
     pub inline_scales: i32,
-    /// 16: each lane stores 16 bytes of a K row (one run, aligned: [`super::write_lane_bytes`]);
-    /// 0: one element per lane.
+    /// 16 or 8: each lane stores that many bytes of a K row (one run, aligned:
+    /// [`super::write_lane_bytes`]); 0: one element per lane.
     pub k_lane_bytes: i32,
     /// The same for V.
     pub v_lane_bytes: i32,
