@@ -61,7 +61,23 @@ KVL_DEVICE const unsigned char *kvl_at_c(const unsigned char *const *buffers,
  * `global_load_dwordx4` on AMDGPU): the address must be a multiple of 16, which the Rust side
  * checks from the descriptor and the buffer addresses before it chooses a 16-byte path.
  */
+#if defined(__CUDACC_RTC__)
+typedef uint4 kvl_u128; /* NVRTC has no vector_size; its built-in uint4 is 16 bytes, 16-aligned */
+#else
 typedef uint32_t kvl_u128 __attribute__((vector_size(16)));
+#endif
+static_assert(sizeof(kvl_u128) == 16 && alignof(kvl_u128) == 16, "kvl_u128 is 16 bytes");
+
+/* The vector of words a (lowest address) to d. */
+KVL_DEVICE kvl_u128 kvl_u128_of(uint32_t a, uint32_t b, uint32_t c, uint32_t d)
+{
+#if defined(__CUDACC_RTC__)
+    return make_uint4(a, b, c, d);
+#else
+    kvl_u128 v = {a, b, c, d};
+    return v;
+#endif
+}
 
 KVL_DEVICE kvl_u128 kvl_load16(const unsigned char *p)
 {

@@ -64,11 +64,10 @@ __attribute__((always_inline)) KVL_DEVICE void kvl_store_lane(unsigned char *bas
         kvl_encode_lane(f, p, src, first, q, 1, lane_bytes, w);
     unsigned char *at = base + c * lane_bytes;
     if (lane_bytes == 16) {
-        kvl_u128 v = {w[0], w[1], w[2], w[3]};
-        kvl_store16(at, v);
+        kvl_store16(at, kvl_u128_of(w[0], w[1], w[2], w[3]));
     } else {
         KVL_CHECK_ACCESS(at, 8);
-        *(uint64_t *)at = (uint64_t)w[1] << 32 | w[0];
+        *(uint64_t *)at = (uint64_t)w[1] << (8 * sizeof(uint32_t)) | w[0];
     }
 }
 
