@@ -31,6 +31,8 @@ typedef struct kvl_write_params {
     int64_t layer;
     int32_t act_dtype;           /* KVL_DTYPE_F32, _F16 or _BF16 */
     int32_t inline_scales;       /* 1: each row quantized with its own scale (k_scale/v_scale) */
+    int32_t k_lane_bytes;        /* 16 or 8: bytes of a K row each lane stores; 0: one element */
+    int32_t v_lane_bytes;        /* the same for V */
 } kvl_write_params;
 
 /*

@@ -12,8 +12,8 @@
 #include "kvl_plant.cuh"
 
 /*
- * The emulator checks every cache access against the buffers of the launch (an access
- * outside them ends the launch with an error); on a GPU the check is compiled out.
+ * The emulator checks every cache and activation access against the buffers of the launch (an
+ * access outside them ends the launch with an error); on a GPU the check is compiled out.
  */
 #if defined(KVL_EMU)
 #define KVL_CHECK_ACCESS(p, n)                                                                 \
@@ -86,9 +86,11 @@ typedef int kvl_site_t;
 KVL_DEVICE float kvl_act_at(const void *t, int dtype, int64_t i, kvl_site_t site)
 {
     if (dtype == KVL_DTYPE_F32) {
+        KVL_CHECK_ACCESS((const float *)t + i, 4);
         KVL_RECORD((const float *)t + i, 4, KVL_TRAFFIC_OTHER_LOAD, site);
         return ((const float *)t)[i];
     }
+    KVL_CHECK_ACCESS((const uint16_t *)t + i, 2);
     KVL_RECORD((const uint16_t *)t + i, 2, KVL_TRAFFIC_OTHER_LOAD, site);
     uint16_t bits = ((const uint16_t *)t)[i];
     return dtype == KVL_DTYPE_F16 ? kvl_f16_to_f32(bits) : kvl_bf16_to_f32(bits);
@@ -159,6 +161,18 @@ typedef struct kvl_u128_words kvl_u128;
 typedef uint32_t kvl_u128 __attribute__((vector_size(16)));
 #define KVL_U128_WORD(v, i) ((v)[i]) /* word i (0..3) of a kvl_u128 */
 #endif
+static_assert(sizeof(kvl_u128) == 16 && alignof(kvl_u128) == 16, "kvl_u128 is 16 bytes");
+
+/* The vector of words a (lowest address) to d. */
+KVL_DEVICE kvl_u128 kvl_u128_of(uint32_t a, uint32_t b, uint32_t c, uint32_t d)
+{
+    kvl_u128 v;
+    KVL_U128_WORD(v, 0) = a;
+    KVL_U128_WORD(v, 1) = b;
+    KVL_U128_WORD(v, 2) = c;
+    KVL_U128_WORD(v, 3) = d;
+    return v;
+}
 
 KVL_DEVICE kvl_u128 kvl_load16_at(const unsigned char *p, kvl_site_t site)
 {

@@ -6,7 +6,8 @@
  * and element of the head, its threads over consecutive elements. Both sides are addressed
  * through their own field arguments, so any two layouts of the same content work. When a row
  * is one run of bytes on both sides (the Rust side decides from the descriptor and sets
- * row_unit_bytes), rows are copied in units of that many bytes instead of element by element.
+ * row_unit_bytes), rows are copied in units of that many bytes instead of element by element:
+ * a row's units go to consecutive threads, each row's base addresses computed once.
  */
 #ifndef KVL_MOVE_BLOCKS_CUH
 #define KVL_MOVE_BLOCKS_CUH
@@ -43,14 +44,19 @@ KVL_KERNEL kvl_move_blocks(kvl_field_args src, kvl_field_args dst, kvl_move_para
         const int64_t layer = lh / p.heads, h = p.head0 + lh % p.heads;
         const int64_t dh = p.dst_head0 + lh % p.heads;
         if (unit > 0) {
+            /* `lanes` threads share a row, `rows` rows at a time; each row's bases once. */
             const int64_t per_row = src.width * src.elem_bytes / unit;
-            for (int64_t e = kvl_thread(); e < src.num_slots * per_row; e += kvl_threads()) {
-                const int64_t n = e / per_row, at = (e % per_row) * unit;
-                const unsigned char *s = p.src_buffers[src.buffer] +
-                                         KVL_OFFSET(&src, layer, src_block, h, n, 0) + at;
-                unsigned char *d = p.dst_buffers[dst.buffer] +
-                                   KVL_OFFSET(&dst, layer, dst_block, dh, n, 0) + at;
-                kvl_copy_unit(d, s, (int)unit);
+            const int64_t lanes = per_row < kvl_threads() ? per_row : kvl_threads();
+            const int64_t rows = kvl_threads() / lanes;
+            const int64_t lane = kvl_thread() % lanes;
+            for (int64_t n = kvl_thread() / lanes; n < src.num_slots && kvl_thread() < rows * lanes;
+                 n += rows) {
+                const unsigned char *s =
+                    p.src_buffers[src.buffer] + KVL_OFFSET(&src, layer, src_block, h, n, 0);
+                unsigned char *d =
+                    p.dst_buffers[dst.buffer] + KVL_OFFSET(&dst, layer, dst_block, dh, n, 0);
+                for (int64_t u = lane; u < per_row; u += lanes)
+                    kvl_copy_unit(d + u * unit, s + u * unit, (int)unit);
             }
         } else {
             for (int64_t e = kvl_thread(); e < src.num_slots * src.width; e += kvl_threads()) {

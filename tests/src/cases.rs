@@ -8,7 +8,7 @@
 //! | `std` | L=2 B=3 N=16 H=4 D=8 | sizes that expose swapped strides; the five named orders, padded pages, base offsets, every FlashAttention / FlashInfer / separate-K/V layout |
 //! | `orders` | L=2 B=3 N=5 H=4 D=8 | all 24 physical orders (every axis a different size) |
 //! | `b2` | B=2 | `shape[0] == 2` ambiguity |
-//! | `h1` | H=1 | single KV head (MQA), and H=1 with a non-canonical head stride |
+//! | `h1` | H=1 | single KV head (MQA), and H=1 with a non-canonical head stride; as every layout of one or two KV heads, decode groups of 12 and 20 too |
 //! | `hn` | H=N=4 | heads and tokens interchangeable by shape |
 //! | `b2h2n2` | B=H=N=2 | all of them at once |
 //! | `vllm` | D=32 | legacy vLLM x-split key (x = 4, 8, 16 for 4-, 2-, 1-byte elements) |

@@ -8,7 +8,9 @@
 //!   relative to the row's magnitude), every byte outside the written elements still the
 //!   sentinel; a write of padding slots only leaves every byte the sentinel.
 //! * `paged_decode`, four steps (MHA; GQA/MQA x4 with a sliding window; x2 with a soft-cap;
-//!   x8 with window 1 and a soft-cap; an empty sequence in each), on the backend's own cache:
+//!   x8 with window 1 and a soft-cap; an empty sequence in each), and on layouts of one or two
+//!   KV heads groups of 12 and 20 (above the GPU kernels' group tile of 8, not a multiple of
+//!   it), on the backend's own cache:
 //!   within `tol * max(|ref|, 1)`, tol = 1e-5 (f32), 2e-2 (f16, bf16), `epsilon()` (fp8, int8).
 //! * `copy_blocks`, `gather_blocks` (head range, into a staging layout), `scatter_blocks` back
 //!   (identity) and into a sentinel cache, on caches of random bytes: byte for byte equal to

@@ -38,7 +38,9 @@ extern "C" long long kvl_emu_param_layout(int which, int member)
                     offsetof(kvl_write_params, value), offsetof(kvl_write_params, slot_mapping),
                     offsetof(kvl_write_params, buffers), offsetof(kvl_write_params, layer),
                     offsetof(kvl_write_params, act_dtype),
-                    offsetof(kvl_write_params, inline_scales))
+                    offsetof(kvl_write_params, inline_scales),
+                    offsetof(kvl_write_params, k_lane_bytes),
+                    offsetof(kvl_write_params, v_lane_bytes))
     case 1:
         KVL_OFFSETS(kvl_decode_params, offsetof(kvl_decode_params, query),
                     offsetof(kvl_decode_params, block_table),

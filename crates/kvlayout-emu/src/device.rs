@@ -107,6 +107,18 @@ impl EmuDevice {
         EmuDevice { seed, ..self }
     }
 
+    /// The same device with blocks limited to `bytes` of shared memory, static and dynamic
+    /// together: the launch builder fits decode group tiles to it and the emulator refuses a
+    /// launch over it. A smaller target's launch shapes (group tiles below the group) on this
+    /// machine.
+    pub fn with_shared_bytes(self, bytes: u32) -> Self {
+        let target = GpuTarget {
+            shared_bytes: bytes,
+            ..self.target
+        };
+        EmuDevice { target, ..self }
+    }
+
     /// The same device recording the memory traffic of every launch
     /// (`kernels-cuda/emu/kvl_emu_traffic.h`): each global load and store the kernels make,
     /// grouped into warp requests. Slower; for tests and the traffic report. Read the records
@@ -167,16 +179,21 @@ impl EmuDevice {
         (a < base + len.max(1)).then_some(Region { base, len })
     }
 
-    /// The regions of the cache buffers a call addresses.
+    /// The regions a call addresses: its cache buffers, block table, and the activation,
+    /// slot, length and output tensors its kernel reads through the checked accessors.
     fn regions(&self, call: &KernelCall) -> Vec<Region> {
         let bases: Vec<u64> = match &call.args {
-            KernelArgs::Write { params, .. } => params.buffers.to_vec(),
-            KernelArgs::Decode { params, .. } => {
+            KernelArgs::Write { params, .. } => {
                 let mut b = params.buffers.to_vec();
-                b.push(params.block_table);
+                b.extend([params.key, params.value, params.slot_mapping]);
                 b
             }
-            KernelArgs::Reduce { .. } => Vec::new(),
+            KernelArgs::Decode { params, .. } | KernelArgs::Reduce { params, .. } => {
+                let mut b = params.buffers.to_vec();
+                b.extend([params.block_table, params.query, params.seq_lens]);
+                b.extend([params.out, params.partials]);
+                b
+            }
             KernelArgs::Move { params, .. } => {
                 let mut b = params.src_buffers.to_vec();
                 b.extend(params.dst_buffers);

@@ -17,7 +17,7 @@ macro_rules! offsets {
 #[test]
 fn parameter_structs_match_the_header() {
     let write = offsets!(WriteParams: key, value, slot_mapping, buffers, layer, act_dtype,
-        inline_scales);
+        inline_scales, k_lane_bytes, v_lane_bytes);
     let decode = offsets!(DecodeKernelParams: query, block_table, seq_lens, buffers, out,
         partials, layer, blocks_per_seq, q_heads, group, window, partition_tokens, partitions,
         act_dtype, inline_scales, scale, soft_cap, soft_capped, group_tile, k_vec_bytes, v_vec_bytes, k_token_lanes, v_token_major,

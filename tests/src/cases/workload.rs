@@ -197,7 +197,8 @@ impl Sequences {
     }
 }
 
-/// MHA, GQA/MQA with a window, with a soft-cap, window 1 with both.
+/// MHA, GQA/MQA with a window, with a soft-cap, window 1 with both; groups 12 and 20 where
+/// there are at most two KV heads.
 fn decode_steps(rng: &mut Rng, act: DType, heads: u64, kw: usize, bs: u64) -> Vec<DecodeCase> {
     let scale = 1.0 / (kw as f32).sqrt();
     // (name, query heads per KV head, scale, window, soft-cap)
@@ -214,12 +215,20 @@ fn decode_steps(rng: &mut Rng, act: DType, heads: u64, kw: usize, bs: u64) -> Ve
             },
         }
     };
-    vec![
+    let mut steps = vec![
         step("mha", 1, scale, None, None),
         step("gqa4+window", 4, scale, Some(bs + 3), None),
         step("gqa2+softcap", 2, 2.0 * scale, None, Some(1.0)),
         step("gqa8+window1+softcap", 8, scale, Some(1), Some(0.5)),
-    ]
+    ];
+    // Groups above the GPU kernels' group tile (8) that are not a multiple of it: 12 (Command
+    // R+'s 96 query heads over 8 KV heads) and 20; on layouts of one or two KV heads, so the
+    // query stays small.
+    if heads <= 2 {
+        steps.push(step("gqa12", 12, scale, None, None));
+        steps.push(step("gqa20+softcap", 20, scale, None, Some(2.0)));
+    }
+    steps
 }
 
 /// What the block movers do in a case.

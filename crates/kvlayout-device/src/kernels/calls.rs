@@ -15,8 +15,8 @@ use kvlayout::KvFieldArgs;
 
 use super::decode_paths::decode_rows;
 use super::launch::{
-    move_launch, paged_decode_launch, row_unit_bytes, write_kv_launch, DecodeLaunch, GpuTarget,
-    LaunchConfig,
+    move_launch, paged_decode_launch, row_lanes, row_unit_bytes, write_kv_launch, write_lane_bytes,
+    DecodeLaunch, GpuTarget, LaunchConfig,
 };
 use super::params::{DecodeKernelParams, MoveParams, WriteParams};
 
@@ -254,10 +254,30 @@ pub fn write_kv_call(
     act_dtype: DType,
     at: &WriteAddrs,
 ) -> Result<Option<KernelCall>, OpError> {
-    let Some(config) = write_kv_launch(target, shape, tokens)? else {
+    let (fields, inline) = kv_args(cache.layout)?;
+    // Each row's lanes store 16 bytes where the row is one aligned run, one element elsewhere.
+    let lane_bytes = |field: Field| -> Result<u32, OpError> {
+        let map = cache.layout.field_map(field).map_err(OpError::from)?;
+        Ok(write_lane_bytes(
+            &map,
+            cache.bases[map.strides.buffer as usize],
+        ))
+    };
+    let k_lane_bytes = lane_bytes(Field::K)?;
+    let v_lane_bytes = if at.value == 0 {
+        0
+    } else {
+        lane_bytes(Field::V)?
+    };
+    let lanes = |f: &KvFieldArgs, lane: u32| row_lanes(f.width as u64, f.elem_bytes as u64, lane);
+    let row_lanes = lanes(&fields[0], k_lane_bytes).max(if at.value == 0 {
+        0
+    } else {
+        lanes(&fields[1], v_lane_bytes)
+    });
+    let Some(config) = write_kv_launch(target, shape, tokens, row_lanes)? else {
         return Ok(None);
     };
-    let (fields, inline) = kv_args(cache.layout)?;
     let params = WriteParams {
         key: at.key,
         value: at.value,
@@ -266,6 +286,8 @@ pub fn write_kv_call(
         layer: layer as i64,
         act_dtype: act_dtype.abi_code(),
         inline_scales: i32::from(inline),
+        k_lane_bytes: k_lane_bytes as i32,
+        v_lane_bytes: v_lane_bytes as i32,
     };
     Ok(Some(KernelCall {
         config,
@@ -444,7 +466,7 @@ mod tests {
     fn slots_are_aligned_and_in_order() {
         assert_eq!(
             arg_slots(Kernel::WriteKv),
-            vec![(0, 144), (144, 144), (288, 144), (432, 144), (576, 56)]
+            vec![(0, 144), (144, 144), (288, 144), (432, 144), (576, 64)]
         );
         assert_eq!(
             arg_slots(Kernel::PagedDecodeReduce),

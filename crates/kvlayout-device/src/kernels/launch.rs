@@ -120,26 +120,47 @@ fn row_threads(target: &GpuTarget, width: u64) -> u32 {
     (width.div_ceil(w).max(1) * w).min(u64::from(MAX_ROW_THREADS.max(target.warp))) as u32
 }
 
-/// `write_kv` of `tokens` tokens: grid (tokens, heads), one block per row pair; `None` when
-/// there is no token.
+/// `write_kv` of `tokens` tokens: grid (tokens, heads), one block per row pair, threads for
+/// `row_lanes` lanes (the longer row's elements, or its 16-byte pieces where
+/// [`write_lane_bytes`] chose them); `None` when there is no token.
 pub fn write_kv_launch(
     target: &GpuTarget,
     shape: &WriteShape,
     tokens: usize,
+    row_lanes: u64,
 ) -> Result<Option<LaunchConfig>, OpError> {
     if tokens == 0 {
         return Ok(None);
     }
-    let width = shape.k_width.max(shape.v_width) as u64;
     Ok(Some(LaunchConfig {
         grid: Dim3::new(
             grid_dim("tokens", tokens as u64, MAX_GRID_X)?,
             grid_dim("heads", shape.heads as u64, MAX_GRID_YZ)?,
             1,
         ),
-        block: Dim3::new(row_threads(target, width), 1, 1),
+        block: Dim3::new(row_threads(target, row_lanes), 1, 1),
         dyn_shared_bytes: 0,
     }))
+}
+
+/// Bytes each `write_kv` lane stores of a row of `field` in a buffer at `base`: 16 or 8 when a
+/// row is one run whose bytes and every start are multiples of it ([`row_unit_bytes`] of the
+/// field with itself; inline-scaled rows, a scale after each, are 8-aligned at best), else 0
+/// (one element per lane).
+pub fn write_lane_bytes(field: &FieldMap, base: u64) -> u32 {
+    match row_unit_bytes(field, field, base, base) {
+        u @ (16 | 8) => u,
+        _ => 0,
+    }
+}
+
+/// Lanes a row of `width` elements of `elem_bytes` bytes takes at `lane_bytes` per lane (0:
+/// one element per lane).
+pub fn row_lanes(width: u64, elem_bytes: u64, lane_bytes: u32) -> u64 {
+    match lane_bytes {
+        0 => width,
+        b => (width * elem_bytes).div_ceil(u64::from(b)),
+    }
 }
 
 /// The launches of one `paged_decode`.
@@ -385,8 +406,10 @@ mod tests {
             mla: false,
         };
         for t in [GpuTarget::CUDA, GpuTarget::CDNA, GpuTarget::RDNA] {
-            let l = write_kv_launch(&t, &shape, 7).unwrap().unwrap();
+            let l = write_kv_launch(&t, &shape, 7, 40).unwrap().unwrap();
             assert_eq!(l.block.x, 64, "40 elements: whole warps of {}", t.warp);
+            let wide = write_kv_launch(&t, &shape, 7, row_lanes(40, 2, 16));
+            assert_eq!(wide.unwrap().unwrap().block.x, t.warp, "5 lanes: one warp");
             assert_eq!(l.grid, Dim3::new(7, 4, 1));
         }
         let err = write_kv_launch(
@@ -396,6 +419,7 @@ mod tests {
                 ..shape
             },
             1,
+            8,
         );
         assert!(err.unwrap_err().to_string().contains("65535"));
     }
@@ -411,5 +435,12 @@ mod tests {
             .unwrap();
         let lk = legacy.field_map(Field::K).unwrap();
         assert_eq!(row_unit_bytes(&lk, &lk, 0, 0), 0);
+        assert_eq!((write_lane_bytes(&k, 0), write_lane_bytes(&k, 8)), (16, 8));
+        assert_eq!(write_lane_bytes(&k, 4), 0);
+        assert_eq!(write_lane_bytes(&lk, 0), 0);
+        // D=2 f16 rows are 4 bytes: one element per lane.
+        let short: KvCacheLayout = "kv B=3 N=16 H=4 D=2 dtype=f16 order=NHD".parse().unwrap();
+        assert_eq!(write_lane_bytes(&short.field_map(Field::K).unwrap(), 0), 0);
+        assert_eq!((row_lanes(8, 2, 16), row_lanes(8, 2, 0)), (1, 8));
     }
 }

@@ -23,6 +23,11 @@ pub struct WriteParams {
     pub act_dtype: i32,
     /// 1 when rows carry inline scales.
     pub inline_scales: i32,
+    /// 16 or 8: each lane stores that many bytes of a K row (one run, aligned:
+    /// [`super::write_lane_bytes`]); 0: one element per lane.
+    pub k_lane_bytes: i32,
+    /// The same for V.
+    pub v_lane_bytes: i32,
 }
 
 /// `kvl_decode_params`: `kvl_paged_decode(k, v, k_scale, v_scale, params)` and
@@ -114,7 +119,12 @@ impl WriteParams {
             .u64s(&[self.key, self.value, self.slot_mapping])
             .u64s(&self.buffers)
             .i64s(&[self.layer])
-            .i32s(&[self.act_dtype, self.inline_scales]);
+            .i32s(&[
+                self.act_dtype,
+                self.inline_scales,
+                self.k_lane_bytes,
+                self.v_lane_bytes,
+            ]);
     }
 }
 
@@ -166,7 +176,7 @@ mod tests {
 
     #[test]
     fn sizes_match_the_header_comments() {
-        assert_eq!(size_of::<WriteParams>(), 56);
+        assert_eq!(size_of::<WriteParams>(), 64);
         assert_eq!(size_of::<DecodeKernelParams>(), 152);
         assert_eq!(size_of::<MoveParams>(), 80);
     }
@@ -179,7 +189,7 @@ mod tests {
             out
         };
         let d = DecodeKernelParams::default();
-        assert_eq!(image(&|o| WriteParams::default().write_le(o)).len(), 56);
+        assert_eq!(image(&|o| WriteParams::default().write_le(o)).len(), 64);
         assert_eq!(image(&|o| d.write_le(o)).len(), 152);
         assert_eq!(image(&|o| MoveParams::default().write_le(o)).len(), 80);
     }
