@@ -16,7 +16,7 @@ use kvlayout::{DType, KvCacheLayout};
 use kvlayout_cpu::reference::paged_decode_magnitudes;
 use kvlayout_cpu::tolerance::{decode_error, Tolerance};
 use kvlayout_cpu::{Activations, CacheRef, Decode, Host, ScalarReference};
-use kvlayout_device::kernels::{decode_plan, DecodeLaunch};
+use kvlayout_device::kernels::{decode_plan, CacheAddrs, DecodeLaunch};
 use kvlayout_device::{Device, DeviceBackend};
 use kvlayout_emu::{EmuDevice, HIP_EMU_SEED};
 
@@ -33,11 +33,12 @@ struct Case {
     mla: bool,
 }
 
-/// Sequence lengths: over one partition (600) or not (300), an empty sequence, and a last
-/// sequence that is not empty (a tile reading past its KV head's query rows reads past the
-/// query tensor there, which the emulator refuses).
+/// Sequence lengths: partitioned (600: over one partition, and the grid is far below the
+/// device's SMs) or one pass (120: under two partition granules), an empty sequence, and a
+/// last sequence that is not empty (a tile reading past its KV head's query rows reads past
+/// the query tensor there, which the emulator refuses).
 const LENS_LONG: [u32; 3] = [600, 0, 37];
-const LENS_SHORT: [u32; 3] = [300, 0, 37];
+const LENS_SHORT: [u32; 3] = [120, 0, 37];
 
 /// The cache bytes after writing the sequences' tokens, and the decode output.
 fn run<B: Backend>(
@@ -172,7 +173,12 @@ fn check(c: &Case, q_heads: u64, lens: &[u32], small_shared: u32, hit: &mut Shap
         v_width: dv,
     };
     for (name, dev) in devices(small_shared) {
-        let plan = decode_plan(&dev.target(), &shape, lens, &params)
+        // Buffer bases pick the row paths only, not the passes or tiles this test names.
+        let addrs = CacheAddrs {
+            layout: &l,
+            bases: [0, 0],
+        };
+        let plan = decode_plan(&dev.target(), &addrs, &shape, lens, &params)
             .unwrap()
             .unwrap();
         let (pass, tiles) = shape_of(&plan, group);

@@ -37,6 +37,13 @@ const WIDE: &[Wide] = &[
         loads: false,
         stores: true,
     },
+    // Key and value rows read as 16-byte vectors (`k_vec_bytes` / `v_vec_bytes` 16); the
+    // outputs are f32 elements.
+    Wide {
+        kernel: "kvl_paged_decode",
+        loads: true,
+        stores: false,
+    },
 ];
 
 fn tools_or_skip() -> bool {
