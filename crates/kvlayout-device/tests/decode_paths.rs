@@ -145,17 +145,17 @@ fn partitions_fill_the_device_at_small_batches() {
     assert_eq!(h100.sm_count, 132);
     let r = DecodeRows::default();
     // Llama-3-8B layer, 8 x 1024: 8 sequences x 8 KV heads (tile 4) = 64 blocks a partition;
-    // 1056 wanted (8 per SM) -> 17 partitions -> 61 tokens -> 64 (whole granules) -> 16.
+    // 528 wanted (4 per SM) -> 9 partitions -> 114 tokens -> 128 (whole granules) -> 8.
     let llama = shape(8, 32, 4, 128);
     let l = paged_decode_launch(&h100, &llama, 1024, &r)
         .unwrap()
         .unwrap();
     assert_eq!(
         (l.group_tile, l.partition_tokens, l.partitions),
-        (4, 64, 16)
+        (4, 128, 8)
     );
     let blocks = l.main.grid.x * l.main.grid.y * l.main.grid.z;
-    assert_eq!(blocks, 1024);
+    assert_eq!(blocks, 512);
     assert!(blocks >= h100.sm_count);
     assert!(l.reduce.is_some());
     // 32 x 4096: 256 blocks a partition already; partitions of the most, 512 tokens.
@@ -163,7 +163,7 @@ fn partitions_fill_the_device_at_small_batches() {
         .unwrap()
         .unwrap();
     assert_eq!((l.partition_tokens, l.partitions), (PARTITION_TOKENS, 8));
-    // MI300X, 304 CUs: 2432 wanted over 64 -> 38 -> 27 tokens -> 64 -> 16 partitions.
+    // MI300X, 304 CUs: 1216 wanted over 64 -> 19 -> 54 tokens -> 64 -> 16 partitions.
     let l = paged_decode_launch(&GpuTarget::CDNA, &llama, 1024, &r)
         .unwrap()
         .unwrap();
@@ -173,23 +173,23 @@ fn partitions_fill_the_device_at_small_batches() {
         .unwrap()
         .unwrap();
     assert_eq!((l.partition_tokens, l.partitions, l.reduce), (100, 1, None));
-    // 132 sequences x 8 KV heads = 1056 blocks, as many as wanted: no split below 512 tokens;
-    // 64 sequences (512 blocks) want 3 -> 134 -> 192.
-    assert_eq!(decode_partition_tokens(&h100, 1056, 400), 400);
-    assert_eq!(decode_partition_tokens(&h100, 512, 400), 192);
-    // A device-reported count replaces the default: 78 SMs want 624 / 64 -> 10 -> 103 -> 128.
+    // 66 sequences x 8 KV heads = 528 blocks, as many as wanted: no split below 512 tokens;
+    // 64 sequences (512 blocks) want 2 -> 200 -> 256.
+    assert_eq!(decode_partition_tokens(&h100, 528, 400), 400);
+    assert_eq!(decode_partition_tokens(&h100, 512, 400), 256);
+    // A device-reported count replaces the default: 78 SMs want 312 / 64 -> 5 -> 205 -> 256.
     assert_eq!(
         decode_partition_tokens(&h100.with_sm_count(78), 64, 1024),
-        128
+        256
     );
     assert_eq!(h100.with_sm_count(0), h100);
-    // MLA, 2 sequences x 16 tiles of 8 heads: 1056 / 32 -> 33 -> 125 -> 128 a partition.
+    // MLA, 2 sequences x 16 tiles of 8 heads: 528 / 32 -> 17 -> 241 -> 256 a partition.
     let l = paged_decode_launch(&h100, &shape(2, 128, 128, 576), 4096, &r)
         .unwrap()
         .unwrap();
     assert_eq!(
         (l.group_tile, l.partition_tokens, l.partitions),
-        (8, 128, 32)
+        (8, 256, 16)
     );
 }
 
@@ -200,7 +200,7 @@ fn values_read_by_token_keep_one_offset_per_token_in_shared_memory() {
         v_token_major: true,
         ..DecodeRows::default()
     };
-    // One SM wants 8 blocks; 3 sequences x 4 KV heads are 12: one pass of 300 tokens.
+    // One SM wants 4 blocks; 3 sequences x 4 KV heads are 12: one pass of 300 tokens.
     let one_sm = GpuTarget::CUDA.with_sm_count(1);
     let s = shape(3, 8, 2, 128);
     let plain = paged_decode_launch(&one_sm, &s, 300, &DecodeRows::default())

@@ -97,11 +97,13 @@ fn bf16(values: usize) -> HostTensor {
     HostTensor::from_f32(DType::Bf16, &vec![0.25; values]).expect("bf16 activations")
 }
 
-/// `paged_decode` of `seqs` sequences of `len` tokens (all reading the same blocks), launched
-/// for the whole batch on `be` (which runs the first sequence's blocks only), scaled to `seqs`.
-fn decode(be: &Be, l: &KvCacheLayout, seqs: u64, len: u64) -> Vec<Op> {
+/// `paged_decode` of `seqs` sequences of `len` tokens (all reading the same blocks) with
+/// `q_heads` query heads, launched for the whole batch on `be` (which runs the first
+/// sequence's blocks only), scaled to `seqs`.
+fn decode(be: &Be, l: &KvCacheLayout, q_heads: u64, seqs: u64, len: u64) -> Vec<Op> {
     let cache = be.alloc_cache(l, &BufferShape::exact(l)).expect("cache");
-    let rows = (seqs * Q_HEADS * HEAD) as usize;
+    let kv_heads = l.geometry().num_kv_heads;
+    let rows = (seqs * q_heads * HEAD) as usize;
     let query = be.upload_tensor(&bf16(rows)).unwrap();
     let mut out = be.alloc_tensor(DType::F32, rows).unwrap();
     let per_seq = (len / BLOCK_TOKENS) as i32;
@@ -114,7 +116,7 @@ fn decode(be: &Be, l: &KvCacheLayout, seqs: u64, len: u64) -> Vec<Op> {
         blocks_per_seq: per_seq as usize,
         seq_lens: &lens,
         params: DecodeParams {
-            num_q_heads: Q_HEADS,
+            num_q_heads: q_heads,
             scale: 1.0 / (HEAD as f32).sqrt(),
             sliding_window: None,
             soft_cap: None,
@@ -125,7 +127,7 @@ fn decode(be: &Be, l: &KvCacheLayout, seqs: u64, len: u64) -> Vec<Op> {
         .unwrap();
     let all = be.device().take_traffic();
     let elem = l.dtype().size_bytes();
-    let minimum = seqs * len * KV_HEADS * 2 * HEAD * elem;
+    let minimum = seqs * len * kv_heads * 2 * HEAD * elem;
     let mut ops = vec![];
     if let Some(t) = merged(&all, Kernel::PagedDecode, seqs, 1) {
         ops.push(Op {
@@ -198,6 +200,36 @@ fn over_minimum(op: &Op) -> String {
         .map_or("-".into(), |m| format!("{:.2}", moved as f64 / m as f64))
 }
 
+/// The decode as one op (its launches one after another): the minimum bytes over the time the
+/// model gives each launch, each moving its requested sector bytes at its latency-bound
+/// fraction of the bandwidth; as a fraction of HBM bandwidth per device.
+fn op_row(ops: &[Op], layout: &str, batch: &str, devices: &[DeviceSpec]) -> String {
+    let minimum = ops.iter().find_map(|o| o.minimum).unwrap_or(0) as f64;
+    let fractions: Vec<String> = devices
+        .iter()
+        .map(|d| {
+            let time: f64 = ops
+                .iter()
+                .map(|o| {
+                    let r = &o.traffic.report;
+                    let sector_bytes = 32.0
+                        * [r.cache_loads, r.cache_stores, r.other_loads, r.other_stores]
+                            .iter()
+                            .map(|k| k.sectors as f64)
+                            .sum::<f64>();
+                    let p = predict(&o.traffic, d, &Assumptions::for_kernel(o.kernel));
+                    sector_bytes / p.latency_fraction.max(1e-9)
+                })
+                .sum();
+            format!("{:.2}", minimum / time)
+        })
+        .collect();
+    format!(
+        "| paged_decode op (both launches) | {layout} | {batch} | | | | | | {} |",
+        fractions.join(" | ")
+    )
+}
+
 fn row(op: &Op, layout: &str, batch: &str, devices: &[DeviceSpec]) -> String {
     let a = Assumptions::for_kernel(op.kernel);
     let p: Vec<_> = devices
@@ -249,8 +281,21 @@ fn main() {
             let layout = format!("{label} {dtype}");
             for (seqs, len) in [(8u64, 1024u64), (32, 4096)] {
                 let batch = format!("{seqs} x {len}");
-                for op in decode(&sampled, &l, seqs, len) {
-                    println!("{}", row(&op, &layout, &batch, &devices));
+                let ops = decode(&sampled, &l, Q_HEADS, seqs, len);
+                for op in &ops {
+                    println!("{}", row(op, &layout, &batch, &devices));
+                }
+                println!("{}", op_row(&ops, &layout, &batch, &devices));
+                if label != "vLLM legacy" {
+                    // MHA: as many KV heads as query heads (Llama-2-7B's 32).
+                    let mha = format!("kv L=1 B={CACHE_BLOCKS} N={BLOCK_TOKENS} H={Q_HEADS} D={HEAD} dtype={dtype} {tail}");
+                    let mha: KvCacheLayout = mha.parse().expect("a valid layout");
+                    let ops = decode(&sampled, &mha, Q_HEADS, seqs, len);
+                    let layout = format!("{layout} MHA");
+                    for op in &ops {
+                        println!("{}", row(op, &layout, &batch, &devices));
+                    }
+                    println!("{}", op_row(&ops, &layout, &batch, &devices));
                 }
                 println!("{}", row(&write(&be, &l, seqs), &layout, &batch, &devices));
                 let pairs = seqs * len / BLOCK_TOKENS;

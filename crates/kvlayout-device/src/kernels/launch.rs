@@ -331,7 +331,7 @@ mod tests {
             v_width: 128,
         };
         let rows = DecodeRows::default();
-        // A device of one SM wants 8 blocks: 3 sequences x 4 KV heads already are.
+        // A device of one SM wants 4 blocks: 3 sequences x 4 KV heads already are more.
         let one_sm = GpuTarget::CUDA.with_sm_count(1);
         let one = paged_decode_launch(&one_sm, &shape, 300, &rows)
             .unwrap()
