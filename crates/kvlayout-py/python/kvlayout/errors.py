@@ -419,4 +419,12 @@ class HandshakeOutsideRegionError(HandshakeError):
     ``offset``, ``len``, ``region_len``."""
 
 
+@_kind("HandshakeError::PeerChanged")
+class HandshakePeerChangedError(HandshakeError):
+    """A peer seen before connects again with a different layout, TP rank or size, model heads
+    or set of groups. Attributes: ``peer``, ``group`` (``"*"`` for the set of groups),
+    ``field`` (the first that differs, e.g. ``"layout.placement.order"``), ``before``,
+    ``after``."""
+
+
 __all__ = [name for name, value in globals().items() if isinstance(value, type) and issubclass(value, KvLayoutError)]

@@ -235,6 +235,22 @@ impl PyErrorKind for kvlayout_connector::handshake::HandshakeError {
                     ("region_len", (*region_len).into()),
                 ],
             ),
+            E::PeerChanged {
+                peer,
+                group,
+                field,
+                before,
+                after,
+            } => (
+                "HandshakePeerChangedError",
+                vec![
+                    ("peer", peer.into()),
+                    ("group", group.into()),
+                    ("field", field.into()),
+                    ("before", before.into()),
+                    ("after", after.into()),
+                ],
+            ),
         }
     }
 }
