@@ -13,7 +13,9 @@
 
 /*
  * The emulator checks every cache and activation access against the buffers of the launch (an
- * access outside them ends the launch with an error); on a GPU the check is compiled out.
+ * access outside them ends the launch with an error), and a wide access (8 or 16 bytes at
+ * once, which a GPU faults on when misaligned) for its alignment; on a GPU the checks are
+ * compiled out.
  */
 #if defined(KVL_EMU)
 #define KVL_CHECK_ACCESS(p, n)                                                                 \
@@ -21,8 +23,14 @@
         if (!kvl_emu_access_ok((const void *)(p), (n)))                                        \
             kvl_trap();                                                                        \
     } while (0)
+#define KVL_CHECK_ALIGNED(p, n)                                                                \
+    do {                                                                                       \
+        if (((uint64_t)(uintptr_t)(p) & (uint64_t)((n) - 1)) != 0)                             \
+            kvl_trap();                                                                        \
+    } while (0)
 #else
 #define KVL_CHECK_ACCESS(p, n) ((void)0)
+#define KVL_CHECK_ALIGNED(p, n) ((void)0)
 #endif
 
 /*
@@ -177,6 +185,7 @@ KVL_DEVICE kvl_u128 kvl_u128_of(uint32_t a, uint32_t b, uint32_t c, uint32_t d)
 KVL_DEVICE kvl_u128 kvl_load16_at(const unsigned char *p, kvl_site_t site)
 {
     KVL_CHECK_ACCESS(p, 16);
+    KVL_CHECK_ALIGNED(p, 16);
     KVL_RECORD(p, 16, KVL_TRAFFIC_CACHE_LOAD, site);
     return *(const kvl_u128 *)p;
 }
@@ -184,6 +193,7 @@ KVL_DEVICE kvl_u128 kvl_load16_at(const unsigned char *p, kvl_site_t site)
 KVL_DEVICE void kvl_store16_at(unsigned char *p, kvl_u128 x, kvl_site_t site)
 {
     KVL_CHECK_ACCESS(p, 16);
+    KVL_CHECK_ALIGNED(p, 16);
     KVL_RECORD(p, 16, KVL_TRAFFIC_CACHE_STORE, site);
     *(kvl_u128 *)p = x;
 }

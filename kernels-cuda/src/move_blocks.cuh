@@ -21,6 +21,8 @@ KVL_DEVICE void kvl_copy_unit_at(unsigned char *dst, const unsigned char *src, i
 {
     KVL_CHECK_ACCESS(src, n);
     KVL_CHECK_ACCESS(dst, n);
+    KVL_CHECK_ALIGNED(src, n);
+    KVL_CHECK_ALIGNED(dst, n);
     KVL_RECORD(src, n, KVL_TRAFFIC_CACHE_LOAD, site);
     KVL_RECORD(dst, n, KVL_TRAFFIC_CACHE_STORE, site);
     switch (n) {

@@ -66,7 +66,8 @@ __attribute__((always_inline)) KVL_DEVICE void kvl_store_lane(unsigned char *bas
     if (lane_bytes == 16) {
         kvl_store16(at, kvl_u128_of(w[0], w[1], w[2], w[3]));
     } else {
-        KVL_CHECK_ACCESS(at, 8);
+        KVL_CACHE_STORE(at, 8);
+        KVL_CHECK_ALIGNED(at, 8);
         *(uint64_t *)at = (uint64_t)w[1] << (8 * sizeof(uint32_t)) | w[0];
     }
 }

@@ -115,17 +115,25 @@ fn first_difference(
     before: &PeerMetadata,
     after: &PeerMetadata,
 ) -> Option<(String, String, String, String)> {
-    let names = |p: &PeerMetadata| {
+    fn names(p: &PeerMetadata) -> Vec<&str> {
         let mut v: Vec<&str> = p.groups.iter().map(|g| g.name.as_str()).collect();
         v.sort_unstable();
-        v.join(", ")
-    };
+        v
+    }
     let (was, now) = (names(before), names(after));
     if was != now {
-        return Some(("*".into(), "groups".into(), was, now));
+        let quoted = |v: &[&str]| format!("{v:?}");
+        return Some(("*".into(), "groups".into(), quoted(&was), quoted(&now)));
     }
     for old in &before.groups {
-        let new = after.groups.iter().find(|g| g.name == old.name)?;
+        let Some(new) = after.groups.iter().find(|g| g.name == old.name) else {
+            return Some((
+                "*".into(),
+                "groups".into(),
+                old.name.clone(),
+                "absent".into(),
+            ));
+        };
         if let Some((field, b, a)) = group_difference(old, new) {
             return Some((old.name.clone(), field, b, a));
         }

@@ -127,8 +127,26 @@ fn a_changed_tp_rank_or_group_set_is_refused() {
         (
             "*".into(),
             "groups".into(),
-            "attn".into(),
-            "attn, draft".into()
+            r#"["attn"]"#.into(),
+            r#"["attn", "draft"]"#.into()
+        )
+    );
+    // Names are compared as a list, not as joined text: "a, b" is not "a" and "b".
+    let mut joined = peer("q", NHD16, 0, 0x1000);
+    joined.groups[0].name = "a, b".into();
+    let mut split = peer("q", NHD16, 0, 0x1000);
+    split.groups[0].name = "a".into();
+    let mut b = split.groups[0].clone();
+    b.name = "b".into();
+    split.groups.push(b);
+    let mut known = known_with(&joined);
+    assert_eq!(
+        refusal(&mut known, &split),
+        (
+            "*".into(),
+            "groups".into(),
+            r#"["a, b"]"#.into(),
+            r#"["a", "b"]"#.into()
         )
     );
 }

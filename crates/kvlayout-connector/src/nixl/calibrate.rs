@@ -81,7 +81,7 @@ impl fmt::Display for NixlCalibration {
 
 /// Measures [`NixlCalibration`] between two NIXL engines of this process (UCX's transport
 /// between two workers of one process, which may differ from the one between processes).
-/// About a second; best of 3 each.
+/// About a second; each figure the best of 4 runs (the first one warms the paths up).
 pub fn calibrate_nixl() -> Result<NixlCalibration, String> {
     let err = |e: &dyn fmt::Display| format!("nixl calibration: {e}");
     let tag = format!("nixl-calibrate-{}", std::process::id());

@@ -17,7 +17,7 @@ pub struct GpuTarget {
     /// Shared memory a block may use without opting in, static and dynamic together.
     pub shared_bytes: u32,
     /// Streaming multiprocessors (CUDA) or compute units (AMD): the decode splits sequences
-    /// into enough partitions to give each about two blocks.
+    /// into enough partitions to give each about `DECODE_BLOCKS_PER_SM` (4) blocks.
     pub sm_count: u32,
 }
 

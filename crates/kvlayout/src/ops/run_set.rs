@@ -12,9 +12,10 @@ use super::runs::{copy_runs_into, run_bytes, runs_in_source_order, CopyRun};
 
 /// `runs`, then `runs` shifted by `src_step` / `dst_step` bytes, and so on, `repeat` times in
 /// all: run `i` of repetition `k` copies `len` bytes from `src_offset + k * src_step` to
-/// `dst_offset + k * dst_step` of the same buffers. Expanded in that order (repetition by
-/// repetition), it is the flat list [`super::copy_runs`] gives for the same moves: sorted by
-/// source position, maximal, destinations disjoint.
+/// `dst_offset + k * dst_step` of the same buffers. A set made by [`copy_run_set_into`],
+/// expanded in that order (repetition by repetition), is the flat list [`super::copy_runs`]
+/// gives for the same moves: sorted by source position, maximal, destinations disjoint. The
+/// fields are public: a set built by hand has only the properties its builder gives it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RunSet {
     /// The runs of repetition 0.
