@@ -180,8 +180,10 @@ def test_workload_is_the_same_for_the_same_seed_and_consistent():
         real = sorted(int(x) for x in a.slot_mapping if x >= 0)
         assert real == sorted(token_slots(a, layout.block_size).values())
         assert len(set(real)) == len(real) and real[-1] < layout.num_blocks * layout.block_size
+        # groups 12 and 20 (above the GPU kernels' tile of 8) on layouts of one or two KV heads
+        above_tile = ["gqa12", "gqa20+softcap"] if heads <= 2 else []
         assert [st.name for st in a.steps] == ["mha", "gqa4+window", "gqa2+softcap",
-                                               "gqa8+window1+softcap"]
+                                               "gqa8+window1+softcap"] + above_tile
         for st in a.steps:
             assert st.query.shape == (len(a.seq_lens), st.params.num_q_heads, kw)
             assert st.query.dtype == a.key.dtype
