@@ -11,10 +11,10 @@ use std::ops::Range;
 use kvlayout::ops::RunSet;
 
 use crate::handshake::CacheGroup;
-use crate::plan::{local_blocks, pulls, PlanError, RankTransfer, SeqBlocks, TransferPlan};
+use crate::plan::{fill_transfers, PlanError, RankTransfer, SeqBlocks, TransferPlan};
 
 /// What moves from one remote rank, as a [`RunSet`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CompactTransfer {
     /// The remote rank read.
     pub remote_rank: u64,
@@ -89,37 +89,12 @@ pub fn plan_pull_compact_into(
     seqs: &[SeqBlocks],
     plan: &mut CompactPlan,
 ) -> Result<(), PlanError> {
-    let result = fill(local, remotes, seqs, plan);
-    if result.is_err() {
-        plan.transfers.clear();
-        plan.local_blocks.clear();
-    }
-    result
-}
-
-fn fill(
-    local: &CacheGroup,
-    remotes: &[CacheGroup],
-    seqs: &[SeqBlocks],
-    plan: &mut CompactPlan,
-) -> Result<(), PlanError> {
-    let pulls = pulls(local, remotes)?;
-    plan.transfers.truncate(pulls.len());
-    for (i, p) in pulls.iter().enumerate() {
-        if i == plan.transfers.len() {
-            plan.transfers.push(CompactTransfer {
-                remote_rank: 0,
-                remote_heads: 0..0,
-                local_head0: 0,
-                runs: RunSet::default(),
-            });
-        }
-        let t = &mut plan.transfers[i];
-        t.remote_rank = p.remote_rank();
-        t.remote_heads = p.heads();
-        t.local_head0 = p.local_head0();
-        p.run_set_into(&local.layout, p.local_head0(), seqs, &mut t.runs)?;
-    }
-    plan.local_blocks = local_blocks(seqs, local.layout.geometry().block_size);
-    Ok(())
+    fill_transfers(
+        local,
+        remotes,
+        seqs,
+        (&mut plan.transfers, &mut plan.local_blocks),
+        |t: &mut CompactTransfer| (&mut t.remote_rank, &mut t.remote_heads, &mut t.local_head0),
+        |p, t| p.run_set_into(&local.layout, p.local_head0(), seqs, &mut t.runs),
+    )
 }

@@ -122,7 +122,7 @@ pub struct SeqBlocks {
 }
 
 /// What moves from one remote rank: runs of remote buffer bytes to local buffer bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RankTransfer {
     /// The remote rank read.
     pub remote_rank: u64,
@@ -327,38 +327,47 @@ pub fn plan_pull_into(
     seqs: &[SeqBlocks],
     plan: &mut TransferPlan,
 ) -> Result<(), PlanError> {
-    let result = fill(local, remotes, seqs, plan);
-    if result.is_err() {
-        plan.transfers.clear();
-        plan.local_blocks.clear();
-    }
-    result
+    fill_transfers(
+        local,
+        remotes,
+        seqs,
+        (&mut plan.transfers, &mut plan.local_blocks),
+        |t: &mut RankTransfer| (&mut t.remote_rank, &mut t.remote_heads, &mut t.local_head0),
+        |p, t| p.runs_into(&local.layout, p.local_head0(), seqs, &mut t.runs),
+    )
 }
 
-/// The body of [`plan_pull_into`].
-fn fill(
+/// The planning loop of [`plan_pull_into`] and [`crate::plan_pull_compact_into`]: one
+/// transfer per remote rank read, reusing `transfers`' entries (`Default` ones added as
+/// needed), `ids` naming a transfer's rank, heads and first local head, `runs` writing its
+/// runs; then the local blocks written. On `Err`, both lists are left empty.
+pub(crate) fn fill_transfers<T: Default>(
     local: &CacheGroup,
     remotes: &[CacheGroup],
     seqs: &[SeqBlocks],
-    plan: &mut TransferPlan,
+    (transfers, blocks): (&mut Vec<T>, &mut Vec<u64>),
+    ids: impl Fn(&mut T) -> (&mut u64, &mut Range<u64>, &mut u64),
+    mut runs: impl FnMut(&Pull<'_>, &mut T) -> Result<(), PlanError>,
 ) -> Result<(), PlanError> {
-    let pulls = pulls(local, remotes)?;
-    plan.transfers.truncate(pulls.len());
-    for (i, p) in pulls.iter().enumerate() {
-        if i == plan.transfers.len() {
-            plan.transfers.push(RankTransfer {
-                remote_rank: 0,
-                remote_heads: 0..0,
-                local_head0: 0,
-                runs: Vec::new(),
-            });
+    let mut fill = || -> Result<(), PlanError> {
+        let pulls = pulls(local, remotes)?;
+        transfers.truncate(pulls.len());
+        for (i, p) in pulls.iter().enumerate() {
+            if i == transfers.len() {
+                transfers.push(T::default());
+            }
+            let t = &mut transfers[i];
+            let (rank, heads, head0) = ids(t);
+            (*rank, *heads, *head0) = (p.remote_rank(), p.heads(), p.local_head0());
+            runs(p, t)?;
         }
-        let t = &mut plan.transfers[i];
-        t.remote_rank = p.remote_rank();
-        t.remote_heads = p.heads();
-        t.local_head0 = p.local_head0();
-        p.runs_into(&local.layout, p.local_head0(), seqs, &mut t.runs)?;
+        *blocks = local_blocks(seqs, local.layout.geometry().block_size);
+        Ok(())
+    };
+    let result = fill();
+    if result.is_err() {
+        transfers.clear();
+        blocks.clear();
     }
-    plan.local_blocks = local_blocks(seqs, local.layout.geometry().block_size);
-    Ok(())
+    result
 }
